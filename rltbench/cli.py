@@ -1,0 +1,111 @@
+"""The `rltbench` command line: one typer app, one sub-command per measurement.
+
+Each command lives in its own package (`rltbench.kernels`, `.e2e`, `.profiles`, `.gsm8k`) as a
+plain function with typer annotations; this module only registers them and turns user errors
+into one clear line with exit code 2 (never a traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rltbench.errors import UsageError
+
+app = typer.Typer(
+    name="rltbench",
+    help="Benchmark and profile looped language models (Ouro, Huginn) across kernel arms: "
+    "torch (reference), exact (fused, bitwise equal) and approx (fused, faster, may differ).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+
+# command name -> (module, function) for the commands and for `report` re-rendering.
+COMMANDS = {
+    "kernels": ("rltbench.kernels.cli", "kernels_command"),
+    "e2e": ("rltbench.e2e.cli", "e2e_command"),
+    "profile": ("rltbench.profiles.cli", "profile_command"),
+    "gsm8k": ("rltbench.gsm8k.cli", "gsm8k_command"),
+}
+RENDERERS = {
+    "kernels": ("rltbench.kernels.report", "render"),
+    "e2e": ("rltbench.e2e.report", "render"),
+    "profile": ("rltbench.profiles.report", "render"),
+    "gsm8k": ("rltbench.gsm8k.report", "render"),
+}
+
+
+def _load(module: str, attr: str):
+    return getattr(importlib.import_module(module), attr)
+
+
+def _user_errors_exit_2(func):
+    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UsageError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(code=exc.exit_code) from None
+
+    return wrapper
+
+
+for _name, (_module, _attr) in COMMANDS.items():
+    app.command(_name)(_user_errors_exit_2(_load(_module, _attr)))
+
+
+@app.command("report")
+@_user_errors_exit_2
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by any rltbench command.")],
+) -> None:
+    """Re-render table.md and the plots of a stored run from its raw result files."""
+    from rltbench.results import RunDir
+
+    run = RunDir.open(run_dir)
+    if run.command not in RENDERERS:
+        raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")
+    render = _load(*RENDERERS[run.command])
+    render(run.path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: run the app, map UsageError to one line + exit 2."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except UsageError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted: finished results were kept on disk[/]")
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except Exception as exc:  # click usage errors and typer exits
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show(file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Exit):
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            err_console.print("[yellow]aborted[/]")
+            return 130
+        raise
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

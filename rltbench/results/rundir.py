@@ -1,0 +1,237 @@
+"""A run directory: the one results schema shared by every rltbench command.
+
+Layout of `results/<command>-<UTC time>/` (or `--result-dir`):
+  manifest.json   provenance + the command's configuration + status (running/complete/interrupted/failed)
+  *.json/*.jsonl  raw results (the source of truth; `rltbench report` re-renders from these only)
+  *.csv           the same tables for spreadsheets / pandas
+  table.md        the human summary; *.png plots
+
+All writes are atomic (temp file + rename), so an interrupted run never leaves a half-written file,
+and raw rows can be appended as work finishes so a Ctrl-C keeps everything measured so far.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rltbench.errors import UsageError
+from rltbench.results import provenance
+
+SCHEMA_VERSION = 1
+DEFAULT_ROOT = Path("results")
+
+
+def _json_default(obj: Any) -> Any:
+    """Make numpy/torch scalars, paths and dataclasses JSON-serialisable."""
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/inf are not JSON: store them as null so every reader can load the file."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    return json.dumps(_clean(json.loads(json.dumps(obj, default=_json_default))), indent=indent,
+                      allow_nan=False)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so readers see either the old or the new file, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = root / f"{command}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{command}-{stamp}-{n}"
+    return path
+
+
+class RunDir:
+    """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, command: str, result_dir: str | Path | None = None, argv: list[str] | None = None,
+               config: dict[str, Any] | None = None) -> RunDir:
+        """Make the directory and write the manifest (status `running`).
+
+        Raises UsageError when the directory cannot be created or written, before any work starts.
+        """
+        path = Path(result_dir) if result_dir else default_run_path(command)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-probe"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError(f"cannot write results to {path}: {exc.strerror or exc}") from None
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "command": command,
+            "status": "running",
+            "config": config or {},
+            "provenance": provenance.collect(argv),
+            "files": [],
+        }
+        run = cls(path, manifest)
+        run._write_manifest()
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        """Open a stored run (for `rltbench report`)."""
+        path = Path(path)
+        mf = path / "manifest.json"
+        if not mf.is_file():
+            raise UsageError(f"{path} is not an rltbench run directory (no manifest.json)")
+        try:
+            manifest = json.loads(mf.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read {mf}: {exc}") from None
+        return cls(path, manifest)
+
+    # -- manifest -----------------------------------------------------------------------------
+    @property
+    def command(self) -> str:
+        return str(self.manifest.get("command"))
+
+    def _write_manifest(self) -> None:
+        atomic_write_text(self.path / "manifest.json", dumps(self.manifest) + "\n")
+
+    def _note_file(self, name: str) -> None:
+        files = self.manifest.setdefault("files", [])
+        if name not in files:
+            files.append(name)
+            self._write_manifest()
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically."""
+        self.manifest.update(fields)
+        self._write_manifest()
+
+    # -- raw results ----------------------------------------------------------------------------
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        atomic_write_text(self.path / name, dumps(obj) + "\n")
+        self._note_file(name)
+        return self.path / name
+
+    def read_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text())
+
+    def write_jsonl(self, name: str, rows: list[Any]) -> Path:
+        atomic_write_text(self.path / name, "".join(dumps(r, indent=None) + "\n" for r in rows))
+        self._note_file(name)
+        return self.path / name
+
+    def append_jsonl(self, name: str, row: Any) -> None:
+        """Append one record and flush: rows written before a crash or Ctrl-C stay readable."""
+        with open(self.path / name, "a", encoding="utf-8") as fh:
+            fh.write(dumps(row, indent=None) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._note_file(name)
+
+    def read_jsonl(self, name: str) -> list[Any]:
+        path = self.path / name
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a line torn by a hard kill: skip it, keep the rest
+                    continue
+        return rows
+
+    def write_table(self, name: str, df: Any) -> Path:
+        """A pandas DataFrame as `<name>.csv` and `<name>.json` (records)."""
+        atomic_write_text(self.path / f"{name}.csv", df.to_csv(index=False))
+        self.write_json(f"{name}.json", df.to_dict(orient="records"))
+        self._note_file(f"{name}.csv")
+        return self.path / f"{name}.csv"
+
+    def read_table(self, name: str) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.read_json(f"{name}.json"))
+
+    def write_markdown(self, name: str, text: str) -> Path:
+        atomic_write_text(self.path / name, text if text.endswith("\n") else text + "\n")
+        self._note_file(name)
+        return self.path / name
+
+    def save_plot(self, name: str, fig: Any) -> Path:
+        """Save a matplotlib figure as PNG (atomically) and close it."""
+        import io
+
+        import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        atomic_write_bytes(self.path / name, buf.getvalue())
+        self._note_file(name)
+        return self.path / name

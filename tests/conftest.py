@@ -1,0 +1,30 @@
+"""Shared pytest setup: the `--run-gpu` switch and the Triton interpreter on CPU machines.
+
+GPU tests are marked `gpu` and skipped unless `--run-gpu` is given (and a GPU is present). On a
+machine without a GPU the Triton interpreter is enabled before anything imports triton, so every
+kernel runs on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-gpu", action="store_true", default=False, help="run tests marked gpu on CUDA")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--run-gpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-gpu"):
+        return
+    skip = pytest.mark.skip(reason="GPU test: run with --run-gpu on a CUDA machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

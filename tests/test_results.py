@@ -1,0 +1,93 @@
+"""The results layer: manifests with provenance, atomic writes, appends that survive interruption."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rltbench.errors import UsageError
+from rltbench.results import RunDir
+from rltbench.results.rundir import default_run_path
+
+
+def test_create_writes_manifest_with_provenance(tmp_path: Path) -> None:
+    run = RunDir.create("kernels", tmp_path / "run", argv=["rltbench", "kernels", "--tokens", "1"],
+                        config={"arms": ["torch", "exact"], "selection": {"norm": "exact"}})
+    mf = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert mf["command"] == "kernels"
+    assert mf["status"] == "running"
+    assert mf["config"]["arms"] == ["torch", "exact"]
+    prov = mf["provenance"]
+    assert prov["command_line"] == "rltbench kernels --tokens 1"
+    for key in ("gpu", "driver", "cuda", "git_sha", "host", "date_utc", "versions"):
+        assert key in prov
+    assert prov["versions"]["torch"]
+    assert prov["versions"]["python"]
+
+
+def test_round_trip_tables_json_jsonl(tmp_path: Path) -> None:
+    run = RunDir.create("e2e", tmp_path / "r")
+    df = pd.DataFrame({"arm": ["torch", "exact"], "ms": [1.5, float("nan")]})
+    run.write_table("cases", df)
+    back = RunDir.open(tmp_path / "r").read_table("cases")
+    assert list(back["arm"]) == ["torch", "exact"]
+    assert back["ms"][0] == 1.5 and (back["ms"][1] is None or math.isnan(back["ms"][1]))
+    run.append_jsonl("requests.jsonl", {"id": 1})
+    run.append_jsonl("requests.jsonl", {"id": 2})
+    with open(run.file("requests.jsonl"), "a") as fh:  # a torn last line from a hard kill
+        fh.write('{"id": 3, "tok')
+    assert [r["id"] for r in run.read_jsonl("requests.jsonl")] == [1, 2]
+    run.update_manifest(status="complete")
+    mf = RunDir.open(tmp_path / "r").manifest
+    assert mf["status"] == "complete"
+    assert {"cases.csv", "cases.json", "requests.jsonl"} <= set(mf["files"])
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
+    run = RunDir.create("x", tmp_path / "r")
+    run.write_json("a.json", {"v": [1, 2, 3]})
+    run.write_markdown("table.md", "| a |\n|---|")
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["a.json", "manifest.json", "table.md"]
+
+
+def test_plot_saved_as_png(tmp_path: Path) -> None:
+    from rltbench.results.plotting import figure
+
+    run = RunDir.create("x", tmp_path / "r")
+    fig, ax = figure()
+    ax.plot([1, 2], [3, 4])
+    path = run.save_plot("p.png", fig)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unwritable_result_dir_is_a_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    with pytest.raises(UsageError, match="cannot write results"):
+        RunDir.create("kernels", blocker / "sub")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write read-only directories")
+def test_read_only_dir_is_a_usage_error(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    with pytest.raises(UsageError):
+        RunDir.create("kernels", ro / "x")
+
+
+def test_open_rejects_non_run_dirs(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not an rltbench run directory"):
+        RunDir.open(tmp_path)
+
+
+def test_default_paths_are_unique(tmp_path: Path) -> None:
+    a = default_run_path("kernels", tmp_path)
+    a.mkdir()
+    b = default_run_path("kernels", tmp_path)
+    assert a != b and b.name.startswith("kernels-")
