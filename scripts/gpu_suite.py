@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The one GPU script: GPU tests and every benchmark, results under results/gpu/<stage>/.
+
+Device time is scarce (a lent GPU, 10-minute calls), so this runs the stages in order, each in
+its own process with its own time limit, keeps going when one fails, and records what ran, how
+long it took and how it ended in results/gpu/suite.json. Every stage writes a normal rltbench run
+directory (manifest with provenance), so the numbers quoted in notes and README come from files.
+
+    python scripts/gpu_suite.py                 # all stages
+    python scripts/gpu_suite.py tests kernels   # some stages
+    python scripts/gpu_suite.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "gpu"
+PY = sys.executable
+RLT = [PY, "-m", "rltbench.cli"]
+
+# name -> (time limit in seconds, command). Commands run from the repo root.
+STAGES: dict[str, tuple[int, list[str]]] = {
+    "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
+                 "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
+    "tests": (240, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                    "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
+    "kernels": (200, RLT + ["kernels", "--tokens", "1,8,128,4096", "--arms", "torch,exact,approx",
+                            "--dtypes", "bf16", "--mode", "graph", "--result-dir", str(RESULTS / "kernels")]),
+    "kernels-dtypes": (150, RLT + ["kernels", "--tokens", "1,128", "--arms", "torch,exact,approx",
+                                   "--dtypes", "fp16,fp32", "--mode", "graph",
+                                   "--result-dir", str(RESULTS / "kernels-dtypes")]),
+    "decode": (240, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--result-dir", str(RESULTS / "decode")]),
+    "profile": (240, RLT + ["profile", "--model", "ouro-1.4b", "--batch", "1", "--context", "512",
+                            "--arms", "torch,exact,approx", "--result-dir", str(RESULTS / "profile")]),
+    "e2e": (420, RLT + ["e2e", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact,approx",
+                        "--workload", "burst", "--concurrency", "1,8,32,128", "--input-len", "512",
+                        "--output-len", "128", "--repeats", "2", "--result-dir", str(RESULTS / "e2e")]),
+    "e2e-session": (240, RLT + ["e2e", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact",
+                                "--workload", "session", "--repeats", "1",
+                                "--result-dir", str(RESULTS / "e2e-session")]),
+    "gsm8k": (300, RLT + ["gsm8k", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact,approx",
+                          "--limit", "87", "--result-dir", str(RESULTS / "gsm8k")]),
+}
+
+
+def run_stage(name: str, limit: int, cmd: list[str]) -> dict:
+    out_dir = RESULTS / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "stage.log"
+    t0 = time.time()
+    print(f"=== {name} (limit {limit}s): {' '.join(cmd)}", flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    with open(log, "w") as fh:
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, timeout=limit, env=env)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    secs = round(time.time() - t0, 1)
+    tail = log.read_text(errors="replace")[-1500:]
+    print(tail, flush=True)
+    print(f"=== {name}: rc={rc} in {secs}s", flush=True)
+    return {"stage": name, "rc": rc, "seconds": secs, "command": cmd}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stages", nargs="*", help="stages to run (default: all)")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    if args.list:
+        for name, (limit, cmd) in STAGES.items():
+            print(f"{name:15s} {limit:4d}s  {' '.join(cmd)}")
+        return 0
+    names = args.stages or list(STAGES)
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        print(f"unknown stage(s): {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary_path = RESULTS / "suite.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"runs": []}
+    for name in names:
+        limit, cmd = STAGES[name]
+        summary["runs"].append(run_stage(name, limit, cmd))
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""GPU: profile ouro-tiny at batch 1; graph kernel nodes must equal the profiler's kernels per replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.mark.gpu
+def test_profile_ouro_tiny_counts_agree() -> None:
+    from rltbench.profiles.collect import ProfileSpec, run_profile
+
+    spec = ProfileSpec(
+        model="ouro-tiny",
+        weights=None,
+        dtype=torch.bfloat16,
+        batch=1,
+        context=64,
+        arms=["torch", "exact", "approx"],
+        iters=20,
+        rounds=2,
+        replays=2,
+        steps=2,
+        cpu=False,
+    )
+    out = run_profile(spec, log=lambda m: None)
+    counts = {}
+    for arm, res in out["arms"].items():
+        assert res["graph_census"] is not None, res["graph_census_note"]
+        assert res["agree"] is True, f"{arm}: {res['agree_reason']}"
+        assert res["profiler"]["replays"] == 2
+        assert res["replay_stats_us"]["n"] >= 20 and res["replay_stats_us"]["median"] > 0
+        assert res["engine_steps_graph_launches"] == 2
+        assert res["gemm_floor_us"] > 0
+        counts[arm] = res["kernels_per_step"]
+    assert counts["exact"] < counts["torch"] and counts["approx"] < counts["exact"]
+    assert out["weight_floor_ms"] > 0
