@@ -1,0 +1,12 @@
+"""Kernel arms for looped LMs: the torch reference, exact (bitwise) and approx Triton kernels.
+
+Public API (contract: docs/DESIGN.md section 1)::
+
+    from rltbench.kernels import OpSelection, parse_selection, make_ops, Ops, ARMS, OPS, op_case
+"""
+
+from rltbench.kernels.cases import OPS, OpCase, op_case
+from rltbench.kernels.ops import Ops, OpStats, make_ops
+from rltbench.kernels.selection import ARMS, OpSelection, parse_selection
+
+__all__ = ["ARMS", "OPS", "OpCase", "OpSelection", "OpStats", "Ops", "make_ops", "op_case", "parse_selection"]

@@ -1,0 +1,88 @@
+"""Approximate RMSNorm: one launch, fp32 throughout (one-pass sum of squares in Triton's tree
+order), one final rounding. Faster than exact but not bitwise: its error is reported against the
+fp64 oracle (oracle.py). Rows must fit one tile (width <= MAX_WIDTH; Ops falls back otherwise)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rltbench.kernels.layout import row_stride
+from rltbench.kernels.rounding import dtype_code, interpret_mode, load_f32, store_f32
+
+MAX_WIDTH = 65536
+
+
+@triton.jit
+def _rms_norm_approx_kernel(
+    x_ptr,
+    b_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    R,
+    W,
+    sx,
+    sb,
+    sr,
+    eps,
+    HAS_B: tl.constexpr,
+    HAS_R: tl.constexpr,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < R) & (cols < W)
+    v = load_f32(x_ptr + rows * sx + cols, mask, DT, INTERPRET)
+    if HAS_B:
+        v += load_f32(b_ptr + rows * sb + cols, mask, DT, INTERPRET)
+    rstd = tl.rsqrt(tl.sum(v * v, axis=1) / W + eps)
+    w = load_f32(w_ptr + cols, cols < W, DT, INTERPRET)
+    y = v * rstd[:, None] * w
+    if HAS_R:
+        y += load_f32(r_ptr + rows * sr + cols, mask, DT, INTERPRET)
+    store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
+
+
+def rms_norm_approx_rows(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    branch: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> None:
+    """One-launch RMSNorm of the 2-D rows x (+ branch) into `out` (+ residual)."""
+    R, W = x.shape
+    if R == 0 or W == 0:
+        return
+    interp = interpret_mode()
+    block_c = triton.next_power_of_2(W)
+    block_r = max(1, min(triton.next_power_of_2(R), 16384 // block_c)) if interp else 1
+    nw = 1 if interp else max(1, min(16, block_c // 512))
+    b = branch if branch is not None else x
+    r = residual if residual is not None else x
+    _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](
+        x,
+        b,
+        r,
+        w,
+        out,
+        R,
+        W,
+        row_stride(x),
+        row_stride(b),
+        row_stride(r),
+        float(eps),
+        HAS_B=branch is not None,
+        HAS_R=residual is not None,
+        DT=dtype_code(x.dtype),
+        INTERPRET=interp,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=nw,
+    )

@@ -1,0 +1,261 @@
+"""The Ops object the models call: routes each op to torch, the exact or the approx kernels.
+
+Routing per call (see docs/DESIGN.md section 1):
+1. family selected ``off``                                  -> torch reference (counted "reference")
+2. scope ``graph`` and not capturing a CUDA graph           -> torch reference (counted "reference")
+3. input the kernels do not support (see ``_check_*``)      -> torch reference, counted as a
+   fallback with its reason; a wrong answer is never an option
+4. otherwise the fused kernel                               -> counted "fused"
+Counts are host-side: inside a captured graph they count captures, not replays. Kernels need
+grad disabled when any input requires grad (run models under torch.inference_mode()).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from rltbench.kernels import reference as ref
+from rltbench.kernels.act_approx import silu_mul_approx_rows
+from rltbench.kernels.act_exact import silu_mul_exact_rows
+from rltbench.kernels.layout import rows_view
+from rltbench.kernels.norm_approx import MAX_WIDTH, rms_norm_approx_rows
+from rltbench.kernels.norm_exact import rms_norm_exact_rows
+from rltbench.kernels.rope_approx import rope_approx
+from rltbench.kernels.rope_exact import rope_exact
+from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
+from rltbench.kernels.selection import OpSelection
+
+Tensor = torch.Tensor
+
+
+class OpStats:
+    """Counters per op: fused kernel calls, reference calls (off / eager under scope graph) and
+    fallbacks to the reference per reason."""
+
+    def __init__(self) -> None:
+        self.fused: Counter[str] = Counter()
+        self.reference: Counter[str] = Counter()
+        self.fallbacks: Counter[tuple[str, str]] = Counter()
+
+    def reset(self) -> None:
+        self.fused.clear()
+        self.reference.clear()
+        self.fallbacks.clear()
+
+    def fallback_count(self, op: str | None = None, reason: str | None = None) -> int:
+        return sum(
+            n
+            for (o, r), n in self.fallbacks.items()
+            if (op is None or o == op) and (reason is None or r == reason)
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready: {"fused": {op: n}, "reference": {op: n}, "fallbacks": {op: {reason: n}}}."""
+        fb: dict[str, dict[str, int]] = {}
+        for (op, reason), n in sorted(self.fallbacks.items()):
+            fb.setdefault(op, {})[reason] = n
+        return {
+            "fused": dict(sorted(self.fused.items())),
+            "reference": dict(sorted(self.reference.items())),
+            "fallbacks": fb,
+        }
+
+
+def _capturing(t: Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _common_reason(tensors: list[Tensor]) -> str | None:
+    """Reason the kernels cannot take these tensors (dtype/device/grad), or None."""
+    t0 = tensors[0]
+    if t0.dtype not in DTYPE_CODES:
+        return "dtype"
+    if any(t.dtype != t0.dtype for t in tensors):
+        return "mixed_dtype"
+    if any(t.device != t0.device for t in tensors):
+        return "device"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "requires_grad"
+    if t0.device.type == "cpu":
+        if not interpret_mode():
+            return "cpu_no_interpreter"
+    elif t0.device.type == "cuda":
+        if interpret_mode():
+            return "cuda_under_interpreter"
+    else:
+        return "device"
+    return None
+
+
+class Ops:
+    """One arm's ops (method semantics = the functions in reference.py)."""
+
+    def __init__(self, selection: OpSelection) -> None:
+        self.selection = selection
+        self.stats = OpStats()
+
+    # -- routing -------------------------------------------------------------------------------------------
+    def _impl(
+        self, op: str, family: str, tensors: list[Tensor], check: Callable[[], str | None]
+    ) -> str | None:
+        """The kernel implementation to run ("exact"/"approx"), or None for the torch reference."""
+        impl = getattr(self.selection, family)
+        if impl == "off" or (self.selection.scope == "graph" and not _capturing(tensors[0])):
+            self.stats.reference[op] += 1
+            return None
+        reason = _common_reason(tensors) or check()
+        if reason is not None:
+            self.stats.fallbacks[(op, reason)] += 1
+            return None
+        self.stats.fused[op] += 1
+        return impl
+
+    # -- norms ---------------------------------------------------------------------------------------------
+    def _norm(
+        self,
+        op: str,
+        x: Tensor,
+        w: Tensor,
+        eps: float,
+        branch: Tensor | None,
+        residual: Tensor | None,
+        reference: Callable[[], Tensor],
+    ) -> Tensor:
+        extra = [t for t in (branch, residual) if t is not None]
+        views: dict[str, Tensor | None] = {}
+
+        def check() -> str | None:
+            if (
+                w.dim() != 1
+                or w.shape[0] != x.shape[-1]
+                or w.stride(0) != 1
+                or any(t.shape != x.shape for t in extra)
+            ):
+                return "shape"
+            for name, t in (("x", x), ("branch", branch), ("residual", residual)):
+                if t is not None:
+                    views[name] = rows_view(t)
+                    if views[name] is None:
+                        return "layout"
+            if self.selection.norm == "approx" and x.shape[-1] > MAX_WIDTH:
+                return "width"
+            return None
+
+        impl = self._impl(op, "norm", [x, w, *extra], check)
+        if impl is None:
+            return reference()
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        fn = rms_norm_exact_rows if impl == "exact" else rms_norm_approx_rows
+        fn(
+            views["x"],
+            w,
+            eps,
+            out.view(-1, x.shape[-1]),
+            branch=views.get("branch"),
+            residual=views.get("residual"),
+        )
+        return out
+
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        """Ouro/Llama RMSNorm ``w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
+        return self._norm("rms_norm", x, w, eps, None, None, lambda: ref.rms_norm(x, w, eps))
+
+    def rms_norm_huginn(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        """Huginn RMSNorm ``(...).type_as(x) * w`` (same bits as rms_norm; kept as its own op)."""
+        return self._norm("rms_norm_huginn", x, w, eps, None, None, lambda: ref.rms_norm_huginn(x, w, eps))
+
+    def residual_rms_norm(self, residual: Tensor, branch: Tensor, w: Tensor, eps: float) -> Tensor:
+        """Ouro sandwich ``residual + rms_norm(branch, w, eps)``."""
+        return self._norm(
+            "residual_rms_norm",
+            branch,
+            w,
+            eps,
+            None,
+            residual,
+            lambda: ref.residual_rms_norm(residual, branch, w, eps),
+        )
+
+    def add_rms_norm_huginn(self, x: Tensor, branch: Tensor, w: Tensor, eps: float) -> Tensor:
+        """Huginn ``rms_norm_huginn(x + branch, w, eps)``."""
+        return self._norm(
+            "add_rms_norm_huginn", x, w, eps, branch, None, lambda: ref.add_rms_norm_huginn(x, branch, w, eps)
+        )
+
+    def residual_rms_norm_norm(
+        self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """``h = residual + rms_norm(branch, w1)``, ``y = rms_norm(h, w2)`` (composed of the two ops)."""
+        h = self.residual_rms_norm(residual, branch, w1, eps)
+        return h, self.rms_norm(h, w2, eps)
+
+    # -- rope ----------------------------------------------------------------------------------------------
+    def _rope(
+        self, op: str, kind: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        reference = ref.rope_neox if kind == "neox" else ref.rope_interleaved
+
+        def check() -> str | None:
+            if q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
+                return "shape"
+            T, _, D = q.shape
+            cw = D if kind == "neox" else D // 2
+            if D % 2 or k.shape[0] != T or k.shape[2] != D or cos.shape != (T, cw) or sin.shape != (T, cw):
+                return "shape"
+            if kind == "interleaved":  # fp32 tables: not covered by the common dtype/device check
+                if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+                    return "mixed_dtype"
+                if cos.device != q.device or sin.device != q.device:
+                    return "device"
+            if any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (q, k, cos, sin)):
+                return "layout"
+            return None
+
+        tensors = [q, k] + ([cos, sin] if kind == "neox" else [])
+        impl = self._impl(op, "rope", tensors, check)
+        if impl is None:
+            return reference(q, k, cos, sin)
+        qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        (rope_exact if impl == "exact" else rope_approx)(kind, q, k, cos, sin, qo, ko)
+        return qo, ko
+
+    def rope_neox(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """NeoX RoPE of q [T, Hq, D] and k [T, Hk, D]; cos/sin [T, D] in q's dtype."""
+        return self._rope("rope_neox", "neox", q, k, cos, sin)
+
+    def rope_interleaved(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Huginn interleaved RoPE; cos/sin [T, D/2] fp32."""
+        return self._rope("rope_interleaved", "interleaved", q, k, cos, sin)
+
+    # -- activation ----------------------------------------------------------------------------------------
+    def silu_mul(self, gate: Tensor, up: Tensor) -> Tensor:
+        """``silu(gate) * up``."""
+        views: dict[str, Tensor | None] = {}
+
+        def check() -> str | None:
+            if gate.shape != up.shape:
+                return "shape"
+            if self.selection.act == "exact" and gate.device.type == "cpu" and gate.dtype == torch.float32:
+                # torch CPU computes fp32 exp with SLEEF (expf_u10, std::exp on loop tails); the
+                # interpreter's correctly rounded exp differs by 1 ulp in ~4% of values, so the
+                # exact arm hands fp32 SiLU on CPU to torch rather than give a different answer.
+                return "cpu_fp32_exp"
+            views["g"], views["u"] = rows_view(gate), rows_view(up)
+            return "layout" if views["g"] is None or views["u"] is None else None
+
+        impl = self._impl("silu_mul", "act", [gate, up], check)
+        if impl is None:
+            return ref.silu_mul(gate, up)
+        out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        fn = silu_mul_exact_rows if impl == "exact" else silu_mul_approx_rows
+        fn(views["g"], views["u"], out.view(-1, gate.shape[-1]))
+        return out
+
+
+def make_ops(selection: OpSelection | None = None) -> Ops:
+    """An Ops for `selection` (default: the torch reference arm)."""
+    return Ops(selection if selection is not None else OpSelection.torch())

@@ -1,0 +1,273 @@
+"""Exact RoPE kernels (q and k in ONE launch), bitwise equal to the models' expressions.
+
+NeoX / rotate_half (Ouro, HF Llama): cos/sin [T, D] already in the activation dtype and torch
+rounds after every op::
+
+    out[:h] = round(round(x1 * c[:h]) + round(-x2 * s[:h]))
+    out[h:] = round(round(x2 * c[h:]) + round( x1 * s[h:]))          (h = D/2)
+
+Interleaved (Huginn ``apply_rotary_emb_complex_like``): pairs (x[2j], x[2j+1]) upcast to fp32,
+cos/sin [T, D/2] fp32, each fp32 op rounded, then one cast back::
+
+    out[2j]   = round(x0*c - x1*s)        out[2j+1] = round(x1*c + x0*s)
+
+Grid: (token blocks, Hq + Hk); programs with head index >= Hq rotate k.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rltbench.kernels.rounding import (
+    add_rn,
+    dtype_code,
+    interpret_mode,
+    load_f32,
+    mul_rn,
+    round_to,
+    store_f32,
+    sub_rn,
+)
+
+
+@triton.jit
+def _neox_tile(
+    x_ptr,
+    o_ptr,
+    c_ptr,
+    s_ptr,
+    head,
+    T,
+    H,
+    sxt,
+    sxh,
+    sct,
+    sst,
+    HALF,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None].to(tl.int64)
+    j = tl.arange(0, BLOCK_H)[None, :]
+    mask = (t < T) & (j < HALF)
+    xb = x_ptr + t * sxt + head * sxh
+    x1 = load_f32(xb + j, mask, DT, INTERPRET)
+    x2 = load_f32(xb + j + HALF, mask, DT, INTERPRET)
+    c1 = load_f32(c_ptr + t * sct + j, mask, DT, INTERPRET)
+    c2 = load_f32(c_ptr + t * sct + j + HALF, mask, DT, INTERPRET)
+    s1 = load_f32(s_ptr + t * sst + j, mask, DT, INTERPRET)
+    s2 = load_f32(s_ptr + t * sst + j + HALF, mask, DT, INTERPRET)
+    a1 = round_to(mul_rn(x1, c1, INTERPRET), DT, INTERPRET)  # q * cos
+    b1 = round_to(mul_rn(-x2, s1, INTERPRET), DT, INTERPRET)  # rotate_half(q) * sin
+    o1 = round_to(add_rn(a1, b1, INTERPRET), DT, INTERPRET)
+    a2 = round_to(mul_rn(x2, c2, INTERPRET), DT, INTERPRET)
+    b2 = round_to(mul_rn(x1, s2, INTERPRET), DT, INTERPRET)
+    o2 = round_to(add_rn(a2, b2, INTERPRET), DT, INTERPRET)
+    ob = o_ptr + (t * H + head) * (2 * HALF)
+    store_f32(ob + j, o1, mask, DT, INTERPRET)
+    store_f32(ob + j + HALF, o2, mask, DT, INTERPRET)
+
+
+@triton.jit
+def _rope_neox_kernel(
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    c_ptr,
+    s_ptr,
+    T,
+    HQ,
+    HK,
+    sqt,
+    sqh,
+    skt,
+    skh,
+    sct,
+    sst,
+    HALF,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    h = tl.program_id(1)
+    if h < HQ:
+        _neox_tile(
+            q_ptr, qo_ptr, c_ptr, s_ptr, h, T, HQ, sqt, sqh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
+        )
+    else:
+        _neox_tile(
+            k_ptr,
+            ko_ptr,
+            c_ptr,
+            s_ptr,
+            h - HQ,
+            T,
+            HK,
+            skt,
+            skh,
+            sct,
+            sst,
+            HALF,
+            DT,
+            INTERPRET,
+            BLOCK_T,
+            BLOCK_H,
+        )
+
+
+@triton.jit
+def _interleaved_tile(
+    x_ptr,
+    o_ptr,
+    c_ptr,
+    s_ptr,
+    head,
+    T,
+    H,
+    sxt,
+    sxh,
+    sct,
+    sst,
+    HALF,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None].to(tl.int64)
+    j = tl.arange(0, BLOCK_H)[None, :]
+    mask = (t < T) & (j < HALF)
+    xb = x_ptr + t * sxt + head * sxh
+    x0 = load_f32(xb + 2 * j, mask, DT, INTERPRET)
+    x1 = load_f32(xb + 2 * j + 1, mask, DT, INTERPRET)
+    c = tl.load(c_ptr + t * sct + j, mask=mask, other=0.0)
+    s = tl.load(s_ptr + t * sst + j, mask=mask, other=0.0)
+    o0 = sub_rn(mul_rn(x0, c, INTERPRET), mul_rn(x1, s, INTERPRET), INTERPRET)
+    o1 = add_rn(mul_rn(x1, c, INTERPRET), mul_rn(x0, s, INTERPRET), INTERPRET)
+    o0 = round_to(o0, DT, INTERPRET)
+    o1 = round_to(o1, DT, INTERPRET)
+    ob = o_ptr + (t * H + head) * (2 * HALF)
+    store_f32(ob + 2 * j, o0, mask, DT, INTERPRET)
+    store_f32(ob + 2 * j + 1, o1, mask, DT, INTERPRET)
+
+
+@triton.jit
+def _rope_interleaved_kernel(
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    c_ptr,
+    s_ptr,
+    T,
+    HQ,
+    HK,
+    sqt,
+    sqh,
+    skt,
+    skh,
+    sct,
+    sst,
+    HALF,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    h = tl.program_id(1)
+    if h < HQ:
+        _interleaved_tile(
+            q_ptr, qo_ptr, c_ptr, s_ptr, h, T, HQ, sqt, sqh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
+        )
+    else:
+        _interleaved_tile(
+            k_ptr,
+            ko_ptr,
+            c_ptr,
+            s_ptr,
+            h - HQ,
+            T,
+            HK,
+            skt,
+            skh,
+            sct,
+            sst,
+            HALF,
+            DT,
+            INTERPRET,
+            BLOCK_T,
+            BLOCK_H,
+        )
+
+
+def _stride0(t: torch.Tensor) -> int:
+    return t.stride(0) if t.shape[0] > 1 else t.shape[1] * (t.shape[2] if t.dim() == 3 else 1)
+
+
+def _stride1(t: torch.Tensor) -> int:
+    return t.stride(1) if t.shape[1] > 1 else t.shape[2]
+
+
+def launch_rope(
+    kind: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    qo: torch.Tensor,
+    ko: torch.Tensor,
+    kernels: dict,
+) -> None:
+    """Shared launcher (exact and approx): q [T, Hq, D], k [T, Hk, D] (head/token strides free,
+    last dim contiguous), cos/sin 2-D with contiguous last dim; qo/ko contiguous outputs."""
+    T, HQ, D = q.shape
+    HK = k.shape[1]
+    if T == 0 or HQ + HK == 0 or D == 0:
+        return
+    interp = interpret_mode()
+    half = D // 2
+    block_h = triton.next_power_of_2(half)
+    block_t = (
+        max(1, min(triton.next_power_of_2(T), 8192 // block_h))
+        if interp
+        else max(1, min(triton.next_power_of_2(T), 512 // block_h))
+    )
+    nw = 1 if interp else max(1, min(4, block_t * block_h // 128))
+    grid = (triton.cdiv(T, block_t), HQ + HK)
+    kernels[kind][grid](
+        q,
+        k,
+        qo,
+        ko,
+        cos,
+        sin,
+        T,
+        HQ,
+        HK,
+        _stride0(q),
+        _stride1(q),
+        _stride0(k),
+        _stride1(k),
+        cos.stride(0) if T > 1 else cos.shape[1],
+        sin.stride(0) if T > 1 else sin.shape[1],
+        half,
+        DT=dtype_code(q.dtype),
+        INTERPRET=interp,
+        BLOCK_T=block_t,
+        BLOCK_H=block_h,
+        num_warps=nw,
+    )
+
+
+EXACT_KERNELS = {"neox": _rope_neox_kernel, "interleaved": _rope_interleaved_kernel}
+
+
+def rope_exact(kind: str, q, k, cos, sin, qo, ko) -> None:
+    """Exact RoPE ("neox" or "interleaved") of q and k into qo/ko, one launch."""
+    launch_rope(kind, q, k, cos, sin, qo, ko, EXACT_KERNELS)

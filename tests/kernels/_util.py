@@ -1,0 +1,71 @@
+"""Test helpers for the kernel tests: bitwise comparison and adversarial inputs."""
+
+from __future__ import annotations
+
+import torch
+
+_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def assert_bitwise(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    """Same shape/dtype and identical bits, except that any NaN equals any NaN (payloads differ
+    between torch CPU and CUDA conversions). Stricter than torch.equal: -0.0 != +0.0."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (
+        what,
+        out.shape,
+        ref.shape,
+        out.dtype,
+        ref.dtype,
+    )
+    nan = torch.isnan(out)
+    assert torch.equal(nan, torch.isnan(ref)), f"{what}: NaN positions differ"
+    a = torch.where(nan, torch.zeros_like(out), out).contiguous().view(_INT[out.dtype])
+    b = torch.where(nan, torch.zeros_like(ref), ref).contiguous().view(_INT[ref.dtype])
+    bad = (a != b).sum().item()
+    assert bad == 0, (
+        f"{what}: {bad} of {a.numel()} elements differ; first out={out.flatten()[(a != b).flatten()][:4]}"
+        f" ref={ref.flatten()[(a != b).flatten()][:4]}"
+    )
+
+
+def randn(shape, dtype, gen, scale=1.0, device="cpu") -> torch.Tensor:
+    return (torch.randn(shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+
+def strided_rows(t: torch.Tensor, pad: int = 3, offset: int = 1) -> torch.Tensor:
+    """A view equal to t whose rows start mid-tensor (offset) with row stride = width + pad."""
+    T, W = t.shape
+    big = torch.full((T, W + pad), float("nan"), dtype=t.dtype, device=t.device)
+    v = big[:, offset : offset + W]
+    v.copy_(t)
+    return v
+
+
+def with_specials(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Copy of t with +-inf, nan, +-0, denormals and huge/tiny magnitudes at random positions."""
+    fi = torch.finfo(t.dtype)
+    vals = (
+        torch.tensor(
+            [
+                float("inf"),
+                -float("inf"),
+                float("nan"),
+                0.0,
+                -0.0,
+                fi.tiny / 4,
+                -fi.tiny / 2,
+                fi.max / 2,
+                -fi.max / 3,
+                fi.tiny,
+                1e30,
+                -1e-30,
+            ],
+            dtype=torch.float32,
+        )
+        .to(t.dtype)
+        .to(t.device)
+    )
+    out = t.clone().flatten()
+    idx = torch.randint(0, out.numel(), (min(out.numel(), 3 * len(vals)),), generator=gen)
+    out[idx.to(t.device)] = vals[(torch.arange(len(idx)) % len(vals)).to(t.device)]
+    return out.view(t.shape)

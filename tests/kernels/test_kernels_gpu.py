@@ -1,0 +1,146 @@
+"""GPU checks of the exact arm (run with --run-gpu on the H100/H200; fast by design):
+PTX rounding helpers vs torch CUDA, every exact op bitwise vs torch CUDA over >= 1e8 random
+elements per dtype (large batches + special values + odd widths + strided rows), and CUDA graph
+capture + replay with new input contents (scope graph: fused only while capturing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from rltbench.kernels import OPS, OpSelection, make_ops, op_case
+from rltbench.kernels.rounding import add_rn, div_rn, dtype_code, exp_torch, mul_rn, round_to, rsqrt_torch
+from tests.kernels._util import assert_bitwise, strided_rows, with_specials
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# (op, tokens, width) for the big batches: widths odd and even, model sizes
+BIG = {
+    "rmsnorm": [(8192, 2048), (2000, 5633)],
+    "rmsnorm_huginn": [(4096, 5280), (999, 4097)],
+    "rmsnorm_residual": [(8192, 2048), (1024, 5633)],
+    "add_rmsnorm_huginn": [(4096, 5280), (777, 3001)],
+    "rope_neox": [(8192, 2048)],
+    "rope_interleaved": [(8192, 5280)],
+    "silu_mul": [(4096, 5632), (2000, 17920)],
+}
+
+
+@triton.jit
+def _helpers_kernel(x_ptr, y_ptr, out_ptr, N, OP: tl.constexpr, DT: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < N, other=1.0)
+    y = tl.load(y_ptr + i, mask=i < N, other=1.0)
+    if OP == 0:
+        r = round_to(x, DT, False)
+    elif OP == 1:
+        r = mul_rn(x, y, False)
+    elif OP == 2:
+        r = add_rn(mul_rn(x, y, False), y, False)
+    elif OP == 3:
+        r = div_rn(x, y, False)
+    elif OP == 4:
+        r = rsqrt_torch(x, False)
+    else:
+        r = exp_torch(x, False)
+    tl.store(out_ptr + i, r, mask=i < N)
+
+
+@pytest.fixture(autouse=True)
+def _no_interpreter(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_ptx_helpers_match_torch_cuda() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = 1 << 24
+    bits = torch.randint(-(2**31), 2**31 - 1, (n,), device="cuda", generator=g, dtype=torch.int64).to(
+        torch.int32
+    )
+    x = bits.view(torch.float32)
+    x = torch.where(torch.isfinite(x), x, torch.randn(n, device="cuda", generator=g))
+    y = torch.randn(n, device="cuda", generator=g) * 3
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(n, 1024),)
+    for dt in (torch.bfloat16, torch.float16):
+        _helpers_kernel[grid](x, y, out, n, OP=0, DT=dtype_code(dt), BLOCK=1024)
+        assert_bitwise(out, x.to(dt).float(), f"round_to {dt}")
+    xs = torch.randn(n, device="cuda", generator=g) * 10
+    for op, want in (
+        (1, xs * y),
+        (2, xs * y + y),
+        (3, xs / y),
+        (4, torch.rsqrt(xs.abs())),
+        (5, torch.exp(xs)),
+    ):
+        arg = xs.abs() if op == 4 else xs
+        _helpers_kernel[grid](arg, y, out, n, OP=op, DT=0, BLOCK=1024)
+        assert_bitwise(out, want, f"helper op {op}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
+    ex, rf = make_ops(OpSelection.exact(scope="all")), make_ops(OpSelection.torch())
+    g = torch.Generator(device="cuda").manual_seed(1)
+    gcpu = torch.Generator().manual_seed(1)
+    total = 0
+    with torch.inference_mode():
+        for name in OPS:
+            case = op_case(name)
+            for T, W in BIG[name]:
+                d = case.make_inputs(T, W, dtype, "cuda", g)
+                for key in ("x", "q", "gate"):
+                    if key in d:
+                        d[key] = with_specials(d[key], gcpu)
+                for a, b in zip(case.run(ex, d), case.run(rf, d), strict=True):
+                    assert_bitwise(a, b, f"{name} {dtype} T={T} W={W}")
+                    total += a.numel()
+            # small token counts and strided rows (decode shapes)
+            for T in (1, 3):
+                d = case.make_inputs(T, BIG[name][0][1], dtype, "cuda", g)
+                if name.startswith("rope"):
+                    d["cos"], d["sin"] = strided_rows(d["cos"]), strided_rows(d["sin"])
+                else:
+                    d = {k: (strided_rows(v) if v.dim() == 2 else v) for k, v in d.items()}
+                for a, b in zip(case.run(ex, d), case.run(rf, d), strict=True):
+                    assert_bitwise(a, b, f"{name} {dtype} T={T} strided")
+    assert total >= 1e8, total
+    assert ex.stats.fallback_count() == 0, ex.stats.to_dict()
+
+
+def test_graph_capture_replay_bitwise_with_new_inputs() -> None:
+    ops = make_ops(OpSelection.exact(scope="graph"))
+    rf = make_ops(OpSelection.torch())
+    g = torch.Generator(device="cuda").manual_seed(2)
+    dtype = torch.bfloat16
+    cases = {name: op_case(name) for name in OPS}
+    widths = {name: (960 if name == "rope_interleaved" else 2048) for name in OPS}
+    static = {name: c.make_inputs(5, widths[name], dtype, "cuda", g) for name, c in cases.items()}
+    with torch.inference_mode():
+        for name, c in cases.items():  # eager under scope graph: torch, not fused
+            c.run(ops, static[name])
+        assert not ops.stats.fused
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for name, c in cases.items():
+                c.run(ops, static[name])
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = {name: c.run(ops, static[name]) for name, c in cases.items()}
+        assert sum(ops.stats.fused.values()) == len(OPS) and ops.stats.fallback_count() == 0
+        for _ in range(2):
+            for name, c in cases.items():
+                fresh = c.make_inputs(5, widths[name], dtype, "cuda", g)
+                for k, v in fresh.items():
+                    static[name][k].copy_(v)
+            graph.replay()
+            torch.cuda.synchronize()
+            for name, c in cases.items():
+                for a, b in zip(outs[name], c.run(rf, static[name]), strict=True):
+                    assert_bitwise(a, b, f"graph replay {name}")

@@ -1,0 +1,134 @@
+"""Routing: selection parsing and env vars, scope graph vs all, fallbacks counted per op and reason,
+the op cases used by the benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltbench.errors import UsageError
+from rltbench.kernels import ARMS, OPS, OpSelection, make_ops, op_case, parse_selection
+from rltbench.kernels import reference as ref
+from tests.kernels._util import assert_bitwise
+
+
+def test_selection_parsing_and_env() -> None:
+    assert ARMS["exact"] == OpSelection("exact", "exact", "exact", "graph")
+    assert parse_selection("approx", env={}) == OpSelection.approx()
+    assert parse_selection("norm=exact,rope=approx,scope=all", env={}) == OpSelection(
+        "exact", "approx", "off", "all"
+    )
+    assert parse_selection("all=exact", act="torch", env={}) == OpSelection("exact", "exact", "off", "graph")
+    env = {"RLTBENCH_NORM": "approx", "RLTBENCH_SCOPE": "all", "RLTBENCH_ACT": ""}
+    assert parse_selection(None, env=env) == OpSelection("approx", "off", "off", "all")
+    assert parse_selection("rope=exact", norm="exact", env=env) == OpSelection("exact", "exact", "off", "all")
+    assert OpSelection.exact().to_dict() == {
+        "norm": "exact",
+        "rope": "exact",
+        "act": "exact",
+        "scope": "graph",
+        "name": "exact",
+    }
+    assert OpSelection("exact", "off", "approx").name == "norm=exact,rope=off,act=approx"
+    for bad in ("fast", "norm=quick", "color=red", "norm"):
+        with pytest.raises(UsageError):
+            parse_selection(bad, env={})
+    with pytest.raises(UsageError):
+        parse_selection(None, env={"RLTBENCH_SCOPE": "sometimes"})
+
+
+def test_env_vars_read_from_os_environ(monkeypatch) -> None:
+    monkeypatch.setenv("RLTBENCH_ROPE", "exact")
+    assert parse_selection().rope == "exact"
+
+
+def _norm_inputs(dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(3, 40, generator=g).to(dtype), (torch.randn(40, generator=g) + 1).to(dtype)
+
+
+def test_scope_graph_keeps_torch_on_cpu_and_all_runs_kernels() -> None:
+    x, w = _norm_inputs()
+    graph_ops = make_ops(OpSelection.exact(scope="graph"))
+    assert_bitwise(graph_ops.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6))
+    assert graph_ops.stats.reference["rms_norm"] == 1 and not graph_ops.stats.fused
+    all_ops = make_ops(OpSelection.exact(scope="all"))
+    all_ops.rms_norm(x, w, 1e-6)
+    assert all_ops.stats.fused["rms_norm"] == 1 and all_ops.stats.fallback_count() == 0
+    torch_ops = make_ops()
+    torch_ops.silu_mul(x, x)
+    assert torch_ops.stats.reference["silu_mul"] == 1 and torch_ops.selection == ARMS["torch"]
+
+
+def test_fallbacks_are_counted_and_still_correct(monkeypatch) -> None:
+    ops = make_ops(OpSelection.exact(scope="all"))
+    x, w = _norm_inputs()
+    cases = [
+        (
+            "layout",
+            lambda: (
+                ops.rms_norm(x.t().contiguous().t(), w, 1e-6),
+                ref.rms_norm(x.t().contiguous().t(), w, 1e-6),
+            ),
+        ),
+        ("mixed_dtype", lambda: (ops.rms_norm(x, w.float(), 1e-6), ref.rms_norm(x, w.float(), 1e-6))),
+        (
+            "dtype",
+            lambda: (ops.rms_norm(x.double(), w.double(), 1e-6), ref.rms_norm(x.double(), w.double(), 1e-6)),
+        ),
+        ("shape", lambda: (ops.silu_mul(x, x[:1]), ref.silu_mul(x, x[:1]))),
+    ]
+    for reason, run in cases:
+        got, want = run()
+        assert torch.equal(got, want), reason
+        assert ops.stats.fallback_count(reason=reason) == 1, (reason, ops.stats.to_dict())
+    xg = x.clone().requires_grad_(True)
+    got = ops.rms_norm(xg, w, 1e-6)
+    assert got.requires_grad and ops.stats.fallback_count("rms_norm", "requires_grad") == 1
+    with torch.no_grad():
+        ops.rms_norm(xg, w, 1e-6)
+    assert ops.stats.fused["rms_norm"] == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert torch.equal(ops.silu_mul(x, x), ref.silu_mul(x, x))
+    assert ops.stats.fallback_count("silu_mul", "cpu_no_interpreter") == 1
+    d = ops.stats.to_dict()
+    assert d["fallbacks"]["rms_norm"]["mixed_dtype"] == 1 and d["fused"]["rms_norm"] == 1
+    ops.stats.reset()
+    assert ops.stats.fallback_count() == 0
+
+
+def test_rope_fallbacks() -> None:
+    ops = make_ops(OpSelection.exact(scope="all"))
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 2, 8, generator=g), torch.randn(2, 1, 8, generator=g)
+    cos64, sin64 = torch.randn(2, 4, generator=g).double(), torch.randn(2, 4, generator=g).double()
+    got = ops.rope_interleaved(q, k, cos64, sin64)
+    want = ref.rope_interleaved(q, k, cos64, sin64)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert ops.stats.fallback_count("rope_interleaved", "mixed_dtype") == 1
+    odd = torch.randn(2, 2, 7, generator=g)
+    ops.rope_neox(odd, odd, torch.randn(2, 7, generator=g), torch.randn(2, 7, generator=g))
+    assert ops.stats.fallback_count("rope_neox", "shape") == 1
+
+
+def test_op_cases_shapes_bytes_and_errors() -> None:
+    assert OPS == [
+        "rmsnorm",
+        "rmsnorm_huginn",
+        "rmsnorm_residual",
+        "add_rmsnorm_huginn",
+        "rope_neox",
+        "rope_interleaved",
+        "silu_mul",
+    ]
+    g = torch.Generator().manual_seed(0)
+    d = op_case("rope_neox").make_inputs(3, 256, torch.bfloat16, "cpu", g)
+    assert d["q"].shape == (3, 2, 128) and d["cos"].shape == (3, 128) and d["cos"].dtype == torch.bfloat16
+    d = op_case("rope_interleaved").make_inputs(3, 192, torch.bfloat16, "cpu", g)
+    assert d["q"].shape == (3, 2, 96) and d["cos"].shape == (3, 48) and d["cos"].dtype == torch.float32
+    n = op_case("rmsnorm_residual").make_inputs(4, 10, torch.float16, "cpu", g)
+    assert op_case("rmsnorm_residual").bytes_moved(n) == (4 * 10 * 2) * 3 + 10 * 2
+    with pytest.raises(UsageError):
+        op_case("layernorm")
+    with pytest.raises(UsageError):
+        op_case("rope_neox").make_inputs(1, 100, torch.bfloat16, "cpu", g)
