@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err_console = Console(stderr=True)
+
+
+
+def _use_triton_interpreter_without_gpu() -> None:
+    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide first."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_use_triton_interpreter_without_gpu()
 
 # command name -> (module, function) for the commands and for `report` re-rendering.
 COMMANDS = {
@@ -55,7 +70,7 @@ def _user_errors_exit_2(func):
         try:
             return func(*args, **kwargs)
         except UsageError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
 
     return wrapper
@@ -85,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
     except UsageError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted: finished results were kept on disk[/]")

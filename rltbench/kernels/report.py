@@ -1,0 +1,301 @@
+"""Tables and plots of a `rltbench kernels` run, rebuilt from its raw files only.
+
+Raw files (the source of truth, written as cases finish): rows.jsonl (one row per case x arm),
+samples.jsonl (every timing sample), summary.json (device facts and notes). `render(run_dir)`
+re-creates table.md, cases.csv/json and the plots from them, for `rltbench report DIR`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.table import Table
+
+from rltbench.results import RunDir
+
+ROWS = "rows.jsonl"
+SAMPLES = "samples.jsonl"
+SUMMARY = "summary.json"
+ARM_ORDER = ["torch", "exact", "approx", "liger"]
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return f
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    f = _num(v)
+    if not math.isfinite(f):
+        return "-"
+    return f"{f:.{digits}f}"
+
+
+def _fmt_int(v: Any) -> str:
+    f = _num(v)
+    return "-" if not math.isfinite(f) else str(int(f))
+
+
+def load_rows(run: RunDir) -> pd.DataFrame:
+    """rows.jsonl as a DataFrame (empty frame with the key columns when nothing finished yet)."""
+    rows = run.read_jsonl(ROWS)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=["op", "dtype", "width", "tokens", "arm", "status"])
+    return df
+
+
+def has_timings(df: pd.DataFrame, mode: str = "graph") -> bool:
+    col = f"{mode}_us_median"
+    return col in df and bool(pd.to_numeric(df[col], errors="coerce").notna().any())
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    rank = {a: i for i, a in enumerate(ARM_ORDER)}
+    key = df["arm"].map(lambda a: rank.get(a, len(rank)))
+    return df.assign(_arm_rank=key).sort_values(["op", "dtype", "width", "tokens", "_arm_rank"]) \
+        .drop(columns="_arm_rank")
+
+
+def _mismatch_cell(row: pd.Series, markdown: bool) -> str:
+    n = _fmt_int(row.get("mismatches"))
+    share = _num(row.get("mismatch_share"))
+    if n not in ("-", "0") and math.isfinite(share):
+        n = f"{n} ({100 * share:.1f}%)"
+    bad = row.get("arm") == "exact" and not n.startswith(("-", "0"))
+    if not bad:
+        return n
+    return f"**{n} (must be 0)**" if markdown else f"[bold red]{n}[/]"
+
+
+COLUMNS = ["op", "dtype", "width", "tokens", "arm", "status", "mismatches vs torch", "max ULP vs torch",
+           "max ULP vs oracle", "share != oracle", "graph us (p10-p90)", "eager us (p10-p90)",
+           "kernels/call", "GB/s", "% copy", "speedup"]
+
+
+def _cells(row: pd.Series, markdown: bool) -> list[str]:
+    def span(mode: str) -> str:
+        med = row.get(f"{mode}_us_median")
+        if not math.isfinite(_num(med)):
+            return "-"
+        return f"{_fmt(med)} ({_fmt(row.get(f'{mode}_us_p10'))}-{_fmt(row.get(f'{mode}_us_p90'))})"
+
+    main = "graph" if math.isfinite(_num(row.get("graph_us_median"))) else "eager"
+    kpc = row.get(f"{main}_kernels_per_call")
+    share = _num(row.get("share_differs_oracle"))
+    status = str(row.get("status", ""))
+    if not markdown and status not in ("ok", ""):
+        status = f"[{'red' if status in ('MISMATCH', 'error') else 'yellow'}]{status}[/]"
+    return [str(row["op"]), str(row["dtype"]), str(row["width"]), str(row["tokens"]), str(row["arm"]), status,
+            _mismatch_cell(row, markdown), _fmt_int(row.get("max_ulp_vs_torch")),
+            _fmt(row.get("max_ulp_vs_oracle")),
+            "-" if not math.isfinite(share) else f"{100 * share:.2f}%",
+            span("graph"), span("eager"), _fmt(kpc, 1), _fmt(row.get(f"{main}_gbps"), 0),
+            _fmt(row.get(f"{main}_pct_copy"), 1), _fmt(row.get(f"{main}_speedup"))]
+
+
+def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """The human summary: contract, device facts, notes, then one line per case x arm."""
+    lines = ["# rltbench kernels", ""]
+    status = manifest.get("status", "?")
+    lines.append(f"Status: **{status}**. Device: {summary.get('device_name') or summary.get('device', '?')}.")
+    copy = summary.get("copy") or {}
+    if math.isfinite(_num(copy.get("gbps"))):
+        lines.append(f"Measured device-to-device copy: {_fmt(copy.get('gbps'), 0)} GB/s "
+                     f"({_fmt_int(copy.get('bytes'))} bytes read+written); "
+                     f"L2 {_fmt_int(summary.get('l2_bytes'))} B.")
+    lines += ["", "Contract: the `exact` arm must differ from `torch` in 0 elements (bitwise); `approx` "
+              "may differ. Max ULP vs torch counts representable steps between arm and torch; max ULP vs "
+              "oracle is in ulps of the dtype at the fp64 oracle value (0.5 = correctly rounded); share != "
+              "oracle = elements not equal to the oracle rounded to the dtype. Correctness inputs are fresh "
+              "random values; the fused arms run with scope all. Times are us per call (median, p10-p90), "
+              "CUDA-graph replay over rotated input sets (cold L2) and eager; GB/s counts each input read "
+              "once and each output written once; speedup is over the torch arm in the same mode; "
+              "kernels/call is counted.", ""]
+    notes = list(summary.get("notes") or [])
+    if notes:
+        lines += ["Notes:", *[f"- {n}" for n in notes], ""]
+    if df.empty:
+        lines.append("No case finished.")
+        return "\n".join(lines) + "\n"
+    bad = df[(df["arm"] == "exact") & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
+    if len(bad):
+        lines += [f"**FAIL: {len(bad)} exact case(s) differ from torch.**", ""]
+    lines.append("| " + " | ".join(COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for _, row in _sorted(df).iterrows():
+        lines.append("| " + " | ".join(_cells(row, markdown=True)) + " |")
+    notes_rows = [(r["op"], r["dtype"], r["width"], r["tokens"], r["arm"], r.get("note"))
+                  for _, r in _sorted(df).iterrows() if isinstance(r.get("note"), str) and r.get("note")]
+    if notes_rows:
+        lines += ["", "Row notes:"]
+        lines += [f"- {op} {dt} w={w} T={t} {arm}: {note}" for op, dt, w, t, arm, note in notes_rows]
+    return "\n".join(lines) + "\n"
+
+
+SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "!=o", "graph us", "eager us",
+         "k/call", "GB/s", "%copy", "x torch"]
+TIMING_COLS = range(10, 16)
+
+
+def rich_table(df: pd.DataFrame) -> Table:
+    """The same table for the console, short headers (exact mismatches and errors in red).
+
+    Timing columns are left out when no row has a timing (machines without a GPU).
+    """
+    timed = has_timings(df, "graph") or has_timings(df, "eager")
+    keep = [i for i in range(len(SHORT)) if timed or i not in TIMING_COLS]
+    table = Table(title="rltbench kernels (diff = elements != torch, ulp/t = max ULP vs torch, ulp/o = max "
+                  "ULP vs fp64 oracle, !=o = share != oracle)", show_lines=False, pad_edge=False)
+    for i in keep:
+        table.add_column(SHORT[i], justify="left" if i in (0, 1, 4, 5) else "right", overflow="fold",
+                         no_wrap=i in (0, 5))
+    if not df.empty:
+        for _, row in _sorted(df).iterrows():
+            cells = _cells(row, markdown=False)
+            table.add_row(*[cells[i] for i in keep])
+    return table
+
+
+# ----------------------------------------------------------------------------------------------
+# plots
+# ----------------------------------------------------------------------------------------------
+def _panels(df: pd.DataFrame) -> list[tuple[str, int]]:
+    return sorted({(str(o), int(w)) for o, w in zip(df["op"], df["width"], strict=True)})
+
+
+def _grid(n: int):
+    from rltbench.results.plotting import plt
+
+    cols = min(3, max(1, n))
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def latency_figure(df: pd.DataFrame, mode: str, dtype: str):
+    """Latency vs tokens, one panel per (op, width), one line per arm, log-log axes."""
+    from rltbench.results.plotting import arm_color
+
+    sub = df[df["dtype"] == dtype].copy()
+    sub["t"] = pd.to_numeric(sub.get(f"{mode}_us_median"), errors="coerce")
+    sub = sub[sub["t"].notna()]
+    if sub.empty:
+        return None
+    panels = _panels(sub)
+    fig, axes = _grid(len(panels))
+    for ax, (op, width) in zip(axes, panels, strict=False):
+        p = sub[(sub["op"] == op) & (sub["width"] == width)]
+        for arm in [a for a in ARM_ORDER if a in set(p["arm"])] + sorted(set(p["arm"]) - set(ARM_ORDER)):
+            a = p[p["arm"] == arm].sort_values("tokens")
+            ax.plot(a["tokens"], a["t"], marker="o", label=arm, color=arm_color(arm))
+            lo = pd.to_numeric(a.get(f"{mode}_us_p10"), errors="coerce")
+            hi = pd.to_numeric(a.get(f"{mode}_us_p90"), errors="coerce")
+            if lo is not None and hi is not None and lo.notna().all() and hi.notna().all():
+                ax.fill_between(a["tokens"], lo, hi, alpha=0.2, color=arm_color(arm))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{op} (w={width})", fontsize=9)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("us per call")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{mode} latency, {dtype} (median, band p10-p90)")
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(df: pd.DataFrame, mode: str, dtype: str):
+    """Speedup over torch, bars per (op, width, tokens), one bar per non-torch arm."""
+    from rltbench.results.plotting import arm_color, figure
+
+    sub = df[(df["dtype"] == dtype) & (df["arm"] != "torch")].copy()
+    sub["s"] = pd.to_numeric(sub.get(f"{mode}_speedup"), errors="coerce")
+    sub = sub[sub["s"].notna()]
+    if sub.empty:
+        return None
+    labels = sorted({(o, int(w), int(t))
+                     for o, w, t in zip(sub["op"], sub["width"], sub["tokens"], strict=True)})
+    arms = [a for a in ARM_ORDER if a in set(sub["arm"])]
+    fig, ax = figure(max(7.0, 0.45 * len(labels) * max(1, len(arms))), 4.5)
+    width = 0.8 / max(1, len(arms))
+    for j, arm in enumerate(arms):
+        a = sub[sub["arm"] == arm]
+        vals = {(o, int(w), int(t)): s
+                for o, w, t, s in zip(a["op"], a["width"], a["tokens"], a["s"], strict=True)}
+        xs = [i + j * width for i in range(len(labels))]
+        ax.bar(xs, [vals.get(lb, float("nan")) for lb in labels], width, label=arm, color=arm_color(arm))
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))])
+    ax.set_xticklabels([f"{o}\nw={w} T={t}" for o, w, t in labels], rotation=90, fontsize=7)
+    ax.set_ylabel("speedup over torch (x)")
+    ax.set_title(f"{mode} speedup over torch, {dtype}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_figure(df: pd.DataFrame, dtype: str):
+    """Max ULP vs the fp64 oracle per op and arm (log scale; 0.5 = correctly rounded)."""
+    from rltbench.results.plotting import arm_color, figure
+
+    sub = df[df["dtype"] == dtype].copy()
+    sub["u"] = pd.to_numeric(sub.get("max_ulp_vs_oracle"), errors="coerce")
+    sub = sub[sub["u"].notna()]
+    if sub.empty:
+        return None
+    ops = sorted(set(sub["op"]))
+    arms = [a for a in ARM_ORDER if a in set(sub["arm"])]
+    fig, ax = figure(max(6.0, 1.1 * len(ops) * max(1, len(arms)) / 2), 4.0)
+    width = 0.8 / max(1, len(arms))
+    for j, arm in enumerate(arms):
+        vals = [sub[(sub["op"] == op) & (sub["arm"] == arm)]["u"].max() for op in ops]
+        heights = [max(v, 0.01) if math.isfinite(v) else float("nan") for v in vals]
+        ax.bar([i + j * width for i in range(len(ops))], heights, width, label=arm, color=arm_color(arm))
+    ax.set_yscale("log")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ops))])
+    ax.set_xticklabels(ops, rotation=30, fontsize=8)
+    ax.set_ylabel("max ULP vs fp64 oracle (floor 0.01)")
+    ax.set_title(f"error vs fp64 oracle, {dtype} (max over tokens/widths)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def write_outputs(run: RunDir, df: pd.DataFrame, summary: dict[str, Any]) -> list[str]:
+    """table.md, cases.csv/json and every plot the data supports; returns the file names written."""
+    written = []
+    if not df.empty:
+        run.write_table("cases", _sorted(df).drop(columns=["ops_stats"], errors="ignore"))
+        written += ["cases.csv", "cases.json"]
+    run.write_markdown("table.md", markdown_table(df, summary, run.manifest))
+    written.append("table.md")
+    if df.empty:
+        return written
+    for dtype in sorted(set(df["dtype"])):
+        fig = accuracy_figure(df, dtype)
+        if fig is not None:
+            run.save_plot(f"accuracy_{dtype}.png", fig)
+            written.append(f"accuracy_{dtype}.png")
+        for mode in ("graph", "eager"):
+            for name, make in (("latency", latency_figure), ("speedup", speedup_figure)):
+                fig = make(df, mode, dtype)
+                if fig is not None:
+                    run.save_plot(f"{name}_{mode}_{dtype}.png", fig)
+                    written.append(f"{name}_{mode}_{dtype}.png")
+    return written
+
+
+def render(run_dir: str | Path) -> list[str]:
+    """Re-create table.md, cases.csv/json and the plots of a stored kernels run from its raw files."""
+    run = RunDir.open(run_dir)
+    summary = run.read_json(SUMMARY) if run.file(SUMMARY).exists() else {}
+    return write_outputs(run, load_rows(run), summary)

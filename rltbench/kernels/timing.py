@@ -1,0 +1,334 @@
+"""Generic GPU timing utilities: CUDA-graph replay timing, cold L2, arm interleaving, copy bandwidth.
+
+Used by `rltbench kernels` (one op per call) and meant to be reused unchanged by `rltbench profile`
+(one whole decode step per call: pass `eng.decode_benchmark(...).replay` as the runner, calls=1).
+
+Why each piece exists (see /work/shared/specs/kernels.md, "Timing"):
+- `GraphCalls` captures K calls, each on a different input set, in ONE CUDA graph; replay time / K is
+  the per-call time with no launch overhead and, when the K sets total > 3x L2, a cold cache.
+- `L2Flusher` covers what rotation cannot (tiny inputs would need thousands of sets): it overwrites a
+  buffer larger than L2 *outside* the timed region before each sample.
+- `interleave_order` / `time_interleaved` time arms as A B C C B A A B C ... so clock drift, thermal
+  state and neighbours hit every arm alike; `summarize` reports median and spread (p10/p90, IQR).
+- `measure_copy_bandwidth` gives the device-to-device copy rate of *this* run, the yardstick for GB/s.
+- `count_graph_kernels` / `count_kernels_profiler` count kernels per call instead of assuming them.
+
+The pure-logic parts (order, statistics, rotation sizing) run anywhere; the rest needs CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+DEFAULT_L2_BYTES = 50 * 1024 * 1024  # H100/H200 when the device cannot be asked
+
+
+# ----------------------------------------------------------------------------------------------
+# pure logic
+# ----------------------------------------------------------------------------------------------
+def interleave_order(names: Sequence[str], rounds: int) -> list[str]:
+    """Arm order for `rounds` rounds, alternating forward and reverse: A B C C B A A B C ...
+
+    Every arm gets the same number of slots and, over two rounds, the same average position, so a
+    slow drift of the device (clocks, temperature) does not favour the arm that runs first.
+    """
+    if rounds < 0:
+        raise ValueError("rounds must be >= 0")
+    names = list(names)
+    order: list[str] = []
+    for r in range(rounds):
+        order.extend(names if r % 2 == 0 else names[::-1])
+    return order
+
+
+def _quantile(sorted_vals: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default 'linear' method) of pre-sorted values."""
+    n = len(sorted_vals)
+    pos = (n - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * frac)
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Summary of timing samples (same unit as the samples, microseconds by convention)."""
+
+    n: int
+    median: float
+    p10: float
+    p90: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    mean: float
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    def to_dict(self, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+
+    @classmethod
+    def empty(cls) -> TimingStats:
+        """No measurement (e.g. no GPU): every field NaN, never a made-up number."""
+        nan = float("nan")
+        return cls(0, nan, nan, nan, nan, nan, nan, nan, nan)
+
+
+def summarize(samples: Sequence[float]) -> TimingStats:
+    """Median and spread of samples; NaN/inf samples are dropped (they are not measurements)."""
+    vals = sorted(float(s) for s in samples if math.isfinite(float(s)))
+    if not vals:
+        return TimingStats.empty()
+    return TimingStats(
+        n=len(vals),
+        median=_quantile(vals, 0.5),
+        p10=_quantile(vals, 0.1),
+        p90=_quantile(vals, 0.9),
+        q1=_quantile(vals, 0.25),
+        q3=_quantile(vals, 0.75),
+        min=vals[0],
+        max=vals[-1],
+        mean=sum(vals) / len(vals),
+    )
+
+
+def is_tie(a: TimingStats, b: TimingStats) -> bool:
+    """True when the medians differ by less than either arm's own p10-p90 spread."""
+    if a.n == 0 or b.n == 0:
+        return True
+    return abs(a.median - b.median) < max(a.p90 - a.p10, b.p90 - b.p10)
+
+
+@dataclass(frozen=True)
+class RotationPlan:
+    """How many input sets one timed replay rotates through, and whether an L2 flush is needed."""
+
+    sets: int
+    bytes_per_set: int
+    l2_bytes: int
+    factor: float
+
+    @property
+    def rotated_bytes(self) -> int:
+        return self.sets * self.bytes_per_set
+
+    @property
+    def covers_l2(self) -> bool:
+        """True when the sets alone total > factor x L2 (the cache is cold without a flush)."""
+        return self.rotated_bytes > self.factor * self.l2_bytes
+
+    @property
+    def needs_flush(self) -> bool:
+        return not self.covers_l2
+
+
+def rotation_sets(bytes_per_set: int, l2_bytes: int, factor: float = 3.0, min_sets: int = 2,
+                  max_sets: int = 256) -> RotationPlan:
+    """Smallest number of input sets whose total exceeds `factor` x L2, clamped to [min_sets, max_sets].
+
+    When the clamp at `max_sets` stops short (tiny inputs), `plan.needs_flush` is True and the caller
+    flushes L2 before each sample instead (every set in the replay is then read from DRAM once).
+    """
+    if bytes_per_set <= 0:
+        raise ValueError("bytes_per_set must be positive")
+    if min_sets < 1 or max_sets < min_sets:
+        raise ValueError("need 1 <= min_sets <= max_sets")
+    needed = math.floor(factor * l2_bytes / bytes_per_set) + 1
+    return RotationPlan(max(min_sets, min(max_sets, needed)), int(bytes_per_set), int(l2_bytes), factor)
+
+
+def gbps(nbytes: float, seconds: float) -> float:
+    """Bytes per second in GB/s (1e9); NaN when the time is not a measurement."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return float("nan")
+    return nbytes / seconds / 1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+# ----------------------------------------------------------------------------------------------
+def l2_cache_bytes(device: torch.device | str | int | None = None) -> int:
+    """L2 size of the CUDA device as the driver reports it (50 MiB if it cannot be read)."""
+    try:
+        props = torch.cuda.get_device_properties(torch.device("cuda", torch.cuda.current_device())
+                                                 if device is None else device)
+        size = int(getattr(props, "L2_cache_size", 0))
+        return size if size > 0 else DEFAULT_L2_BYTES
+    except (RuntimeError, AssertionError, AttributeError):
+        return DEFAULT_L2_BYTES
+
+
+class L2Flusher:
+    """Evicts L2 by zeroing a buffer of `factor` x L2 bytes; call `flush()` outside timed regions."""
+
+    def __init__(self, device: torch.device | str, l2_bytes: int | None = None, factor: float = 3.0):
+        l2 = l2_bytes if l2_bytes is not None else l2_cache_bytes(device)
+        self.buffer = torch.empty(int(factor * l2) // 4 + 1, dtype=torch.int32, device=device)
+
+    def flush(self) -> None:
+        self.buffer.zero_()
+
+
+class GraphCalls:
+    """`call(i)` for i in range(k) captured into one CUDA graph (each call reads input set i).
+
+    Warm-up runs every call eagerly on a side stream first (compiles Triton kernels, settles the
+    allocator), so nothing compiles or autotunes during capture. `outputs[i]` holds call i's result
+    tensors, rewritten by every replay (used to check that the captured path is still correct).
+    """
+
+    def __init__(self, call: Callable[[int], Any], k: int, warmup: int = 2, keep_graph: bool = True):
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        self.k = k
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                for i in range(k):
+                    call(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self._kept = False
+        try:
+            self.graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+            self._kept = keep_graph
+        except TypeError:  # older torch without keep_graph
+            self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = [call(i) for i in range(k)]
+        self.kernel_nodes = count_graph_kernels(self.graph) if self._kept else None
+        if self._kept and hasattr(self.graph, "instantiate"):
+            self.graph.instantiate()
+        torch.cuda.synchronize()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def _libcuda() -> ctypes.CDLL | None:
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def count_graph_kernels(graph: Any) -> int | None:
+    """Kernel nodes in a captured (kept, not yet destroyed) CUDA graph via the driver API.
+
+    Counts CU_GRAPH_NODE_TYPE_KERNEL (0) nodes only; memcpy/memset/event nodes are not kernels.
+    Returns None when the raw graph or the driver library is not available.
+    """
+    try:
+        raw = int(graph.raw_cuda_graph())
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    lib = _libcuda()
+    if lib is None or raw == 0:
+        return None
+    handle = ctypes.c_void_p(raw)
+    n = ctypes.c_size_t(0)
+    if lib.cuGraphGetNodes(handle, None, ctypes.byref(n)) != 0:
+        return None
+    nodes = (ctypes.c_void_p * max(1, n.value))()
+    if lib.cuGraphGetNodes(handle, nodes, ctypes.byref(n)) != 0:
+        return None
+    kernels = 0
+    kind = ctypes.c_int(-1)
+    for i in range(n.value):
+        if lib.cuGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(kind)) != 0:
+            return None
+        kernels += int(kind.value == 0)
+    return kernels
+
+
+def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | None:
+    """Device kernels launched by `run()` (eager calls or a graph replay) / `calls`, via torch.profiler.
+
+    Memcpy/Memset device events are not counted. None when CUDA or the profiler is not available.
+    """
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        events = prof.events()
+    except (RuntimeError, AssertionError):
+        return None
+    n = 0
+    for ev in events:
+        if getattr(ev, "device_type", None) != DeviceType.CUDA:
+            continue
+        if ev.name.startswith(("Memcpy", "Memset")):
+            continue
+        n += 1
+    return n / calls
+
+
+def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[str, int] | int = 1,
+                     rounds: int = 10, reps: int = 10, warmup: int = 3,
+                     before_sample: Callable[[], Any] | None = None) -> dict[str, list[float]]:
+    """Time each runner with CUDA events, arms interleaved; returns per-call microseconds per sample.
+
+    One sample = `runner()` between two CUDA events, divided by its `calls` (e.g. K graph-captured
+    calls). Each round visits the arms in `interleave_order` and takes `reps` samples per arm.
+    `warmup` untimed runs per arm come first. `before_sample()` (e.g. an L2 flush) runs before each
+    sample, outside the events. Events are read once at the end so host syncs do not gate the GPU.
+    """
+    names = list(runners)
+    per_call = {n: (calls if isinstance(calls, int) else calls[n]) for n in names}
+    for name in names:
+        for _ in range(warmup):
+            if before_sample is not None:
+                before_sample()
+            runners[name]()
+    torch.cuda.synchronize()
+    pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {n: [] for n in names}
+    for name in interleave_order(names, rounds):
+        run = runners[name]
+        for _ in range(reps):
+            if before_sample is not None:
+                before_sample()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            pairs[name].append((start, end))
+        torch.cuda.synchronize()  # bounded queue depth; keeps host and device within a round
+    return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
+
+
+def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | None = None,
+                           samples: int = 30) -> dict[str, float]:
+    """Device-to-device copy rate of this run (GB/s = (read + write bytes) / median time).
+
+    The buffer defaults to max(4 x L2, 256 MiB) so the copy runs from DRAM, not from the cache.
+    """
+    if nbytes is None:
+        nbytes = max(4 * l2_cache_bytes(device), 256 * 1024 * 1024)
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device=device).random_(0, 1 << 30)
+    dst = torch.empty_like(src)
+    times = time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=1, reps=samples, warmup=3)["copy"]
+    stats = summarize(times)
+    moved = 2 * src.numel() * src.element_size()
+    return {"bytes": moved, "median_us": stats.median, "p10_us": stats.p10, "p90_us": stats.p90,
+            "gbps": gbps(moved, stats.median * 1e-6)}

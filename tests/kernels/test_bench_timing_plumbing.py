@@ -1,0 +1,110 @@
+"""The GPU timing path of the benchmark, run on CPU with the CUDA pieces faked.
+
+Real CUDA timing needs a GPU (see test_bench_gpu.py); this checks everything around it: rotation
+sets really feed different inputs to each call, samples become medians/spreads, GB/s, % copy,
+speedup over torch, counted kernels, the graph-output check, and the plots of a timed run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltbench.kernels import bench, report, timing
+from rltbench.results import RunDir
+
+MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}
+
+
+class FakeGraph:
+    instances: list[FakeGraph] = []
+
+    def __init__(self, call, k, warmup=2, keep_graph=True):
+        self.k = k
+        self.call = call
+        self.outputs = [call(i) for i in range(k)]
+        self.kernel_nodes = 3 * k
+        FakeGraph.instances.append(self)
+
+    def replay(self):
+        self.outputs = [self.call(i) for i in range(self.k)]
+
+
+def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before_sample=None):
+    order = timing.interleave_order(list(runners), rounds)
+    assert all(order.count(n) == rounds for n in runners)
+    out = {}
+    for name in runners:
+        runners[name]()  # the runner must be callable as the timer would call it
+        base = MEDIANS[name]
+        out[name] = [base * (0.9 + 0.2 * i / (rounds * reps - 1)) for i in range(rounds * reps)]
+    return out
+
+
+class FakeFlusher:
+    def flush(self):
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    FakeGraph.instances = []
+    monkeypatch.setattr(timing, "GraphCalls", FakeGraph)
+    monkeypatch.setattr(timing, "time_interleaved", fake_time_interleaved)
+    monkeypatch.setattr(timing, "count_kernels_profiler", lambda run, calls=1: 2.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    return timing.l2_cache_bytes
+
+
+def _ctx(l2: int) -> bench.TimingContext:
+    return bench.TimingContext(torch.device("cpu"), l2, {"gbps": 100.0, "bytes": 1}, FakeFlusher())
+
+
+def test_case_rows_with_timings(fake_cuda, tmp_path):
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact", "approx"], modes=["graph", "eager"], repeats=20)
+    case = bench.Case("silu_mul", "bf16", 16, 2)
+    rows, samples = bench.case_rows(case, cfg.arms, torch.device("cpu"), cfg, _ctx(1024))
+    by_arm = {r["arm"]: r for r in rows}
+    nbytes = 3 * 2 * 16 * 2
+    # sets: smallest count over 3 x 1024 bytes
+    assert by_arm["exact"]["rotation_sets"] == 3 * 1024 // nbytes + 1
+    assert not by_arm["exact"]["l2_flush"]
+    graph = FakeGraph.instances[0]
+    firsts = {tuple(o[0].flatten().tolist()) for o in graph.outputs}
+    assert len(firsts) == graph.k  # every captured call read a different input set
+    for arm, r in by_arm.items():
+        assert r["status"] == "ok", r
+        assert r["nbytes"] == nbytes
+        for mode in ("graph", "eager"):
+            assert r[f"{mode}_us_median"] == pytest.approx(MEDIANS[arm], rel=1e-6)
+            assert r[f"{mode}_us_p10"] < r[f"{mode}_us_median"] < r[f"{mode}_us_p90"]
+            assert r[f"{mode}_us_n"] == 20
+            assert r[f"{mode}_speedup"] == pytest.approx(10.0 / MEDIANS[arm])
+            gb = nbytes / (MEDIANS[arm] * 1e-6) / 1e9
+            assert r[f"{mode}_gbps"] == pytest.approx(gb)
+            assert r[f"{mode}_pct_copy"] == pytest.approx(gb)  # copy = 100 GB/s
+        assert r["graph_kernels_per_call"] == 3.0 and r["eager_kernels_per_call"] == 2.0
+    assert by_arm["exact"]["graph_mismatches"] == 0 and by_arm["torch"]["graph_mismatches"] == 0
+    assert {(s["arm"], s["mode"]) for s in samples} == {(a, m) for a in MEDIANS for m in ("graph", "eager")}
+
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    for r in rows:
+        run.append_jsonl(report.ROWS, r)
+    written = report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
+    for name in ("latency_graph_bf16.png", "speedup_graph_bf16.png", "latency_eager_bf16.png", "table.md"):
+        assert name in written and (tmp_path / "run" / name).stat().st_size > 0
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "5.00 (4.50-5.50)" in table or "5.00 (" in table
+    assert report.rich_table(report.load_rows(run)).columns[-1].header == "x torch"
+
+
+def test_tiny_inputs_flush_l2(fake_cuda):
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[1], dtypes=["fp32"], widths=[8],
+                            arms=["torch", "exact"], modes=["graph"], repeats=5, max_sets=6)
+    rows, _ = bench.case_rows(bench.Case("silu_mul", "fp32", 8, 1), cfg.arms, torch.device("cpu"), cfg,
+                              _ctx(50 * 2**20))
+    r = rows[1]
+    assert r["rotation_sets"] == 6 and r["l2_flush"] is True
+    assert r["eager_us_median"] != r["eager_us_median"]  # NaN: eager mode was not asked for
