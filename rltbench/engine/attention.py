@@ -1,0 +1,459 @@
+"""Paged KV-cache attention for the serving engine: KV writes, decode attention and chunked prefill.
+
+Pure functions over tensors (no engine imports) so the engine, the tests and the benchmark share
+one implementation. Attention is *not* an arm op: every arm (torch / exact / approx) calls the same
+function, so it only has to be deterministic for fixed shapes (same inputs, same batch -> same bits).
+
+KV layout (fixed contract with the engine):
+  * pool ``kv``: ``[num_planes, 2, num_blocks, block_size, Hkv, D]`` in the model dtype;
+    plane ``p`` uses ``k_cache = kv[p, 0]`` and ``v_cache = kv[p, 1]``, each
+    ``[num_blocks, block_size, Hkv, D]``.
+  * ``block_tables``: int32 ``[B, max_blocks_per_seq]``, one table per request shared by all planes;
+    entries past a row's last used block are ignored (never dereferenced).
+  * ``seq_lens``: int32 ``[B]``, tokens in the cache for each row INCLUDING the new token(s).
+  * a token at position ``pos`` of row ``b`` lives in slot
+    ``block_tables[b, pos // block_size] * block_size + pos % block_size``.
+
+Implementations: a torch reference (CPU, oracle, any device) and Triton kernels for CUDA
+(flash-decoding: split-K partial softmax in fp32 + a reduce kernel; fixed grid for a given batch,
+table width and partition size, so it is CUDA-graph capturable). ``impl="auto"`` picks Triton on
+CUDA tensors and torch elsewhere; tests force ``impl="triton"`` on CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+Impl = Literal["auto", "torch", "triton"]
+
+_LOG2E = 1.4426950408889634
+# Programs the split-K grid aims for before it stops shrinking the partition (about 4 per SM of an H100/H200).
+_TARGET_PROGRAMS = 528
+_PARTITIONS = (256, 128, 64, 32)
+_REDUCE_SPLIT_TILE = 16
+_TILE_TOKENS = 16  # tokens per inner tile of the decode kernel (capped by block_size)
+_NUM_WARPS = 4  # decode partial kernel; sm_90 compile: 139 regs at 16 tokens x D 128, no spills
+
+
+def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"impl must be 'auto', 'torch' or 'triton', got {impl!r}")
+    if impl == "auto":
+        return t.is_cuda
+    return impl == "triton"
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache/v_cache must both be [num_blocks, block_size, Hkv, D], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}")
+    nb, bs, hkv, d = k_cache.shape
+    return nb, bs, hkv, d
+
+
+# --------------------------------------------------------------------------------------------------
+# write_kv
+# --------------------------------------------------------------------------------------------------
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> None:
+    """Write the new tokens' K/V into one plane's paged cache, in place.
+
+    k_cache/v_cache ``[num_blocks, block_size, Hkv, D]``; k/v ``[N, Hkv, D]`` (same dtype as the cache);
+    slot_mapping int64 ``[N]`` with ``slot = block * block_size + offset``; ``slot < 0`` skips the row
+    (padding rows of a CUDA-graph bucket). No host sync, so it can be captured in a CUDA graph.
+    Duplicate non-negative slots are a caller error (which row wins is unspecified).
+    """
+    nb, bs, hkv, d = _check_cache(k_cache, v_cache)
+    if k.dim() != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (hkv, d):
+        raise ValueError(f"k/v must be [N, {hkv}, {d}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(f"slot_mapping must be [N={k.shape[0]}], got {tuple(slot_mapping.shape)}")
+    if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+        raise ValueError(f"k/v dtype {k.dtype} must match the cache dtype {k_cache.dtype}")
+    if k.shape[0] == 0:
+        return
+    if _use_triton(impl, k) and _triton_write_ok(k_cache, v_cache, k, v):
+        _write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
+    else:
+        _write_kv_torch(k_cache, v_cache, k, v, slot_mapping)
+
+
+def _triton_write_ok(*ts: torch.Tensor) -> bool:
+    return all(t.stride(-1) == 1 for t in ts)
+
+
+def _write_kv_torch(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Sync-free torch scatter. Skipped rows are redirected to the first valid row's slot carrying that
+    row's own value (or, with no valid row, to slot 0 carrying its current value), so every duplicate
+    write stores identical bits and the result is deterministic."""
+    bs = k_cache.shape[1]
+    slots = slot_mapping.to(torch.int64)
+    valid = slots >= 0
+    any_valid = valid.any()
+    first = torch.argmax(valid.to(torch.int32))  # first valid row (0 when none)
+    fill_slot = torch.where(any_valid, slots[first], torch.zeros_like(slots[first]))
+    slots = torch.where(valid, slots, fill_slot)
+    blk, off = slots // bs, slots % bs
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        fill_val = torch.where(any_valid, new[first], cache[0, 0])
+        vals = torch.where(valid[:, None, None], new, fill_val)
+        cache.index_put_((blk, off), vals)
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    heads = tl.where(slot >= 0, NUM_HEADS, 0)  # skipped row -> empty mask (no scalar & tensor: interpreter)
+    mask = (h[:, None] < heads) & (d[None, :] < HEAD_DIM)
+    k = tl.load(k_ptr + i * stride_kn + h[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + i * stride_vn + h[:, None] * stride_vh + d[None, :], mask=mask)
+    hd = h[:, None] * stride_kch + d[None, :]
+    tl.store(kc_ptr + blk * stride_kcb + off * stride_kct + hd, k, mask=mask)
+    hd = h[:, None] * stride_vch + d[None, :]
+    tl.store(vc_ptr + blk * stride_vcb + off * stride_vct + hd, v, mask=mask)
+
+
+def _write_kv_triton(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    n, hkv, d = k.shape
+    h_pad, d_pad = triton.next_power_of_2(hkv), triton.next_power_of_2(d)
+    _write_kv_kernel[(n,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_HEADS=hkv, HEAD_DIM=d, H_PAD=h_pad, D_PAD=d_pad, BLOCK_SIZE=k_cache.shape[1],
+        num_warps=4 if h_pad * d_pad <= 4096 else 8,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# decode attention
+# --------------------------------------------------------------------------------------------------
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len_hint: int | None = None,
+    *,
+    impl: Impl = "auto",
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """One query token per row attending to cached positions ``[0, seq_lens[b])`` of its row.
+
+    q ``[B, Hq, D]`` (Hq a multiple of Hkv; q head h reads KV head ``h // (Hq // Hkv)``);
+    k_cache/v_cache ``[num_blocks, block_size, Hkv, D]``; block_tables int32 ``[B, max_blocks_per_seq]``;
+    seq_lens int32 ``[B]``. Returns ``[B, Hq, D]`` in q's dtype; softmax is computed in fp32.
+    Rows with ``seq_lens == 0`` return zeros and read no KV.
+
+    ``max_seq_len_hint`` (python int, must be >= every seq_len) only bounds the work: the grid covers
+    ``min(hint, max_blocks_per_seq * block_size)`` positions, so keep it fixed across graph replays.
+    ``partition_size`` (Triton only; power of two >= 32) fixes the split-K partition; by default it is
+    chosen from B, Hq and the covered length (so results are deterministic per shape, and batch
+    invariant when the caller passes a fixed value).
+    """
+    nb, bs, hkv, d = _check_cache(k_cache, v_cache)
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
+        raise ValueError(f"q must be [B, Hq, {d}] with Hq a multiple of {hkv}, got {tuple(q.shape)}")
+    b = q.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise ValueError(f"block_tables must be [B={b}, max_blocks], got {tuple(block_tables.shape)}")
+    if seq_lens.shape != (b,):
+        raise ValueError(f"seq_lens must be [B={b}], got {tuple(seq_lens.shape)}")
+    max_len = block_tables.shape[1] * bs
+    if max_seq_len_hint is not None:
+        if max_seq_len_hint < 0:
+            raise ValueError(f"max_seq_len_hint must be >= 0, got {max_seq_len_hint}")
+        max_len = min(max_len, int(max_seq_len_hint))
+    if b == 0:
+        return torch.empty_like(q)
+    if _use_triton(impl, q) and (impl == "triton" or bs & (bs - 1) == 0):
+        return _decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, max_len, partition_size)
+    return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, max_len)
+
+
+def _decode_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_len: int,
+) -> torch.Tensor:
+    """Reference: gather the row's blocks, masked softmax in fp32. Sync-free (graph capturable)."""
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    group = hq // hkv
+    nblk = max(1, -(-max_len // bs))
+    lens = seq_lens.to(torch.int64)
+    cols = torch.arange(nblk, device=q.device)
+    used = cols[None, :] * bs < lens[:, None]  # never dereference table entries past the row's last block
+    bt = torch.where(used, block_tables[:, :nblk].to(torch.int64), 0)
+    pos = torch.arange(nblk * bs, device=q.device)
+    valid = (pos[None, :] < lens[:, None]) & (pos[None, :] < max_len)  # [B, L]
+    k = k_cache[bt].reshape(b, nblk * bs, hkv, d).float()
+    v = v_cache[bt].reshape(b, nblk * bs, hkv, d).float()
+    v = torch.where(valid[:, :, None, None], v, 0.0)  # unused slots may hold NaN/garbage
+    qf = q.float().view(b, hkv, group, d)
+    s = torch.einsum("bkgd,blkd->bkgl", qf, k) * scale
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    p = torch.exp(s - m)
+    denom = p.sum(-1, keepdim=True)
+    o = torch.einsum("bkgl,blkd->bkgd", p, v) / torch.where(denom > 0, denom, 1.0)
+    return o.reshape(b, hq, d).to(q.dtype)
+
+
+@triton.jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
+    qk_scale, max_len,
+    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_btb,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Program (b, h, s): online softmax of q[b, h] over positions [s*PARTITION, (s+1)*PARTITION) of
+    row b (clipped to seq_len). Writes the running max (log2 domain), the sum and the unnormalised
+    fp32 accumulator; an empty partition writes (-inf, 0, 0)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    num_heads = tl.num_programs(1)
+    num_splits = tl.num_programs(2)
+    kvh = h // GROUP
+    seq_len = tl.minimum(tl.load(lens_ptr + b), max_len)
+    d = tl.arange(0, D_PAD)
+    dmask = d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d, mask=dmask, other=0.0).to(tl.float32)
+    q = q * qk_scale
+    start = s * PARTITION
+    end = tl.minimum(start + PARTITION, seq_len)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    offs = tl.arange(0, BLOCK_N)
+    # Tiles never straddle a KV block (BLOCK_N divides BLOCK_SIZE and PARTITION), so each tile needs one
+    # scalar block id and the [BLOCK_N, D_PAD] in-block offsets are loop invariant.
+    k_offs = offs[:, None] * stride_kt + d[None, :]
+    v_offs = offs[:, None] * stride_vt + d[None, :]
+    for t in range(start, end, BLOCK_N):  # every tile holds at least one valid position
+        valid = t + offs < end
+        kv_mask = valid[:, None] & dmask[None, :]
+        blk = tl.load(bt_ptr + b * stride_btb + t // BLOCK_SIZE).to(tl.int64)
+        tok = t % BLOCK_SIZE
+        k_base = k_ptr + blk * stride_kb + tok * stride_kt + kvh * stride_kh
+        k = tl.load(k_base + k_offs, mask=kv_mask, other=0.0).to(tl.float32)
+        qk = tl.sum(k * q[None, :], axis=1)
+        qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new)
+        v_base = v_ptr + blk * stride_vb + tok * stride_vt + kvh * stride_vh
+        v = tl.load(v_base + v_offs, mask=kv_mask, other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    idx = (b * num_heads + h) * num_splits + s
+    tl.store(m_ptr + idx, m_i)
+    tl.store(l_ptr + idx, l_i)
+    tl.store(acc_ptr + idx * D_PAD + d, acc)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    m_ptr, l_ptr, acc_ptr, o_ptr, stride_ob, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLIT_TILE: tl.constexpr,
+):  # fmt: skip
+    """Program (b, h): combine the split partials with weights 2^(m_s - max m); empty rows give 0."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    base = (b * num_heads + h) * num_splits
+    offs = tl.arange(0, SPLIT_TILE)
+    d = tl.arange(0, D_PAD)
+    m_tile = tl.full([SPLIT_TILE], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_TILE):
+        sm = s0 + offs < num_splits
+        m_tile = tl.maximum(m_tile, tl.load(m_ptr + base + s0 + offs, mask=sm, other=float("-inf")))
+    m_g = tl.max(m_tile, axis=0)
+    m_g = tl.where(m_g == float("-inf"), 0.0, m_g)
+    l_tot = tl.zeros([SPLIT_TILE], dtype=tl.float32)
+    o = tl.zeros([D_PAD], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_TILE):
+        sm = s0 + offs < num_splits
+        m_s = tl.load(m_ptr + base + s0 + offs, mask=sm, other=float("-inf"))
+        l_s = tl.load(l_ptr + base + s0 + offs, mask=sm, other=0.0)
+        w = tl.exp2(m_s - m_g)
+        l_tot += l_s * w
+        a = tl.load(acc_ptr + (base + s0 + offs[:, None]) * D_PAD + d[None, :], mask=sm[:, None], other=0.0)
+        o += tl.sum(a * w[:, None], axis=0)
+    denom = tl.sum(l_tot, axis=0)
+    o = o / tl.where(denom > 0, denom, 1.0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def choose_partition_size(batch: int, num_heads: int, max_len: int) -> int:
+    """Largest split-K partition (tokens) that still gives about _TARGET_PROGRAMS programs; small batches
+    get short partitions (more parallelism), large batches long ones (fewer partials)."""
+    for p in _PARTITIONS:
+        if batch * num_heads * max(1, -(-max_len // p)) >= _TARGET_PROGRAMS:
+            return p
+    return _PARTITIONS[-1]
+
+
+def _decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_len: int,
+    partition_size: int | None,
+    *,
+    tile_tokens: int = _TILE_TOKENS,
+    num_warps: int = _NUM_WARPS,
+) -> torch.Tensor:
+    """Launch partial + reduce kernels. ``tile_tokens``/``num_warps`` are tuning knobs for the benchmark
+    sweep (attention_bench); the engine uses the defaults."""
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    if partition_size is None:
+        partition_size = choose_partition_size(b, hq, max_len)
+    if partition_size < 16 or partition_size & (partition_size - 1):
+        raise ValueError(f"partition_size must be a power of two >= 16, got {partition_size}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim for the Triton kernel")
+    if not seq_lens.is_contiguous():
+        raise ValueError("seq_lens must be contiguous for the Triton kernel")
+    if bs & (bs - 1):
+        raise ValueError(f"the Triton decode kernel needs a power-of-two block_size, got {bs}")
+    d_pad = triton.next_power_of_2(d)
+    block_n = min(bs, tile_tokens, partition_size)
+    num_splits = max(1, -(-max_len // partition_size))
+    m = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+    l_ = torch.empty_like(m)
+    acc = torch.empty((b, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    _decode_partial_kernel[(b, hq, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc,
+        float(scale) * _LOG2E, max_len,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=hq // hkv, BLOCK_SIZE=bs, HEAD_DIM=d, D_PAD=d_pad, PARTITION=partition_size, BLOCK_N=block_n,
+        num_warps=num_warps,
+    )  # fmt: skip
+    _decode_reduce_kernel[(b, hq)](
+        m, l_, acc, out, out.stride(0), out.stride(1), num_splits,
+        HEAD_DIM=d, D_PAD=d_pad, SPLIT_TILE=_REDUCE_SPLIT_TILE, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# chunked prefill attention
+# --------------------------------------------------------------------------------------------------
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention for chunked prefill (also fine for decode rows with one query).
+
+    q ``[N, Hq, D]``: row b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]`` at positions
+    ``context_lens[b] + i``; each attends to cached positions ``<=`` its own (the chunk's K/V are
+    already written, so ``context_lens[b] + n_b <= seq_lens[b]``). query_start_loc int32 ``[B+1]``,
+    context_lens/seq_lens int32 ``[B]``. Returns ``[N, Hq, D]`` in q's dtype.
+
+    Torch implementation (per-row gather + SDPA with an explicit causal mask); it reads the row
+    metadata on the host, so it is not CUDA-graph capturable (prefill is never captured).
+    """
+    nb, bs, hkv, d = _check_cache(k_cache, v_cache)
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
+        raise ValueError(f"q must be [N, Hq, {d}] with Hq a multiple of {hkv}, got {tuple(q.shape)}")
+    b = block_tables.shape[0]
+    if query_start_loc.shape != (b + 1,) or context_lens.shape != (b,) or seq_lens.shape != (b,):
+        raise ValueError(
+            f"with B={b} rows expected query_start_loc [B+1], context_lens [B], seq_lens [B]; got "
+            f"{tuple(query_start_loc.shape)}, {tuple(context_lens.shape)}, {tuple(seq_lens.shape)}"
+        )
+    qsl = query_start_loc.tolist()
+    ctx = context_lens.tolist()
+    lens = seq_lens.tolist()
+    if qsl[0] != 0 or qsl[-1] != q.shape[0] or any(qsl[i] > qsl[i + 1] for i in range(b)):
+        raise ValueError(f"query_start_loc must rise from 0 to N={q.shape[0]}, got {qsl}")
+    hq = q.shape[1]
+    out = torch.zeros_like(q)
+    for r in range(b):
+        s, e = qsl[r], qsl[r + 1]
+        n = e - s
+        if n == 0:
+            continue
+        length = ctx[r] + n
+        if ctx[r] < 0 or length > lens[r] or -(-length // bs) > block_tables.shape[1]:
+            raise ValueError(
+                f"row {r}: context {ctx[r]} + {n} queries exceeds seq_len {lens[r]} or its block table"
+            )
+        nblk = -(-length // bs)
+        blocks = block_tables[r, :nblk].to(torch.int64)
+        k = k_cache[blocks].reshape(nblk * bs, hkv, d)[:length]
+        v = v_cache[blocks].reshape(nblk * bs, hkv, d)[:length]
+        qpos = torch.arange(ctx[r], length, device=q.device)
+        kpos = torch.arange(length, device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]  # [n, length]
+        qh = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        kh = k.transpose(0, 1).unsqueeze(0)
+        vh = v.transpose(0, 1).unsqueeze(0)
+        if hq != hkv:
+            kh = kh.repeat_interleave(hq // hkv, dim=1)
+            vh = vh.repeat_interleave(hq // hkv, dim=1)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        out[s:e] = o[0].transpose(0, 1)
+    return out
