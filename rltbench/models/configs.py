@@ -1,0 +1,300 @@
+"""Model configurations: one dataclass per family, named presets, and parsing of HF `config.json`.
+
+The published numbers come from /work/shared/specs/models.md (sections 1.1 and 2.1). Tiny presets keep
+the real structure (Ouro: sandwich layers looped; Huginn: 2 prelude + 4 core x r + 2 coda) at widths
+that run in seconds on a CPU, so every code path is exercised by the CPU tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+from rltbench.errors import UsageError
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Map a config/CLI dtype name (`bfloat16`, `bf16`, `float32`, ...) to a torch dtype."""
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+               "float": "float32"}
+    key = aliases.get(name, name)
+    if key not in _DTYPES:
+        raise UsageError(f"unknown dtype {name!r}; use one of: {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+@dataclass
+class OuroConfig:
+    """Ouro (LoopLM): `num_layers` weight-shared sandwich layers applied `num_loops` times."""
+
+    name: str = "ouro"
+    hidden_size: int = 2048
+    intermediate_size: int = 5632
+    num_layers: int = 24
+    num_loops: int = 4
+    num_heads: int = 16
+    num_kv_heads: int = 16
+    head_dim: int = 128
+    vocab_size: int = 49152
+    max_position_embeddings: int = 65536
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    early_exit_threshold: float | None = None
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = 0
+    eos_token_ids: tuple[int, ...] = (0, 2)
+    family: str = field(default="ouro", init=False)
+
+    @property
+    def num_kv_planes(self) -> int:
+        """One KV plane per (loop, layer): plane = loop * num_layers + layer."""
+        return self.num_loops * self.num_layers
+
+    @property
+    def num_layer_applications(self) -> int:
+        return self.num_loops * self.num_layers
+
+
+KV_LAYOUTS = ("full", "compress")
+STATE_NOISE = ("position", "random", "zero")
+
+
+@dataclass
+class HuginnConfig:
+    """Huginn-0125 (Raven): prelude, a 4-layer core block iterated `mean_recurrence` times, coda."""
+
+    name: str = "huginn"
+    hidden_size: int = 5280
+    intermediate_size: int = 17920
+    num_prelude: int = 2
+    num_core: int = 4
+    num_coda: int = 2
+    mean_recurrence: int = 32
+    num_heads: int = 55
+    num_kv_heads: int = 55
+    head_dim: int = 96
+    vocab_size: int = 65536
+    max_position_embeddings: int = 4096  # `block_size`: length of the RoPE table
+    rope_theta: float = 50_000.0
+    rms_norm_eps: float = 1e-6
+    qk_bias: bool = True
+    kv_layout: str = "full"
+    state_noise: str = "position"
+    state_seed: int = 0
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = 65504
+    eos_token_ids: tuple[int, ...] = (65505, 65508)
+    family: str = field(default="huginn", init=False)
+
+    @property
+    def embed_scale(self) -> float:
+        """sqrt(n_embd): applied to the embeddings and to the initial random state."""
+        return math.sqrt(self.hidden_size)
+
+    @property
+    def init_std(self) -> float:
+        """HF `init_values["std"]` = sqrt(2 / (5 * n_embd)) (the random state's std before scaling)."""
+        return math.sqrt(2.0 / (5.0 * self.hidden_size))
+
+    @property
+    def num_kv_planes(self) -> int:
+        """full: 2 + 4r + 2 planes (one per layer application); compress: one per physical layer."""
+        if self.kv_layout == "compress":
+            return self.num_prelude + self.num_core + self.num_coda
+        return self.num_prelude + self.num_core * self.mean_recurrence + self.num_coda
+
+    @property
+    def num_layer_applications(self) -> int:
+        return self.num_prelude + self.num_core * self.mean_recurrence + self.num_coda
+
+    def validate(self) -> None:
+        if self.kv_layout not in KV_LAYOUTS:
+            raise UsageError(f"unknown Huginn kv_layout {self.kv_layout!r}; use one of: "
+                             f"{', '.join(KV_LAYOUTS)}")
+        if self.state_noise not in STATE_NOISE:
+            raise UsageError(f"unknown Huginn state_noise {self.state_noise!r}; use one of: "
+                             f"{', '.join(STATE_NOISE)}")
+        if self.mean_recurrence < 1:
+            raise UsageError(f"Huginn recurrence must be >= 1, got {self.mean_recurrence}")
+
+
+ModelConfig = Union[OuroConfig, HuginnConfig]
+
+_PRESETS: dict[str, ModelConfig] = {
+    "ouro-1.4b": OuroConfig(name="ouro-1.4b"),
+    "ouro-2.6b": OuroConfig(name="ouro-2.6b", num_layers=48),
+    "huginn-0125": HuginnConfig(name="huginn-0125"),
+    "ouro-tiny": OuroConfig(
+        name="ouro-tiny", hidden_size=64, intermediate_size=128, num_layers=2, num_loops=3, num_heads=4,
+        num_kv_heads=4, head_dim=16, vocab_size=256, max_position_embeddings=512, eos_token_ids=(0,),
+        torch_dtype="float32",
+    ),
+    "huginn-tiny": HuginnConfig(
+        name="huginn-tiny", hidden_size=48, intermediate_size=96, mean_recurrence=3, num_heads=4,
+        num_kv_heads=4, head_dim=12, vocab_size=256, max_position_embeddings=512, bos_token_id=1,
+        eos_token_ids=(2,), torch_dtype="float32",
+    ),
+}
+
+
+def list_presets() -> list[str]:
+    """Names accepted by `get_config` / `build_model`."""
+    return list(_PRESETS)
+
+
+def get_config(name: str, **overrides: Any) -> ModelConfig:
+    """A fresh copy of preset `name`, with dataclass fields overridden (e.g. mean_recurrence=8)."""
+    if name not in _PRESETS:
+        raise UsageError(f"unknown model preset {name!r}; presets: {', '.join(_PRESETS)}")
+    return apply_overrides(_PRESETS[name], **overrides)
+
+
+def apply_overrides(config: ModelConfig, **overrides: Any) -> ModelConfig:
+    """Copy `config` with the non-None `overrides`; unknown field names are a UsageError."""
+    names = {f.name for f in dataclasses.fields(config) if f.init}
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    bad = sorted(set(clean) - names)
+    if bad:
+        raise UsageError(f"unknown {config.family} config field(s): {', '.join(bad)}")
+    out = dataclasses.replace(config, **clean)
+    if isinstance(out, HuginnConfig):
+        out.validate()
+    return out
+
+
+def _eos_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _need(cfg: dict[str, Any], key: str, where: str) -> Any:
+    if key not in cfg:
+        raise UsageError(f"{where}: missing field {key!r}")
+    return cfg[key]
+
+
+def config_from_hf(hf: dict[str, Any] | str | Path, name: str | None = None) -> ModelConfig:
+    """Build a config from an HF `config.json` (dict or path) of Ouro (`ouro`) or Huginn (`huginn_raven`)."""
+    where = "config.json"
+    if not isinstance(hf, dict):
+        path = Path(hf)
+        where = str(path)
+        if not path.is_file():
+            raise UsageError(f"config file not found: {path}")
+        try:
+            hf = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}: not valid JSON ({exc.msg})") from None
+    model_type = hf.get("model_type", "")
+    archs = hf.get("architectures") or []
+    if model_type == "ouro" or "OuroForCausalLM" in archs:
+        return _ouro_from_hf(hf, where, name)
+    if model_type == "huginn_raven" or "RavenForCausalLM" in archs:
+        return _huginn_from_hf(hf, where, name)
+    raise UsageError(f"{where}: unsupported model_type {model_type!r} (supported: ouro, huginn_raven)")
+
+
+def _ouro_from_hf(hf: dict[str, Any], where: str, name: str | None) -> OuroConfig:
+    if hf.get("rope_scaling"):
+        raise UsageError(f"{where}: rope_scaling {hf['rope_scaling']!r} is not supported (default RoPE only)")
+    if hf.get("use_sliding_window"):
+        raise UsageError(f"{where}: sliding-window attention is not supported")
+    hidden = int(_need(hf, "hidden_size", where))
+    heads = int(_need(hf, "num_attention_heads", where))
+    threshold = hf.get("early_exit_threshold")
+    return OuroConfig(
+        name=name or hf.get("_name_or_path") or "ouro",
+        hidden_size=hidden,
+        intermediate_size=int(_need(hf, "intermediate_size", where)),
+        num_layers=int(_need(hf, "num_hidden_layers", where)),
+        num_loops=int(hf.get("total_ut_steps", 4)),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or hidden // heads),
+        vocab_size=int(_need(hf, "vocab_size", where)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 65536)),
+        rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        # 1.0 in the released config means "last loop" in practice; keep the engine's fixed-depth default
+        # (None) for it and only turn the gate on for a real threshold < 1.
+        early_exit_threshold=None if threshold is None or float(threshold) >= 1.0 else float(threshold),
+        torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
+    )
+
+
+def _huginn_from_hf(hf: dict[str, Any], where: str, name: str | None) -> HuginnConfig:
+    hidden = int(hf.get("n_embd") or _need(hf, "hidden_size", where))
+    heads = int(hf.get("n_heads") or _need(hf, "num_attention_heads", where))
+    if hf.get("injection_type", "linear") != "linear":
+        raise UsageError(f"{where}: injection_type {hf['injection_type']!r} is not supported (linear only)")
+    if hf.get("bias"):
+        raise UsageError(f"{where}: Linear biases (bias=true) are not supported")
+    cfg = HuginnConfig(
+        name=name or hf.get("_name_or_path") or "huginn",
+        hidden_size=hidden,
+        intermediate_size=int(_need(hf, "intermediate_size", where)),
+        num_prelude=int(hf.get("n_layers_in_prelude", 2)),
+        num_core=int(hf.get("n_layers_in_recurrent_block", 4)),
+        num_coda=int(hf.get("n_layers_in_coda", 2)),
+        mean_recurrence=int(hf.get("mean_recurrence", 32)),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=hidden // heads,
+        vocab_size=int(hf.get("padded_vocab_size") or _need(hf, "vocab_size", where)),
+        max_position_embeddings=int(hf.get("block_size", 4096)),
+        rope_theta=float(hf.get("rope_base", 50_000.0)),
+        rms_norm_eps=float(hf.get("norm_eps", 1e-6)),
+        qk_bias=bool(hf.get("qk_bias", True)),
+        torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
+        bos_token_id=hf.get("bos_token_id", 65504),
+        eos_token_ids=_eos_tuple(hf.get("eos_token_id", (65505, 65508))),
+    )
+    if cfg.num_kv_heads != cfg.num_heads:
+        raise UsageError(f"{where}: Huginn with num_key_value_heads != n_heads is not supported")
+    return cfg
+
+
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """The HF `config.json` dict for `config` (used by `save_hf_checkpoint`; round-trips `config_from_hf`)."""
+    if isinstance(config, OuroConfig):
+        return {
+            "architectures": ["OuroForCausalLM"], "model_type": "ouro", "_name_or_path": config.name,
+            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+            "num_hidden_layers": config.num_layers, "total_ut_steps": config.num_loops,
+            "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+            "head_dim": config.head_dim, "vocab_size": config.vocab_size,
+            "max_position_embeddings": config.max_position_embeddings, "rope_theta": config.rope_theta,
+            "rope_scaling": None, "rms_norm_eps": config.rms_norm_eps, "hidden_act": "silu",
+            "tie_word_embeddings": config.tie_word_embeddings, "use_sliding_window": False,
+            "early_exit_threshold": (1.0 if config.early_exit_threshold is None
+                                     else config.early_exit_threshold),
+            "torch_dtype": config.torch_dtype, "bos_token_id": config.bos_token_id,
+            "eos_token_id": list(config.eos_token_ids),
+        }
+    return {
+        "architectures": ["RavenForCausalLM"], "model_type": "huginn_raven", "_name_or_path": config.name,
+        "n_embd": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "n_layers_in_prelude": config.num_prelude, "n_layers_in_recurrent_block": config.num_core,
+        "n_layers_in_coda": config.num_coda, "mean_recurrence": config.mean_recurrence,
+        "n_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "vocab_size": config.vocab_size, "padded_vocab_size": config.vocab_size,
+        "block_size": config.max_position_embeddings, "rope_base": config.rope_theta,
+        "norm_eps": config.rms_norm_eps, "qk_bias": config.qk_bias, "bias": False, "tie_embeddings": True,
+        "injection_type": "linear", "torch_dtype": config.torch_dtype, "bos_token_id": config.bos_token_id,
+        "eos_token_id": list(config.eos_token_ids),
+    }

@@ -1,0 +1,226 @@
+"""Ouro (ByteDance LoopLM): 24 weight-shared sandwich layers looped 4 times (spec models.md section 1).
+
+Forward over flattened tokens (vLLM style): `forward(input_ids [N], positions [N], attn, ops)`.
+
+* Every norm, RoPE and SiLU*up goes through the arm's `ops`, so the torch / exact / approx arms differ
+  only there. Where a sandwich `h = r + norm(a)` is followed by a norm of h (post-attention -> pre-MLP,
+  post-MLP -> next layer's pre-attention, last layer's post-MLP -> the per-loop final `model.norm`),
+  `ops.residual_rms_norm_norm` is used; it is the composition of the two by contract, so the reference
+  semantics are unchanged.
+* Merged projections (an engine-wide choice, the same for every arm): q, k, v are one GEMM with the rows
+  [q; k; v] and gate, up one GEMM with rows [gate; up] (as vLLM does). One GEMM instead of three / two
+  saves launches; its result is not guaranteed to be bitwise equal to three separate HF GEMMs, which is
+  why it is fixed for all arms rather than being an arm option. Loading concatenates the HF rows.
+* RoPE (NeoX, theta 1e6): cos/sin computed once per forward in fp32 from the positions, cast to the
+  activation dtype, shared by all loops and layers.
+* KV plane of (loop, layer) = loop * num_layers + layer: every loop of every token writes its own K/V and
+  attends to the same loop's K/V of the earlier tokens (HF `UniversalTransformerCache`, vLLM layout).
+* Exit gate (spec 1.7): with `exit_threshold=None` (default, fixed depth) the last loop's output is
+  returned and the gate is not evaluated. With a threshold q, gate logits are computed after every loop
+  in the model dtype as HF does, turned into the exit pdf/CDF, and each token takes the hidden state of
+  the first loop whose CDF >= q (last loop if none). All loops are still computed for every token, as in
+  HF: the later-loop KV planes hold the token's own later-loop K/V (reference semantics). The
+  compute-saving variant of the study ("keep the last exited loop's K/V") is NOT implemented here.
+  `last_exit_depths` holds the chosen loop per token of the last forward (a device tensor, no sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rltbench.models.base import LoopedModel
+from rltbench.models.configs import OuroConfig
+
+
+def exit_pdf(gate_logits: list[Tensor]) -> Tensor:
+    """Per-token exit distribution over loops, [N, T], from the gate logits [N, 1] of each loop.
+
+    lambda_t = sigmoid(logit_t); p_t = lambda_t * prod_{s<t} (1 - lambda_s); the last loop absorbs the
+    rest. Computed in the logits' dtype with HF's operation order.
+    """
+    remaining = torch.ones_like(gate_logits[0].squeeze(-1))
+    pdf = []
+    for t, logit in enumerate(gate_logits):
+        lam = torch.sigmoid(logit.squeeze(-1))
+        if t < len(gate_logits) - 1:
+            pdf.append(lam * remaining)
+            remaining = remaining * (1.0 - lam)
+        else:
+            pdf.append(remaining)
+    return torch.stack(pdf, dim=1)
+
+
+def select_exit(pdf: Tensor, threshold: float) -> Tensor:
+    """Per token the first loop whose CDF >= threshold, else the last loop. [N, T] -> int64 [N]."""
+    reached = torch.cumsum(pdf, dim=1) >= threshold
+    first = torch.argmax(reached.to(torch.float32), dim=1)
+    last = torch.full_like(first, pdf.shape[1] - 1)
+    return torch.where(reached.any(dim=1), first, last)
+
+
+class OuroLayer(nn.Module):
+    """Weights of one physical layer (merged qkv and gate_up; the four sandwich norms)."""
+
+    def __init__(self, c: OuroConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, d = c.hidden_size, c.head_dim
+        e = dict(dtype=dtype)
+        self.qkv_proj = nn.Parameter(torch.empty((c.num_heads + 2 * c.num_kv_heads) * d, h, **e))
+        self.o_proj = nn.Parameter(torch.empty(h, c.num_heads * d, **e))
+        self.gate_up_proj = nn.Parameter(torch.empty(2 * c.intermediate_size, h, **e))
+        self.down_proj = nn.Parameter(torch.empty(h, c.intermediate_size, **e))
+        self.input_layernorm = nn.Parameter(torch.empty(h, **e))
+        self.input_layernorm_2 = nn.Parameter(torch.empty(h, **e))
+        self.post_attention_layernorm = nn.Parameter(torch.empty(h, **e))
+        self.post_attention_layernorm_2 = nn.Parameter(torch.empty(h, **e))
+
+
+class OuroForCausalLM(LoopedModel):
+    """Ouro with the model interface of DESIGN.md section 2 (see module docstring)."""
+
+    def __init__(self, config: OuroConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        c = self.config = config
+        e = dict(dtype=dtype)
+        self.embed_tokens = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, **e))
+        self.layers = nn.ModuleList(OuroLayer(c, dtype) for _ in range(c.num_layers))
+        self.norm = nn.Parameter(torch.empty(c.hidden_size, **e))
+        self.exit_gate_weight = nn.Parameter(torch.empty(1, c.hidden_size, **e))
+        self.exit_gate_bias = nn.Parameter(torch.empty(1, **e))
+        self.lm_head = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, **e))
+        self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
+        self.exit_threshold: float | None = c.early_exit_threshold
+        self.last_exit_depths: Tensor | None = None
+        self.random_weights = False
+        self._q = c.num_heads * c.head_dim
+        self._kv = c.num_kv_heads * c.head_dim
+        self._scale = c.head_dim ** -0.5
+        if not torch.device(self.embed_tokens.device).type == "meta":
+            self.reset_buffers()
+
+    def head_weight(self) -> Tensor:
+        return self.lm_head
+
+    def reset_buffers(self) -> None:
+        """inv_freq[j] = 1 / theta^(2j/D), computed on the CPU in fp32 (HF's expression) then moved."""
+        d = self.config.head_dim
+        inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        self.inv_freq = inv.to(self.embed_tokens.device)
+
+    def rope_cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin [N, D] = cat(freqs, freqs) in fp32, cast to the activation dtype (HF order)."""
+        freqs = positions.to(torch.float32).unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any) -> Tensor:
+        c = self.config
+        n, eps, layers = input_ids.shape[0], c.rms_norm_eps, self.layers
+        num_layers = len(layers)
+        h = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rope_cos_sin(positions, h.dtype)
+        use_gate = self.exit_threshold is not None
+        hs: list[Tensor] = []
+        gates: list[Tensor] = []
+        x = ops.rms_norm(h, layers[0].input_layernorm, eps)
+        for loop in range(c.num_loops):
+            for i, layer in enumerate(layers):
+                q, k, v = F.linear(x, layer.qkv_proj).split([self._q, self._kv, self._kv], dim=-1)
+                q = q.view(n, c.num_heads, c.head_dim)
+                k = k.view(n, c.num_kv_heads, c.head_dim)
+                v = v.view(n, c.num_kv_heads, c.head_dim)
+                q, k = ops.rope_neox(q, k, cos, sin)
+                a = attn.attend(loop * num_layers + i, q, k, v, self._scale)
+                o = F.linear(a.reshape(n, self._q), layer.o_proj)
+                h, x = ops.residual_rms_norm_norm(h, o, layer.input_layernorm_2,
+                                                  layer.post_attention_layernorm, eps)
+                gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+                m = F.linear(ops.silu_mul(gate, up), layer.down_proj)
+                if i + 1 < num_layers:
+                    h, x = ops.residual_rms_norm_norm(h, m, layer.post_attention_layernorm_2,
+                                                      layers[i + 1].input_layernorm, eps)
+                else:  # end of a loop: h <- model.norm(h + norm(m)), which also feeds the next loop
+                    _, h = ops.residual_rms_norm_norm(h, m, layer.post_attention_layernorm_2, self.norm, eps)
+            hs.append(h)
+            if use_gate:
+                gates.append(F.linear(h, self.exit_gate_weight, self.exit_gate_bias))
+            if loop + 1 < c.num_loops:
+                x = ops.rms_norm(h, layers[0].input_layernorm, eps)
+        if not use_gate:
+            self.last_exit_depths = torch.full((n,), c.num_loops - 1, dtype=torch.long, device=h.device)
+            return h
+        depths = select_exit(exit_pdf(gates), float(self.exit_threshold))
+        self.last_exit_depths = depths
+        stacked = torch.stack(hs, dim=1)  # [N, T, H]
+        index = depths.view(n, 1, 1).expand(n, 1, stacked.shape[-1])
+        return torch.gather(stacked, 1, index).squeeze(1)
+
+    # ---- HF checkpoint layout ---------------------------------------------------------------------
+    @staticmethod
+    def hf_key_shapes(c: OuroConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor of an HF Ouro checkpoint with its shape (lm_head omitted when tied)."""
+        h, d, m = c.hidden_size, c.head_dim, c.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h)}
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            shapes[p + "self_attn.q_proj.weight"] = (c.num_heads * d, h)
+            shapes[p + "self_attn.k_proj.weight"] = (c.num_kv_heads * d, h)
+            shapes[p + "self_attn.v_proj.weight"] = (c.num_kv_heads * d, h)
+            shapes[p + "self_attn.o_proj.weight"] = (h, c.num_heads * d)
+            shapes[p + "mlp.gate_proj.weight"] = (m, h)
+            shapes[p + "mlp.up_proj.weight"] = (m, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, m)
+            for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm",
+                         "post_attention_layernorm_2"):
+                shapes[p + norm + ".weight"] = (h,)
+        shapes["model.norm.weight"] = (h,)
+        shapes["model.early_exit_gate.weight"] = (1, h)
+        shapes["model.early_exit_gate.bias"] = (1,)
+        if not c.tie_word_embeddings:
+            shapes["lm_head.weight"] = (c.vocab_size, h)
+        return shapes
+
+    @staticmethod
+    def is_optional_hf_key(c: OuroConfig, key: str) -> bool:
+        """Keys that may be present and are ignored: rotary inv_freq buffers, a tied duplicate lm_head."""
+        return key.endswith("rotary_emb.inv_freq") or (c.tie_word_embeddings and key == "lm_head.weight")
+
+    def _hf_targets(self) -> dict[str, Tensor]:
+        """HF key -> the (slice of the) parameter it lives in."""
+        c, t = self.config, {}
+        t["model.embed_tokens.weight"] = self.embed_tokens
+        q, kv, m = self._q, self._kv, c.intermediate_size
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            t[p + "self_attn.q_proj.weight"] = layer.qkv_proj[:q]
+            t[p + "self_attn.k_proj.weight"] = layer.qkv_proj[q:q + kv]
+            t[p + "self_attn.v_proj.weight"] = layer.qkv_proj[q + kv:]
+            t[p + "self_attn.o_proj.weight"] = layer.o_proj
+            t[p + "mlp.gate_proj.weight"] = layer.gate_up_proj[:m]
+            t[p + "mlp.up_proj.weight"] = layer.gate_up_proj[m:]
+            t[p + "mlp.down_proj.weight"] = layer.down_proj
+            for norm in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm",
+                         "post_attention_layernorm_2"):
+                t[p + norm + ".weight"] = getattr(layer, norm)
+        t["model.norm.weight"] = self.norm
+        t["model.early_exit_gate.weight"] = self.exit_gate_weight
+        t["model.early_exit_gate.bias"] = self.exit_gate_bias
+        if not c.tie_word_embeddings:
+            t["lm_head.weight"] = self.lm_head
+        return t
+
+    @torch.no_grad()
+    def load_hf_tensors(self, get: Any) -> None:
+        """Copy every HF tensor (`get(key)` -> Tensor, already validated) into place."""
+        for key, target in self._hf_targets().items():
+            target.copy_(get(key))
+        if self.config.tie_word_embeddings:
+            self.lm_head.copy_(self.embed_tokens)
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The weights in the HF key layout (q/k/v and gate/up split again), contiguous copies."""
+        return {k: v.detach().contiguous().clone() for k, v in self._hf_targets().items()}
