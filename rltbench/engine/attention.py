@@ -110,12 +110,14 @@ def _write_kv_torch(
     slots = slot_mapping.to(torch.int64)
     valid = slots >= 0
     any_valid = valid.any()
-    first = torch.argmax(valid.to(torch.int32))  # first valid row (0 when none)
-    fill_slot = torch.where(any_valid, slots[first], torch.zeros_like(slots[first]))
+    first = torch.argmax(valid.to(torch.int32)).reshape(1)  # first valid row (0 when none)
+    # index_select, not slots[first]: indexing with a 0-d device tensor syncs (breaks graph capture)
+    first_slot = slots.index_select(0, first)[0]
+    fill_slot = torch.where(any_valid, first_slot, torch.zeros_like(first_slot))
     slots = torch.where(valid, slots, fill_slot)
     blk, off = slots // bs, slots % bs
     for cache, new in ((k_cache, k), (v_cache, v)):
-        fill_val = torch.where(any_valid, new[first], cache[0, 0])
+        fill_val = torch.where(any_valid, new.index_select(0, first)[0], cache[0, 0])
         vals = torch.where(valid[:, None, None], new, fill_val)
         cache.index_put_((blk, off), vals)
 

@@ -1,0 +1,142 @@
+"""A captured decode step over fake sequences, for the profile/e2e commands and the GPU script.
+
+The benchmark borrows the engine's static metadata buffers and `batch_size * ceil((context_len+1) /
+block_size)` pool blocks; each row is a sequence with `context_len` cached tokens decoding the token at
+position `context_len` (seq_len = context_len + 1). The KV contents are whatever the pool holds (zeros
+or stale finite values): attention cost does not depend on them. The engine serves no request while a
+benchmark is active; `release()` returns the blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rltbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from rltbench.engine.engine import Engine
+
+
+def summarize_ms(samples: list[float]) -> dict[str, Any]:
+    """median / p10 / p90 / n of a list of milliseconds (plus the samples, an extension)."""
+    a = np.asarray(samples, dtype=np.float64)
+    return dict(
+        median=float(np.median(a)),
+        p10=float(np.percentile(a, 10)),
+        p90=float(np.percentile(a, 90)),
+        n=int(a.size),
+        samples=[float(x) for x in a],
+    )
+
+
+class DecodeBenchmark:
+    """`.replay()` runs one decode step (graph replay, or eager when graphs are unavailable),
+    `.graph` is the torch.cuda.CUDAGraph (None when eager), `.time_ms()` times replays."""
+
+    def __init__(self, engine: Engine, batch_size: int, context_len: int) -> None:
+        from rltbench.engine.engine import _BT, _ID, _POS, _SEQ, _SLOT
+
+        if batch_size < 1 or context_len < 0:
+            raise UsageError("decode_benchmark: batch_size must be >= 1 and context_len >= 0")
+        if engine.has_unfinished() or engine._bench_active:
+            raise UsageError("decode_benchmark needs an idle engine (no requests, no other benchmark)")
+        if context_len + 1 > engine.max_model_len:
+            raise UsageError(
+                f"decode_benchmark: context {context_len} + 1 exceeds max_model_len {engine.max_model_len}"
+            )
+        bs = engine.config.block_size
+        per_seq = -(-(context_len + 1) // bs)
+        if batch_size * per_seq > engine.blocks.num_free_blocks:
+            raise UsageError(
+                f"decode_benchmark: {batch_size} x {context_len} tokens need {batch_size * per_seq} "
+                f"KV blocks, {engine.blocks.num_free_blocks} are free"
+            )
+        bucket = engine._bucket(batch_size) if engine.use_graphs else None
+        if engine.use_graphs and bucket is None:
+            raise UsageError(
+                f"decode_benchmark: batch {batch_size} exceeds the largest graph bucket {max(engine.buckets)}"
+            )
+        self.engine = engine
+        self.batch_size = batch_size
+        self.context_len = context_len
+        self.rows = bucket or batch_size
+        if self.rows > engine._meta_rows:
+            engine._grow_meta(self.rows)
+        self.tables = [engine.blocks.allocate([], per_seq) for _ in range(batch_size)]
+        engine._bench_active = True
+        engine._decode_key = None
+        m = engine._meta_np
+        m[: self.rows, _ID:_BT] = (0, 0, -1, 0)
+        for i, t in enumerate(self.tables):
+            m[i, _BT : _BT + per_seq] = t
+            m[i, _ID] = (i * 7919 + 1) % engine.vocab_size
+            m[i, _POS] = context_len
+            m[i, _SLOT] = t[context_len // bs] * bs + context_len % bs
+            m[i, _SEQ] = context_len + 1
+        engine._upload(self.rows)
+        self.len_class = engine.len_class(context_len + 1) if bucket else engine.eager_len(context_len + 1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._out: torch.Tensor | None = None
+        if bucket is not None:
+            self.graph, self._out = engine._graph(bucket, self.len_class)
+        self._released = False
+
+    def replay(self) -> None:
+        if self._released:
+            raise RuntimeError("decode benchmark already released")
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            with torch.no_grad():
+                self._out = self.engine._decode_forward(self.rows, self.engine.ops, self.len_class)
+
+    @property
+    def output(self) -> torch.Tensor | None:
+        """Argmax ids of the last replay, [rows] (padding rows included)."""
+        return self._out
+
+    def time_ms(self, iters: int = 100, warmup: int = 10) -> dict[str, Any]:
+        """CUDA events around each replay (perf_counter on CPU); median/p10/p90/n over `iters`."""
+        for _ in range(warmup):
+            self.replay()
+        cuda = self.engine.device.type == "cuda"
+        samples: list[float] = []
+        if cuda:
+            torch.cuda.synchronize(self.engine.device)
+            ev = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(iters)
+            ]
+            for s, e in ev:
+                s.record()
+                self.replay()
+                e.record()
+            torch.cuda.synchronize(self.engine.device)
+            samples = [s.elapsed_time(e) for s, e in ev]
+        else:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                self.replay()
+                samples.append((time.perf_counter() - t0) * 1e3)
+        return summarize_ms(samples)
+
+    def release(self) -> None:
+        """Return the blocks and hand the static buffers back to the engine (idempotent)."""
+        if self._released:
+            return
+        for t in self.tables:
+            self.engine.blocks.free(t)
+        self.tables = []
+        self._released = True
+        self.engine._bench_active = False
+        self.engine._decode_key = None
+
+    def __enter__(self) -> DecodeBenchmark:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

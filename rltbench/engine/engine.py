@@ -1,0 +1,598 @@
+"""The Engine: one model, one paged KV pool, one decode-graph set per kernel arm.
+
+Step loop: the scheduler picks a prefill batch (eager, chunked) or a decode batch (CUDA-graph replay
+of the smallest bucket that fits, padded rows have seq_len 0 and slot -1; eager when no bucket fits or
+graphs are off). Sampling is greedy: one argmax over the batch's logits, inside the graph for decode.
+Per step the host does one H2D copy of packed int32 metadata and one D2H copy of the sampled ids.
+See docs/engine.md for the design and why arms share one pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rltbench.engine.block_manager import BlockManager, block_hashes
+from rltbench.engine.paged_context import PagedAttentionContext, allocate_kv_pool, kv_bytes_per_block
+from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
+from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
+from rltbench.errors import UsageError
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MIN_LEN_CLASS = 256
+# Column layout of the packed decode metadata rows: token id, position, slot, seq_len, block table...
+_ID, _POS, _SLOT, _SEQ, _BT = 0, 1, 2, 3, 4
+
+
+def _is_ops(x: Any) -> bool:
+    return hasattr(x, "rms_norm") and hasattr(x, "silu_mul")
+
+
+def _plain(stats: Any) -> Any:
+    """Ops stats as JSON-friendly data, whatever container the kernels package uses."""
+    for name in ("as_dict", "to_dict", "snapshot"):
+        fn = getattr(stats, name, None)
+        if callable(fn):
+            return fn()
+    if isinstance(stats, Mapping):
+        return {str(k): _plain(v) for k, v in stats.items()}
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return dataclasses.asdict(stats)
+    if isinstance(stats, (int, float, str, bool)) or stats is None:
+        return stats
+    return repr(stats)
+
+
+def _new_graph() -> torch.cuda.CUDAGraph:
+    """A CUDA graph that keeps its cudaGraph_t after instantiation (torch >= 2.7), so the profile
+    command can count its kernel nodes; plain graph on older torch."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return torch.cuda.CUDAGraph()
+
+
+class _ArmState:
+    """Ops, the graph set and the counters of one arm."""
+
+    def __init__(self, name: str, ops: Any, warm_ops: Any) -> None:
+        self.name = name
+        self.ops = ops
+        self.warm_ops = warm_ops  # fused paths on in eager mode: compiles Triton kernels before capture
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.counters: dict[str, Any] = {}
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.counters = dict(
+            steps=0,
+            prefill_steps=0,
+            decode_steps=0,
+            prefill_tokens=0,
+            decode_tokens=0,
+            graph_replays=0,
+            graph_captures=0,
+            eager_fallbacks=0,
+            batch_size_hist={},
+        )
+
+
+class Engine:
+    """Serving engine (API: docs/DESIGN.md section 3)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        arms: Mapping[str, Any] | Iterable[str] | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.model = model
+        self.config = cfg = config or EngineConfig()
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        mc = model.config
+        if (
+            cfg.enable_prefix_caching
+            and getattr(mc, "family", "") == "huginn"
+            and not getattr(model, "prefix_cache_safe", False)
+        ):
+            raise UsageError(
+                "prefix caching is unsafe for this Huginn model (random state per forward); "
+                "disable it (enable_prefix_caching=False) or make the model prefix_cache_safe"
+            )
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.vocab_size = int(mc.vocab_size)
+        self.eos_token_ids = frozenset(int(t) for t in (getattr(mc, "eos_token_ids", None) or ()))
+        self._arms = self._build_arms(arms)
+        self._arm = next(iter(self._arms.values()))
+
+        # ---- KV pool ------------------------------------------------------------------------
+        bs = cfg.block_size
+        planes, hkv, hd = int(mc.num_kv_planes), int(mc.num_kv_heads), int(mc.head_dim)
+        bpb = kv_bytes_per_block(planes, bs, hkv, hd, self.dtype)
+        if cfg.num_blocks is not None:
+            n = cfg.num_blocks
+        elif cfg.kv_cache_gib is not None:
+            n = int(cfg.kv_cache_gib * 2**30 // bpb)
+        elif self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            n = int((free - cfg.kv_headroom_gib * 2**30) // bpb)
+        else:
+            n = cfg.cpu_num_blocks
+        if n < 1:
+            raise UsageError(
+                f"KV pool too small: {bpb / 2**20:.1f} MiB per block of {bs} tokens does not fit"
+            )
+        self.num_blocks = n
+        self.kv_bytes_per_token = bpb // bs
+        self.kv = allocate_kv_pool(planes, n, bs, hkv, hd, self.dtype, self.device)
+        max_pos = int(mc.max_position_embeddings)
+        if cfg.max_model_len is not None and cfg.max_model_len > max_pos:
+            raise UsageError(f"max_model_len {cfg.max_model_len} exceeds the model's context {max_pos}")
+        self.max_model_len = min(cfg.max_model_len or max_pos, n * bs)
+        self.max_blocks_per_seq = -(-self.max_model_len // bs)
+        self.blocks = BlockManager(n, bs, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self._live: dict[str, Sequence] = {}
+        self._seq_counter = 0
+
+        # ---- decode graphs and static metadata ------------------------------------------------
+        self.use_graphs = bool(cfg.use_cuda_graph) and self.device.type == "cuda"
+        if cfg.graph_batch_sizes is not None:
+            buckets = sorted(set(cfg.graph_batch_sizes))
+        else:
+            buckets = [b for b in DEFAULT_BUCKETS if b < cfg.max_num_seqs]
+            buckets += [b for b in DEFAULT_BUCKETS if b >= cfg.max_num_seqs][:1]
+        self.buckets = buckets
+        rows = max(max(buckets), 1)
+        self._meta_rows = rows
+        pin = self.device.type == "cuda"
+        self._meta_host = torch.zeros(rows, _BT + self.max_blocks_per_seq, dtype=torch.int32, pin_memory=pin)
+        self._meta_np = self._meta_host.numpy()
+        self._meta_dev = torch.zeros(self._meta_host.shape, dtype=torch.int32, device=self.device)
+        self._decode_key: tuple[int, ...] | None = None  # batch whose block tables are in _meta_host
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._bench_active = False
+
+    # ---- arms ---------------------------------------------------------------------------------
+    def _build_arms(self, arms: Mapping[str, Any] | Iterable[str] | None) -> dict[str, _ArmState]:
+        from rltbench import kernels
+
+        if arms is None:
+            arms = {"torch": kernels.ARMS["torch"]}
+        elif not isinstance(arms, Mapping):
+            names = list(arms)
+            unknown = [a for a in names if a not in kernels.ARMS]
+            if unknown:
+                raise UsageError(f"unknown arm(s) {unknown}; known: {sorted(kernels.ARMS)}")
+            arms = {a: kernels.ARMS[a] for a in names}
+        if not arms:
+            raise UsageError("at least one arm is needed")
+        out = {}
+        for name, spec in arms.items():
+            if _is_ops(spec):
+                ops, warm = spec, spec
+            else:
+                ops = kernels.make_ops(spec)
+                try:
+                    warm = kernels.make_ops(dataclasses.replace(spec, scope="all"))
+                except (TypeError, ValueError):
+                    warm = ops
+            out[name] = _ArmState(name, ops, warm)
+        return out
+
+    @property
+    def arm(self) -> str:
+        return self._arm.name
+
+    @property
+    def arm_names(self) -> list[str]:
+        return list(self._arms)
+
+    @property
+    def ops(self) -> Any:
+        return self._arm.ops
+
+    def set_arm(self, name: str) -> None:
+        """Switch ops and graph set. The KV pool and prefix cache are reset: arms never share cache
+        contents (each arm must compute its own KV; docs/engine.md)."""
+        if name not in self._arms:
+            raise UsageError(f"unknown arm {name!r}; this engine has {list(self._arms)}")
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("set_arm needs an idle engine (finish or abort requests, release benchmarks)")
+        self._arm = self._arms[name]
+        self.reset_prefix_cache()
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int] | Tensor,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises EngineRequestError (nothing allocated) for bad input."""
+        params = params or SamplingParams()
+        if request_id in self._live:
+            raise EngineRequestError(f"request id {request_id!r} is already live")
+        if isinstance(prompt_ids, Tensor):
+            prompt_ids = prompt_ids.reshape(-1).tolist()
+        try:
+            prompt = [int(t) for t in prompt_ids]
+        except (TypeError, ValueError):
+            raise EngineRequestError(
+                f"request {request_id!r}: prompt must be a sequence of token ids"
+            ) from None
+        if not prompt:
+            raise EngineRequestError(f"request {request_id!r}: empty prompt")
+        if params.max_tokens < 1:
+            raise EngineRequestError(
+                f"request {request_id!r}: max_tokens must be >= 1, got {params.max_tokens}"
+            )
+        lo, hi = min(prompt), max(prompt)
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise EngineRequestError(f"request {request_id!r}: token id {bad} outside [0, {self.vocab_size})")
+        if len(prompt) > self.max_model_len:
+            raise EngineRequestError(
+                f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds the "
+                f"context of {self.max_model_len} tokens (model or KV pool)"
+            )
+        max_new = min(params.max_tokens, self.max_model_len - len(prompt) + 1)
+        stop = frozenset(int(t) for t in params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.eos_token_ids
+        seq = Sequence(
+            request_id,
+            prompt,
+            params,
+            stop,
+            max_new,
+            time.perf_counter() if arrival_time is None else arrival_time,
+        )
+        if self.scheduler.blocks_for(seq) > self.num_blocks:
+            raise EngineRequestError(
+                f"request {request_id!r}: prompt + max_tokens needs "
+                f"{self.scheduler.blocks_for(seq)} KV blocks, the pool has {self.num_blocks}"
+            )
+        self._seq_counter += 1
+        seq.seq_no = self._seq_counter
+        if self.blocks.enable_prefix_caching:
+            seq.hashes = block_hashes(prompt, self.config.block_size)
+        self._live[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Cancel a live request and return its blocks; False if the id is not live."""
+        seq = self._live.pop(request_id, None)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self.scheduler.finish(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def reset_prefix_cache(self) -> None:
+        self.blocks.reset_prefix_cache()
+
+    # ---- stepping -----------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        """Run one scheduled batch; returns one event per request that produced a token."""
+        if self._bench_active:
+            raise RuntimeError("a decode benchmark holds the engine's buffers; release() it first")
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        c = self._arm.counters
+        c["steps"] += 1
+        with torch.no_grad():
+            if isinstance(batch, PrefillBatch):
+                c["prefill_steps"] += 1
+                c["prefill_tokens"] += batch.num_tokens
+                return self._prefill(batch)
+            c["decode_steps"] += 1
+            return self._decode(batch)
+
+    def _emit(self, seqs: list[Sequence], tokens: list[int]) -> list[TokenEvent]:
+        now = time.perf_counter()
+        events = []
+        for seq, tok in zip(seqs, tokens, strict=True):
+            seq.output.append(tok)
+            seq.times.append(now)
+            if tok in seq.stop_ids:
+                seq.finish_reason = "stop"
+            elif len(seq.output) >= seq.max_new:
+                seq.finish_reason = "length"
+            done = seq.finish_reason is not None
+            if done:
+                self.scheduler.finish(seq)
+                del self._live[seq.request_id]
+            events.append(
+                TokenEvent(seq.request_id, [tok], now, done, seq.finish_reason, seq.prefix_hit_tokens)
+            )
+        return events
+
+    def _prefill(self, batch: PrefillBatch) -> list[TokenEvent]:
+        bs = self.config.block_size
+        ids, pos, slots, qsl, seq_lens, ctx_lens, last_idx, done = [], [], [], [0], [], [], [], []
+        width = 1
+        for seq, n in batch.chunks:
+            start = seq.num_computed
+            p = np.arange(start, start + n, dtype=np.int64)
+            assert seq.block_arr is not None
+            ids.append(np.asarray(seq.prompt[start : start + n], dtype=np.int64))
+            pos.append(p)
+            slots.append(seq.block_arr[p // bs].astype(np.int64) * bs + p % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            ctx_lens.append(start)
+            width = max(width, -(-(start + n) // bs))
+            if start + n == seq.prompt_len:
+                last_idx.append(qsl[-1] - 1)
+                done.append(seq)
+        nb = len(batch.chunks)
+        bt = np.zeros((nb, width), dtype=np.int64)
+        for i, (seq, _) in enumerate(batch.chunks):
+            assert seq.block_arr is not None
+            k = min(width, len(seq.block_arr))
+            bt[i, :k] = seq.block_arr[:k]
+        n_tok = qsl[-1]
+        packed = np.concatenate(
+            [*ids, *pos, *slots, np.asarray(qsl + seq_lens + ctx_lens + last_idx, np.int64), bt.reshape(-1)]
+        )
+        host = torch.from_numpy(packed)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)
+        o = 0
+        t_ids, o = dev[o : o + n_tok], o + n_tok
+        t_pos, o = dev[o : o + n_tok], o + n_tok
+        t_slots, o = dev[o : o + n_tok], o + n_tok
+        t_qsl, o = dev[o : o + nb + 1].to(torch.int32), o + nb + 1
+        t_seq, o = dev[o : o + nb].to(torch.int32), o + nb
+        t_ctx, o = dev[o : o + nb].to(torch.int32), o + nb
+        t_last, o = dev[o : o + len(last_idx)], o + len(last_idx)
+        t_bt = dev[o:].view(nb, width).to(torch.int32)
+        ctx = PagedAttentionContext(self.kv, t_slots, t_bt, t_seq, t_qsl, t_ctx, max(seq_lens))
+        hidden = self.model.forward(t_ids, t_pos, ctx, self._arm.ops)
+        tokens: list[int] = []
+        if done:
+            tokens = self.model.compute_logits(hidden[t_last]).argmax(-1).tolist()
+        for seq, n in batch.chunks:
+            seq.num_computed += n
+            self.scheduler.register_computed_blocks(seq)
+        return self._emit(done, tokens)
+
+    def len_class(self, max_seq_len: int) -> int:
+        """Decode context class: the smallest power of two >= max_seq_len (at least MIN_LEN_CLASS),
+        capped at the block-table width. Decode graphs are captured per (bucket, class) and attention
+        covers only the class's positions, so short contexts do not pay for max_model_len."""
+        top = self.max_blocks_per_seq * self.config.block_size
+        c = max(MIN_LEN_CLASS, self.config.block_size)
+        while c < max_seq_len:
+            c *= 2
+        return min(c, top)
+
+    def eager_len(self, max_seq_len: int) -> int:
+        """Eager decode covers just the blocks in use (no shape needs to stay fixed)."""
+        bs = self.config.block_size
+        return -(-max_seq_len // bs) * bs
+
+    def len_classes(self, max_context: int | None = None) -> list[int]:
+        """Every class up to the one of `max_context` (default max_model_len)."""
+        last = self.len_class(max_context or self.max_model_len)
+        out = [self.len_class(1)]
+        while out[-1] < last:
+            out.append(self.len_class(out[-1] + 1))
+        return out
+
+    def _bucket(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def _fill_decode_rows(self, seqs: list[Sequence], rows: int) -> int:
+        """Write the decode metadata of `seqs` (+ padding up to `rows`) into the pinned host buffer;
+        returns the batch's longest seq_len."""
+        bs = self.config.block_size
+        m = self._meta_np
+        b = len(seqs)
+        key = tuple(s.seq_no for s in seqs)
+        if key != self._decode_key:
+            for i, seq in enumerate(seqs):
+                arr = seq.block_arr
+                assert arr is not None
+                m[i, _BT : _BT + len(arr)] = arr
+            self._decode_key = key
+        pos = [len(s.prompt) + len(s.output) - 1 for s in seqs]
+        m[:b, _ID] = [s.output[-1] for s in seqs]
+        m[:b, _POS] = pos
+        m[:b, _SLOT] = [s.blocks[p // bs] * bs + p % bs for s, p in zip(seqs, pos, strict=True)]
+        m[:b, _SEQ] = [p + 1 for p in pos]
+        if rows > b:
+            m[b:rows, _ID:_BT] = (0, 0, -1, 0)
+        return max(pos) + 1
+
+    def _decode_forward(self, rows: int, ops: Any, len_class: int) -> Tensor:
+        """Decode `rows` rows (every seq_len <= len_class) from the static device metadata; returns the
+        argmax ids [rows] (int64). Captured as-is into the CUDA graphs."""
+        meta = self._meta_dev[:rows]
+        ids = meta[:, _ID].long()
+        pos = meta[:, _POS].long()
+        width = -(-len_class // self.config.block_size)
+        ctx = PagedAttentionContext(
+            self.kv,
+            meta[:, _SLOT].long(),
+            meta[:, _BT : _BT + width].contiguous(),
+            meta[:, _SEQ].contiguous(),
+            max_seq_len_hint=len_class,
+        )
+        hidden = self.model.forward(ids, pos, ctx, ops)
+        return self.model.compute_logits(hidden).argmax(-1)
+
+    def _upload(self, rows: int) -> None:
+        self._meta_dev[:rows].copy_(self._meta_host[:rows], non_blocking=True)
+
+    def _decode(self, batch: DecodeBatch) -> list[TokenEvent]:
+        seqs = batch.seqs
+        b = len(seqs)
+        c = self._arm.counters
+        hist = c["batch_size_hist"]
+        hist[b] = hist.get(b, 0) + 1
+        c["decode_tokens"] += b
+        bucket = self._bucket(b) if self.use_graphs else None
+        rows = bucket or b
+        if rows > self._meta_rows:  # eager batch larger than the static buffers
+            self._grow_meta(rows)
+        max_len = self._fill_decode_rows(seqs, rows)
+        self._upload(rows)
+        if bucket is not None:
+            graph, out = self._graph(bucket, self.len_class(max_len))
+            graph.replay()
+            c["graph_replays"] += 1
+        else:
+            out = self._decode_forward(rows, self._arm.ops, self.eager_len(max_len))
+            if self.use_graphs:
+                c["eager_fallbacks"] += 1
+        return self._emit(seqs, out[:b].tolist())
+
+    def _grow_meta(self, rows: int) -> None:
+        """Bigger static buffers for eager decode beyond the largest bucket; drops captured graphs
+        (they point at the old buffers) - only reached when max_num_seqs exceeds every bucket."""
+        pin = self.device.type == "cuda"
+        self._meta_host = torch.zeros(rows, _BT + self.max_blocks_per_seq, dtype=torch.int32, pin_memory=pin)
+        self._meta_np = self._meta_host.numpy()
+        self._meta_dev = torch.zeros(self._meta_host.shape, dtype=torch.int32, device=self.device)
+        self._meta_rows = rows
+        self._decode_key = None
+        for arm in self._arms.values():
+            arm.graphs.clear()
+
+    # ---- CUDA graphs --------------------------------------------------------------------------
+    def _graph(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        g = self._arm.graphs.get((bucket, len_class))
+        if g is None:  # lazy capture (counted); warmup() avoids it inside measurements
+            g = self._capture(bucket, len_class)
+        return g
+
+    def _capture(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Capture the current arm's decode step for `bucket` rows of context class `len_class`.
+        Replays read the static buffers, so the metadata present now does not matter (a lazy
+        capture's warm runs rewrite the same new-token slots the replay then writes again). One eager
+        run with the arm's fused paths forced on (scope "all") compiles its Triton kernels first:
+        kernels must not be JIT-compiled/loaded while a stream is being captured."""
+        arm = self._arm
+        with torch.no_grad():
+            self._decode_forward(bucket, arm.warm_ops, len_class)
+            self._decode_forward(bucket, arm.ops, len_class)
+            torch.cuda.synchronize(self.device)
+            graph = _new_graph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                out = self._decode_forward(bucket, arm.ops, len_class)
+            if hasattr(graph, "instantiate"):
+                graph.instantiate()
+            torch.cuda.synchronize(self.device)
+        arm.graphs[(bucket, len_class)] = (graph, out)
+        arm.counters["graph_captures"] += 1
+        return graph, out
+
+    def warmup(self, batch_sizes: Iterable[int] | None = None, max_context: int | None = None) -> None:
+        """Capture the current arm's decode graphs for the buckets of `batch_sizes` (default all) and
+        every context class up to `max_context` tokens (default max_model_len; pass the workload's
+        prompt + output length to capture fewer). Largest first, one shared memory pool. The padding
+        metadata written here (seq_len 0, slot -1) makes the capture runs touch no KV."""
+        if not self.use_graphs:
+            return
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("warmup needs an idle engine")
+        wanted = sorted({self._bucket(b) or -1 for b in (batch_sizes or self.buckets)} - {-1}, reverse=True)
+        classes = sorted(self.len_classes(max_context), reverse=True)
+        self._meta_np[:, _ID:_BT] = (0, 0, -1, 0)
+        self._decode_key = None
+        self._upload(self._meta_rows)
+        for b in wanted:
+            for cls in classes:
+                if (b, cls) not in self._arm.graphs:
+                    self._capture(b, cls)
+
+    # ---- convenience ----------------------------------------------------------------------------
+    def generate(
+        self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run `prompts` to completion (alongside any requests already queued); outputs in input order."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise UsageError("generate: one SamplingParams per prompt (or a single one)")
+        base = f"_gen{time.perf_counter_ns()}"
+        outs: dict[str, RequestOutput] = {}
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            rid = f"{base}-{i}"
+            self.add_request(rid, p, sp)
+            outs[rid] = RequestOutput(
+                rid, list(self._live[rid].prompt), arrival_time=self._live[rid].arrival_time
+            )
+        pending = set(outs)
+        while pending:
+            events = self.step()
+            if not events and not self.has_unfinished():
+                break
+            for ev in events:
+                o = outs.get(ev.request_id)
+                if o is None:
+                    continue
+                o.token_ids.extend(ev.token_ids)
+                o.times.extend([ev.time] * len(ev.token_ids))
+                o.prefix_hit_tokens = ev.prefix_hit_tokens
+                if ev.finished:
+                    o.finish_reason = ev.finish_reason
+                    pending.discard(ev.request_id)
+        return list(outs.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the current arm plus pool, prefix-cache and ops stats."""
+        c = self._arm.counters
+        s = dict(c)
+        s["batch_size_hist"] = dict(sorted(c["batch_size_hist"].items()))
+        sch = self.scheduler
+        s.update(
+            arm=self._arm.name,
+            free_blocks=self.blocks.num_free_blocks,
+            total_blocks=self.num_blocks,
+            block_size=self.config.block_size,
+            cached_blocks=self.blocks.num_cached_blocks,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            max_model_len=self.max_model_len,
+            prefix_hit_tokens=sch.prefix_hit_tokens,
+            prefix_query_tokens=sch.prefix_query_tokens,
+            prefix_hit_requests=sch.prefix_hit_requests,
+            graphs_captured=[list(k) for k in sorted(self._arm.graphs)],
+            use_cuda_graph=self.use_graphs,
+            ops=_plain(getattr(self._arm.ops, "stats", None)),
+        )
+        return s
+
+    def reset_stats(self) -> None:
+        """Zero the current arm's counters and the prefix-cache hit accounting."""
+        self._arm.reset_counters()
+        self.scheduler.prefix_hit_tokens = self.scheduler.prefix_query_tokens = 0
+        self.scheduler.prefix_hit_requests = 0
+
+    def decode_benchmark(self, batch_size: int, context_len: int) -> Any:
+        """A captured decode step over `batch_size` fake sequences of `context_len` cached tokens."""
+        from rltbench.engine.decode_bench import DecodeBenchmark
+
+        return DecodeBenchmark(self, batch_size, context_len)

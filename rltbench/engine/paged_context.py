@@ -1,0 +1,76 @@
+"""The models' AttentionContext over the engine's paged KV pool.
+
+The pool is one tensor `kv [num_planes, 2, num_blocks, block_size, Hkv, D]`; every plane shares
+the step's metadata (slot mapping, block tables, seq lens), so the model's per-plane `attend` calls
+do no host work: decode metadata lives in static device tensors that a CUDA graph can capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rltbench.engine import attention as _attn
+
+
+@dataclass
+class PagedAttentionContext:
+    """One step's view of the pool. `query_start_loc`/`context_lens` set -> prefill (chunked, causal);
+    otherwise decode (one new token per row; padding rows have seq_len 0 and slot -1)."""
+
+    kv: Tensor
+    slot_mapping: Tensor  # int64 [N]
+    block_tables: Tensor  # int32 [B, W]
+    seq_lens: Tensor  # int32 [B], tokens in cache including the new ones
+    query_start_loc: Tensor | None = None  # int32 [B+1] (prefill)
+    context_lens: Tensor | None = None  # int32 [B] tokens cached before this chunk (prefill)
+    max_seq_len_hint: int | None = None
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.query_start_loc is not None
+
+    def attend(self, plane: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        """Write the new tokens' k/v into `plane`, then attend causally over each row's cache."""
+        k_cache = self.kv[plane, 0]
+        v_cache = self.kv[plane, 1]
+        _attn.write_kv(k_cache, v_cache, k, v, self.slot_mapping)
+        if self.query_start_loc is None:
+            return _attn.paged_decode_attention(
+                q, k_cache, v_cache, self.block_tables, self.seq_lens, scale, self.max_seq_len_hint
+            )
+        assert self.context_lens is not None
+        return _attn.paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+            self.context_lens,
+            scale,
+        )
+
+
+def allocate_kv_pool(
+    num_planes: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
+    """Zero-filled pool: never-written slots hold finite values, so masked reads cannot make NaN."""
+    return torch.zeros(
+        num_planes, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device
+    )
+
+
+def kv_bytes_per_block(
+    num_planes: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return num_planes * 2 * block_size * num_kv_heads * head_dim * elem

@@ -1,0 +1,85 @@
+"""Plain data types of the engine API: configuration, sampling parameters, events, outputs, errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class EngineRequestError(ValueError):
+    """A request the engine cannot serve (empty prompt, too long, bad token ids, duplicate live id...).
+
+    Raised by `Engine.add_request` before anything is allocated, so the engine keeps serving the rest.
+    """
+
+
+@dataclass
+class EngineConfig:
+    """Engine sizing and features.
+
+    KV pool size, first match wins: `num_blocks` (explicit count), `kv_cache_gib`, on CUDA the free
+    memory (`torch.cuda.mem_get_info`) minus `kv_headroom_gib`, on CPU `cpu_num_blocks`.
+    `max_model_len` (default: the model's max_position_embeddings, capped by the pool) bounds prompt +
+    output and sets the width of the decode graphs' block table; a benchmark may lower it.
+    `graph_batch_sizes` (default 1, 2, 4, ... up to max_num_seqs) are the decode-graph buckets.
+    """
+
+    kv_cache_gib: float | None = None
+    block_size: int = 16
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    use_cuda_graph: bool = True
+    # Compatible extensions (not in DESIGN.md section 3):
+    num_blocks: int | None = None
+    cpu_num_blocks: int = 512
+    kv_headroom_gib: float = 6.0
+    max_model_len: int | None = None
+    graph_batch_sizes: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError for settings that cannot work (caught as a usage error by commands)."""
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be positive")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be positive")
+        if self.graph_batch_sizes is not None and any(b < 1 for b in self.graph_batch_sizes):
+            raise ValueError("graph_batch_sizes must be positive")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Greedy decoding limits. EOS ids of the model stop a request unless `ignore_eos`;
+    `stop_token_ids` always stop it. The stopping token is part of the output (as in vLLM)."""
+
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class TokenEvent:
+    """New token(s) of one request from one `Engine.step()`; `time` is `time.perf_counter()` taken
+    right after the sampled ids reached the host. `prefix_hit_tokens` (extension) repeats the
+    request's prompt tokens served from the prefix cache."""
+
+    request_id: str
+    token_ids: list[int]
+    time: float
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" when finished
+    prefix_hit_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """Result of one request of `Engine.generate`; `times[i]` is when `token_ids[i]` was produced."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    prefix_hit_tokens: int = 0
+    arrival_time: float = 0.0
