@@ -1,0 +1,261 @@
+"""Gate analysis and rendering from the stored raw files only.
+
+Raw files (written by the command): `questions.jsonl` (one row per question: doc id, target and,
+per arm, the answer text, strict/flexible extractions and correctness, generated token count and
+ids) and `arms.json` (per-arm timing and counters). `analyze` turns them into the summary
+(accuracies, paired statistics, verdicts); `render(run_dir)` (for `rltbench report DIR`) rewrites
+summary.json, table.md and accuracy.png from those files and the manifest's config.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rltbench.gsm8k.stats import exit_code, needed_n, overall_verdict, paired_stats, verdict
+from rltbench.results import RunDir
+
+REFERENCE_ARM = "torch"
+QUESTIONS_FILE = "questions.jsonl"
+ARMS_FILE = "arms.json"
+RANDOM_WEIGHTS_BANNER = (
+    "RANDOM WEIGHTS: accuracies are meaningless (near zero); this run only checks "
+    "that the gate pipeline works and whether arms generate identical sequences."
+)
+
+
+def _seq_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Token ids when both arms have them (engine), else the answer text (OpenAI backend)."""
+    if a.get("token_ids") is not None and b.get("token_ids") is not None:
+        return list(a["token_ids"]) != list(b["token_ids"])
+    return a.get("response") != b.get("response")
+
+
+def analyze(
+    rows: list[dict[str, Any]],
+    arms: list[str],
+    arm_info: dict[str, dict[str, Any]],
+    gate: float,
+    gate_mode: str,
+    gate_filter: str,
+    random_weights: bool,
+) -> dict[str, Any]:
+    """The summary: per-arm accuracy/throughput, per-variant paired stats and verdicts, the overall."""
+    key = "strict_correct" if gate_filter == "strict-match" else "flexible_correct"
+    n = len(rows)
+    per_arm: dict[str, Any] = {}
+    for arm in arms:
+        info = dict(arm_info.get(arm, {}))
+        cells = [r["arms"][arm] for r in rows]
+        secs = info.get("seconds") or 0.0
+        toks = sum(int(c.get("gen_tokens") or 0) for c in cells)
+        per_arm[arm] = {
+            "n": n,
+            "strict_acc": 100.0 * sum(bool(c.get("strict_correct")) for c in cells) / n if n else math.nan,
+            "flexible_acc": 100.0 * sum(bool(c.get("flexible_correct")) for c in cells) / n
+            if n
+            else math.nan,
+            "gate_acc": 100.0 * sum(bool(c.get(key)) for c in cells) / n if n else math.nan,
+            "generated_tokens": toks,
+            "seconds": secs,
+            "questions_per_s": n / secs if secs > 0 else None,
+            "tokens_per_s": toks / secs if secs > 0 else None,
+            **{k: v for k, v in info.items() if k not in ("seconds",)},
+        }
+    comparisons = []
+    for arm in arms:
+        if arm == REFERENCE_ARM or REFERENCE_ARM not in arms:
+            continue
+        ref = [bool(r["arms"][REFERENCE_ARM].get(key)) for r in rows]
+        var = [bool(r["arms"][arm].get(key)) for r in rows]
+        st = paired_stats(ref, var)
+        v = verdict(st, gate, gate_mode)
+        differ = sum(1 for r in rows if _seq_differs(r["arms"][REFERENCE_ARM], r["arms"][arm]))
+        comparisons.append(
+            {
+                "arm": arm,
+                "reference": REFERENCE_ARM,
+                **st.to_dict(),
+                "verdict": v,
+                "needed_n": needed_n(st, gate) if v == "inconclusive" else None,
+                "sequences_differ": differ,
+            }
+        )
+    overall = overall_verdict([c["verdict"] for c in comparisons])
+    return {
+        "n": n,
+        "gate": gate,
+        "gate_mode": gate_mode,
+        "gate_filter": gate_filter,
+        "reference": REFERENCE_ARM,
+        "random_weights": random_weights,
+        "arms": per_arm,
+        "comparisons": comparisons,
+        "overall": overall if comparisons else "n/a",
+        "exit_code": exit_code(overall),
+    }
+
+
+def _fmt(x: Any, nd: int = 2) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _p(x: float) -> str:
+    return "-" if x is None else (f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}")
+
+
+def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
+    lines = [
+        f"# GSM8K gate: {config.get('task', '?')} ({config.get('num_fewshot_used', '?')}-shot), "
+        f"{summary['n']} questions, gate {summary['gate']:g} points ({summary['gate_mode']}, "
+        f"{summary['gate_filter']})",
+        "",
+    ]
+    if summary.get("random_weights"):
+        lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
+    lines += [
+        f"model `{config.get('model')}` weights `{config.get('weights')}` backend `{config.get('backend')}` "
+        f"tokenizer: {config.get('tokenizer_source', '-')}",
+        "",
+    ]
+    lines += [
+        "## Arms",
+        "",
+        "| arm | strict acc % | flexible acc % | gen tokens | seconds | questions/s | tokens/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm, a in summary["arms"].items():
+        lines.append(
+            f"| {arm} | {_fmt(a['strict_acc'])} | {_fmt(a['flexible_acc'])} | {a['generated_tokens']} | "
+            f"{_fmt(a['seconds'], 1)} | {_fmt(a['questions_per_s'], 3)} | {_fmt(a['tokens_per_s'], 1)} |"
+        )
+    lines += [
+        "",
+        f"## Paired comparison vs {summary['reference']} (points; drop = ref - variant)",
+        "",
+        "| arm | ref acc | arm acc | drop | SE | 95% CI | UCB95 | n10 | n01 | McNemar p | seqs differ "
+        "| verdict | n needed |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for c in summary["comparisons"]:
+        lines.append(
+            f"| {c['arm']} | {_fmt(c['ref_acc'])} | {_fmt(c['var_acc'])} | {_fmt(c['drop'])} | "
+            f"{_fmt(c['se'])} | [{_fmt(c['ci95_low'])}, {_fmt(c['ci95_high'])}] | {_fmt(c['ucb95'])} | "
+            f"{c['n10']} | {c['n01']} | "
+            f"{_p(c['mcnemar_p'])} | {c['sequences_differ']}/{c['n']} | **{c['verdict']}** | "
+            f"{_fmt(c['needed_n'])} |"
+        )
+    if not summary["comparisons"]:
+        lines.append("| (no variant arm) | | | | | | | | | | | | |")
+    lines += [
+        "",
+        f"**Overall: {summary['overall']}** (exit code {summary['exit_code']}: 0 pass, 1 fail, "
+        "3 inconclusive, 2 usage error)",
+        "",
+        "Rule: pass if drop + 1.645 SE <= gate; fail if drop > gate; else inconclusive "
+        "(`--gate-mode point`: fail iff drop > gate). n needed = ceil((1.645 sd / (gate - drop))^2) "
+        "at the observed drop and per-question sd.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(summary: dict[str, Any]) -> Any:
+    """Left: per-arm gate accuracy with 95% (normal) intervals. Right: discordant pairs per variant."""
+    import matplotlib.pyplot as plt
+
+    import rltbench.results.plotting  # noqa: F401  (Agg backend)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    arms = list(summary["arms"])
+    n = max(summary["n"], 1)
+    accs = [summary["arms"][a]["gate_acc"] for a in arms]
+    errs = [1.96 * 100.0 * math.sqrt(max(p / 100.0 * (1 - p / 100.0), 0.0) / n) for p in accs]
+    ax1.bar(arms, accs, yerr=errs, capsize=6, color=["#555555"] + ["#1f77b4"] * (len(arms) - 1))
+    ax1.set_ylabel(f"accuracy % ({summary['gate_filter']})")
+    ax1.set_title(f"GSM8K accuracy, n={summary['n']} (95% CI)")
+    ax1.set_ylim(0, 100)
+    if summary.get("random_weights"):
+        ax1.text(
+            0.5,
+            0.5,
+            "RANDOM WEIGHTS",
+            transform=ax1.transAxes,
+            ha="center",
+            va="center",
+            fontsize=16,
+            color="red",
+            alpha=0.5,
+            rotation=20,
+        )
+    comps = summary["comparisons"]
+    if comps:
+        names = [c["arm"] for c in comps]
+        x = range(len(names))
+        ax2.bar(
+            [i - 0.2 for i in x],
+            [c["n10"] for c in comps],
+            width=0.4,
+            label="n10 (ref right, arm wrong)",
+            color="#d62728",
+        )
+        ax2.bar(
+            [i + 0.2 for i in x],
+            [c["n01"] for c in comps],
+            width=0.4,
+            label="n01 (ref wrong, arm right)",
+            color="#2ca02c",
+        )
+        ax2.set_xticks(list(x))
+        ax2.set_xticklabels(
+            [f"{c['arm']}\n{c['verdict']} (drop {_fmt(c['drop'])}±{_fmt(c['se'])})" for c in comps]
+        )
+        ax2.legend(fontsize=8)
+    ax2.set_title(f"discordant pairs vs {summary['reference']}")
+    ax2.set_ylabel("questions")
+    ax2.set_ylim(0, max([1] + [max(c["n10"], c["n01"]) for c in comps]) * 1.2)
+    fig.tight_layout()
+    return fig
+
+
+def write_outputs(run: RunDir, summary: dict[str, Any], config: dict[str, Any]) -> None:
+    run.write_json("summary.json", summary)
+    run.write_markdown("table.md", table_markdown(summary, config))
+    run.save_plot("accuracy.png", accuracy_figure(summary))
+
+
+def summarize_run(run: RunDir) -> dict[str, Any]:
+    """Recompute the summary from questions.jsonl, arms.json and the manifest config."""
+    cfg = run.manifest.get("config", {})
+    rows = run.read_jsonl(QUESTIONS_FILE)
+    arm_info = run.read_json(ARMS_FILE) if (run.path / ARMS_FILE).exists() else {}
+    wanted = list(cfg.get("arms") or (rows[0]["arms"].keys() if rows else []))
+    # An interrupted run stores the arms that finished: analyse those (every row has them).
+    arms = [a for a in wanted if rows and all(a in r.get("arms", {}) for r in rows)]
+    return analyze(
+        rows,
+        arms,
+        arm_info,
+        float(cfg.get("gate", 1.0)),
+        cfg.get("gate_mode", "ucb"),
+        cfg.get("gate_filter", "strict-match"),
+        bool(cfg.get("random_weights", False)),
+    )
+
+
+def render(run_dir: str | Path) -> Path:
+    """`rltbench report DIR`: re-create summary.json, table.md and accuracy.png from the raw files."""
+    from rltbench.errors import UsageError
+
+    run = RunDir.open(run_dir)
+    if not (run.path / QUESTIONS_FILE).exists():
+        raise UsageError(f"{run.path} has no {QUESTIONS_FILE}: the gsm8k run stored no results")
+    summary = summarize_run(run)
+    if summary["n"] == 0:
+        raise UsageError(f"{run.path}/{QUESTIONS_FILE} holds no question answered by every arm")
+    write_outputs(run, summary, run.manifest.get("config", {}))
+    return run.path / "table.md"
