@@ -1,0 +1,399 @@
+"""Analysis and rendering of an e2e run from its raw files only (requests.jsonl, cell_meta.jsonl, manifest).
+
+`render(run_dir)` (called at the end of a run and by `rltbench report DIR`) recomputes cells,
+identity and paired statistics, then writes cells.csv/json, identity.csv/json, comparison.csv/json,
+summary.json, table.md and the plots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rltbench.e2e import compare
+from rltbench.e2e.metrics import METRIC_DEFINITIONS, cell_summary, fmt_ms, percentiles, request_metrics
+from rltbench.results import RunDir
+
+CELL_KEYS = ("arm", "cell", "C", "rep")
+
+
+def compute_cells(
+    records: list[dict[str, Any]], meta: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One summary row per (arm, cell, rep), in the order cells ran; metadata rows merged in."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["arm"], r["cell"], r["C"], r["rep"])].append(r)
+    extra = {(m["arm"], m["cell"], m["C"], m["rep"]): m for m in meta or []}
+    keys = list(dict.fromkeys([*(tuple(m[k] for k in CELL_KEYS) for m in meta or []), *groups]))
+    rows = []
+    for key in keys:
+        recs = groups.get(key, [])
+        m = extra.get(key, {})
+        row = dict(zip(CELL_KEYS, key, strict=False))
+        row.update(cell_summary(recs, burst=m.get("workload", "burst") == "burst"))
+        for k in (
+            "order",
+            "started",
+            "wall_s",
+            "theoretical_prefix_hit_rate",
+            "engine_prefix_hit_rate",
+            "interrupted",
+            "note",
+        ):
+            if k in m:
+                row[k] = m[k]
+        if m.get("interrupted"):
+            row["valid"] = False
+        rows.append(row)
+    return rows
+
+
+def analyse(run: RunDir) -> dict[str, Any]:
+    """Everything the report shows, from the raw files."""
+    cfg = run.manifest.get("config", {})
+    records = run.read_jsonl("requests.jsonl")
+    meta = run.read_jsonl("cell_meta.jsonl")
+    arms = cfg.get("arm_names") or list(dict.fromkeys(r["arm"] for r in records))
+    ref = cfg.get("reference_arm") or (arms[0] if arms else "torch")
+    exact_arms = set(cfg.get("exact_arms") or [])
+    cells = compute_cells(records, meta)
+    ident = compare.identity(records, ref, exact_arms)
+    cell_order = list(dict.fromkeys(c["cell"] for c in cells))
+    ident.sort(
+        key=lambda r: (
+            arms.index(r["arm"]) if r["arm"] in arms else len(arms),
+            cell_order.index(r["cell"]) if r["cell"] in cell_order else len(cell_order),
+        )
+    )
+    comp = compare.paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0)) if ref in arms else []
+    pooled = []
+    for arm in arms:
+        for cell in dict.fromkeys(c["cell"] for c in cells):
+            valid_reps = {c["rep"] for c in cells if c["arm"] == arm and c["cell"] == cell and c["valid"]}
+            recs = [r for r in records if r["arm"] == arm and r["cell"] == cell and r["rep"] in valid_reps]
+            per = [request_metrics(r) for r in recs]
+            row = {
+                "arm": arm,
+                "cell": cell,
+                "C": next((c["C"] for c in cells if c["cell"] == cell), None),
+                "valid_reps": len(valid_reps),
+            }
+            for name in ("ttft", "tpot", "e2e"):
+                row.update({f"{name}_{k}": v for k, v in percentiles([p[name] for p in per]).items()})
+            row.update({f"itl_{k}": v for k, v in percentiles([x for p in per for x in p["itl"]]).items()})
+            tps = [
+                c["output_tok_s"]
+                for c in cells
+                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["output_tok_s"]
+            ]
+            st = [
+                c["steady_tok_s"]
+                for c in cells
+                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["steady_tok_s"]
+            ]
+            row["output_tok_s_median"] = float(pd.Series(tps).median()) if tps else None
+            row["steady_tok_s_median"] = float(pd.Series(st).median()) if st else None
+            pooled.append(row)
+    mismatch = [r for r in ident if r["exact_mismatch"]]
+    summary = {
+        "status": run.manifest.get("status"),
+        "reference_arm": ref,
+        "arms": arms,
+        "cells_total": len(cells),
+        "cells_invalid": sum(1 for c in cells if not c["valid"]),
+        "exact_arm_mismatch": bool(mismatch),
+        "exact_arm_mismatches": [
+            {k: r[k] for k in ("arm", "cell", "compared", "identical", "first_divergence_min")}
+            for r in mismatch
+        ],
+        "identity": ident,
+        "interval_method": compare.INTERVAL_METHOD,
+        "random_weights": bool(cfg.get("random_weights")),
+    }
+    return {
+        "cells": cells,
+        "identity": ident,
+        "comparison": comp,
+        "pooled": pooled,
+        "summary": summary,
+        "config": cfg,
+        "arms": arms,
+        "ref": ref,
+    }
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def _spec(s: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in s.items()) if isinstance(s, dict) else str(s)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _speed(v: float | None) -> str:
+    return "-" if v is None else f"{1 + v:.3f}x"
+
+
+def table_markdown(a: dict[str, Any]) -> str:
+    """The human summary: configuration, speedup, latency, identity, statistics, definitions."""
+    cfg, ref, arms = a["config"], a["ref"], a["arms"]
+    L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
+    if cfg.get("random_weights"):
+        L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+    if a["summary"]["exact_arm_mismatch"]:
+        L += [
+            "**EXACT ARM MISMATCH: an exact arm generated tokens different from torch (a bug):** "
+            + ", ".join(
+                f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
+                for m in a["summary"]["exact_arm_mismatches"]
+            ),
+            "",
+        ]
+    L += [
+        f"- backend: {cfg.get('backend')}; hosting: {cfg.get('hosting', '-')}",
+        "- arms: " + "; ".join(f"{n} ({_spec(s)})" for n, s in (cfg.get("arm_specs") or {}).items()),
+        f"- reference: {ref}; repetitions: {cfg.get('repeats')}; schedule: {cfg.get('schedule_note', '-')}",
+        f"- device: {cfg.get('device')}, dtype: {cfg.get('dtype')}, weights: {cfg.get('weights')}",
+        f"- workload: {cfg.get('workload_note', '-')}",
+        f"- status: {a['summary']['status']}",
+        "",
+    ]
+    cells = a["cells"]
+    comp = {(r["arm"], r["cell"], r["metric"]): r for r in a["comparison"]}
+    cell_names = list(dict.fromkeys(c["cell"] for c in cells))
+    L += [
+        "## Output throughput (median over valid repetitions) and speedup vs " + ref,
+        "",
+        "| cell | arm | tok/s | steady tok/s | speedup (95% CI) | steady speedup (95% CI) | A/A spread "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    pooled = {(p["arm"], p["cell"]): p for p in a["pooled"]}
+    for cell in cell_names:
+        for arm in arms:
+            p = pooled.get((arm, cell), {})
+            tps, st = p.get("output_tok_s_median"), p.get("steady_tok_s_median")
+            r, rs = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
+
+            def ci(row: dict[str, Any]) -> str:
+                if not row or row.get("delta") is None:
+                    return "-"
+                s = _speed(row["delta"])
+                if row.get("ci_lo") is not None:
+                    s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
+                return s
+
+            L.append(f"| {cell} | {arm} | {_num(tps)} | {_num(st)} | ")
+            L[-1] += (
+                f"{'(ref)' if arm == ref else ci(r)} | {'(ref)' if arm == ref else ci(rs)} | "
+                f"{_pct(r.get('aa_spread'))} | {r.get('verdict') or '-'} |"
+            )
+    L += [
+        "",
+        "## Latency (ms, pooled over valid repetitions; n = samples; * = p99 from < 100 samples)",
+        "",
+        "| cell | arm | TTFT p50 | TTFT p90 | TTFT p99 | n | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | n ITL "
+        "| E2E p50 | E2E p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cell_names:
+        for arm in arms:
+            p = pooled.get((arm, cell))
+            if not p:
+                continue
+            L.append(
+                f"| {cell} | {arm} | {fmt_ms(p['ttft_p50'])} | {fmt_ms(p['ttft_p90'])} | "
+                f"{fmt_ms(p['ttft_p99'], p['ttft_p99_low_n'])} | {p['ttft_n']} | {fmt_ms(p['tpot_p50'])} | "
+                f"{fmt_ms(p['tpot_p99'], p['tpot_p99_low_n'])} | {fmt_ms(p['itl_p50'])} | "
+                f"{fmt_ms(p['itl_p99'], p['itl_p99_low_n'])} | {p['itl_n']} | {fmt_ms(p['e2e_p50'])} | "
+                f"{fmt_ms(p['e2e_p99'], p['e2e_p99_low_n'])} |"
+            )
+    L += [
+        "",
+        f"## Token identity vs {ref} (A/A = {ref} run twice: the batch-invariance baseline)",
+        "",
+        "| cell | arm | identical / compared | first divergence (min, median) | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in a["identity"]:
+        note = (
+            "A/A"
+            if r["aa"]
+            else (
+                "**MISMATCH: exact arm must match (bug)**"
+                if r["exact_mismatch"]
+                else ("exact arm" if r["exact_arm"] else "")
+            )
+        )
+        if r["not_compared"]:
+            note += f" ({r['not_compared']} without token ids)"
+        fd = (
+            "-"
+            if r["first_divergence_min"] is None
+            else f"{r['first_divergence_min']}, {r['first_divergence_median']:.0f}"
+        )
+        L.append(f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {fd} | {note} |")
+    sess = [c for c in cells if c.get("theoretical_prefix_hit_rate") is not None]
+    if sess:
+        L += [
+            "",
+            "## Session prefix cache",
+            "",
+            "| arm | rep | theoretical hit rate | measured hit rate |",
+            "|---|---|---|---|",
+        ]
+        for c in sess:
+            mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
+            L.append(
+                f"| {c['arm']} | {c['rep']} | {c['theoretical_prefix_hit_rate']:.1%} | "
+                f"{'-' if mh is None else f'{mh:.1%}'} |"
+            )
+        L += [
+            "",
+            "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
+            "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
+        ]
+    bad = [c for c in cells if not c["valid"]]
+    if bad:
+        L += [
+            "",
+            "## Invalid cells (excluded from paired statistics)",
+            "",
+            "| cell | arm | rep | ok | error | timeout | length_mismatch | note |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in bad:
+            L.append(
+                f"| {c['cell']} | {c['arm']} | {c['rep']} | {c['n_ok']} | {c['n_error']} | "
+                f"{c['n_timeout']} | "
+                f"{c['n_length_mismatch']} | {'interrupted' if c.get('interrupted') else c.get('note', '')} |"
+            )
+    if a["comparison"]:
+        L += [
+            "",
+            f"## Paired deltas vs {ref} (arm / {ref} - 1; {compare.INTERVAL_METHOD}; "
+            "cell throughput: bootstrap over repetitions)",
+            "",
+            "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in a["comparison"]:
+            ci = "-" if r["ci_lo"] is None else f"[{_pct(r['ci_lo'])}, {_pct(r['ci_hi'])}]"
+            L.append(
+                f"| {r['cell']} | {r['arm']} | {r['metric']} | {_pct(r['delta'])} | {ci} | {r['reps']} | "
+                f"{r['pairs']} | {_pct(r['aa_spread'])} | {r['verdict']} |"
+            )
+        L += [
+            "",
+            "Verdict: `tie` when the 95% interval contains 0 or |delta| is inside the A/A spread "
+            "(largest |bound| of the A/A arm's delta); latency: lower is better, throughput: higher.",
+        ]
+        if int(cfg.get("repeats") or 0) < 5:
+            L.append(
+                f"With {cfg.get('repeats')} repetitions the interval over repetitions is little more than "
+                "their range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
+            )
+    L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
+    return "\n".join(L)
+
+
+def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:
+    """One line per arm in run order; A/A arms (torch#2) dashed in their base arm's colour."""
+    from rltbench.results.plotting import arm_color
+
+    for arm in arms:
+        g = df[df["arm"] == arm].dropna(subset=[ycol])
+        if not g.empty:
+            ax.plot(
+                g["C"],
+                g[ycol].astype(float) * scale,
+                "o--" if "#" in arm else "o-",
+                label=arm,
+                color=arm_color(arm),
+            )
+
+
+def _c_axis(ax: Any, cs: list[int]) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_xticks(cs)
+    ax.set_xticklabels([str(c) for c in cs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("concurrency C")
+
+
+def make_plots(run: RunDir, a: dict[str, Any]) -> None:
+    """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
+    from rltbench.results.plotting import arm_color, figure
+
+    pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
+    if not pooled:
+        return
+    df = pd.DataFrame(pooled).sort_values("C")
+    cs = sorted(df["C"].unique().tolist())
+    fig, ax = figure()
+    _arm_lines(ax, df, a["arms"], "output_tok_s_median")
+    _c_axis(ax, cs)
+    ax.set(ylabel="output tok/s", title="Output throughput vs C (median over repetitions)")
+    ax.legend()
+    run.save_plot("throughput.png", fig)
+    fig, _ = figure(11, 4.5)
+    fig.clf()
+    for i, (m, label) in enumerate((("ttft_p50", "TTFT p50 (ms)"), ("tpot_p50", "TPOT p50 (ms)"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        _arm_lines(ax, df, a["arms"], m, 1e3)
+        _c_axis(ax, cs)
+        ax.set(ylabel=label, title=label + " vs C")
+        ax.legend()
+    run.save_plot("latency.png", fig)
+    rows = [r for r in a["comparison"] if r["metric"] == "output_tok_s" and r["delta"] is not None]
+    comp = pd.DataFrame(rows)
+    if comp.empty:
+        return
+    comp = comp[comp["C"].apply(lambda c: isinstance(c, int) and c > 0)].sort_values("C")
+    fig, ax = figure()
+    for arm in a["arms"]:
+        g = comp[comp["arm"] == arm]
+        if g.empty:
+            continue
+        lo = g["ci_lo"].fillna(g["delta"]).astype(float)
+        hi = g["ci_hi"].fillna(g["delta"]).astype(float)
+        ax.errorbar(
+            g["C"],
+            1 + g["delta"],
+            yerr=[g["delta"] - lo, hi - g["delta"]],
+            fmt="o--" if "#" in arm else "o-",
+            capsize=3,
+            label=arm,
+            color=arm_color(arm),
+        )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    _c_axis(ax, cs)
+    ax.set(ylabel=f"speedup vs {a['ref']} (output tok/s)", title="Speedup vs C (bars: interval)")
+    ax.legend()
+    run.save_plot("speedup.png", fig)
+
+
+def render(run_dir: str | Path) -> dict[str, Any]:
+    """Recompute everything from the raw files and (re)write tables, summary, table.md and plots."""
+    run = RunDir.open(run_dir)
+    a = analyse(run)
+    if a["cells"]:
+        run.write_table("cells", pd.DataFrame(a["cells"]))
+    if a["identity"]:
+        run.write_table("identity", pd.DataFrame(a["identity"]))
+    if a["comparison"]:
+        run.write_table("comparison", pd.DataFrame(a["comparison"]))
+    run.write_json("summary.json", a["summary"])
+    run.write_markdown("table.md", table_markdown(a))
+    make_plots(run, a)
+    return a

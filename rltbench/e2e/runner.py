@@ -1,0 +1,172 @@
+"""The e2e schedule: warm-up per arm, then cells (arm x concurrency x repetition) interleaved A B C C B A.
+
+Works with any backend offering `warmup(arm, requests, timeouts)`, `run_cell(arm, tag, requests,
+timeouts, reset_prefix_cache, progress)` and `stats()` (EngineBackend, OpenAIBackend). Each finished
+cell is appended to requests.jsonl / cell_meta.jsonl at once, so a crash or Ctrl-C keeps it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltbench.e2e import compare
+from rltbench.e2e.display import RunDisplay
+from rltbench.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts
+from rltbench.e2e.metrics import cell_summary
+from rltbench.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_rate
+
+SCHEDULE_NOTE = (
+    "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
+    "repetitions; warm-up (graph capture + a small burst) per arm before any measured cell"
+)
+
+
+@dataclass
+class Cell:
+    name: str
+    C: int  # concurrency (0 for a session replay: open loop by trace time)
+
+
+@dataclass
+class Plan:
+    """What to run. `prompts(cell, rep)` returns the requests of one cell-repetition (same for every arm)."""
+
+    workload: str
+    arms: list[str]
+    ref: str
+    repeats: int
+    cells: list[Cell]
+    prompts: Callable[[Cell, int], list[Request]]
+    warmup_requests: list[Request]
+    timeouts: Timeouts
+    exact_arms: set[str] = field(default_factory=set)
+    session: SessionTrace | None = None
+
+
+def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
+    """(rep, cell, arm) in run order: blocks alternate forward/backward, and so does each cell per rep."""
+    out = []
+    for rep in range(repeats):
+        for ci, cell in enumerate(cells):
+            order = arms if (rep + ci) % 2 == 0 else list(reversed(arms))
+            out.extend((rep, cell, arm) for arm in order)
+    return out
+
+
+def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
+    if "prefix_hit_tokens" in stats and "prefix_query_tokens" in stats:
+        return int(stats["prefix_hit_tokens"]), int(stats["prefix_query_tokens"])
+    return None
+
+
+def _max_batch(before: dict[str, Any], after: dict[str, Any]) -> int | None:
+    hb, ha = before.get("batch_size_hist") or {}, after.get("batch_size_hist") or {}
+    grew = [int(k) for k, v in ha.items() if v > hb.get(k, 0)]
+    return max(grew) if grew else None
+
+
+def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
+    """Run the plan into `run` (a RunDir). Returns "complete", or "deadline" if the deadline cut it."""
+    theo = None
+    if plan.session is not None:
+        theo = theoretical_prefix_hit_rate(plan.session.requests, plan.session.block_size)
+    for arm in plan.arms:
+        display.note(f"warm-up {arm} (graph capture + {len(plan.warmup_requests)} requests, not measured)")
+        backend.warmup(arm, plan.warmup_requests, plan.timeouts)
+    idents: dict[tuple[str, str], list[int | None]] = {}
+    stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
+    sched = schedule(plan.arms, plan.cells, plan.repeats)
+    status = "complete"
+    for order, (rep, cell, arm) in enumerate(sched):
+        if plan.timeouts.deadline_passed():
+            run.update_manifest(skipped_cells=len(sched) - order)
+            status = "deadline"
+            break
+        reqs = plan.prompts(cell, rep)
+        prog = CellProgress()
+        display.start_cell(arm, cell.name, rep, prog)
+        display.note(f"cell {order + 1}/{len(sched)}: {arm} {cell.name} rep {rep}")
+        before = backend.stats(arm)
+        started = time.time()
+        meta: dict[str, Any] = {
+            "arm": arm,
+            "cell": cell.name,
+            "C": cell.C,
+            "rep": rep,
+            "order": order,
+            "workload": plan.workload,
+            "started": started,
+        }
+        try:
+            recs = backend.run_cell(
+                arm, f"{cell.name}/r{rep}", reqs, plan.timeouts, reset_prefix_cache=True, progress=prog
+            )
+        except DeadlineReached as exc:
+            recs, status = exc.records, "deadline"
+            meta["note"] = "global deadline reached"
+        except KeyboardInterrupt:
+            meta.update(interrupted=True, wall_s=time.time() - started)
+            run.append_jsonl("cell_meta.jsonl", meta)
+            raise
+        after = backend.stats(arm)
+        meta["wall_s"] = time.time() - started
+        pb, pa = _engine_prefix(before), _engine_prefix(after)
+        if pb is not None and pa is not None and pa[1] > pb[1]:
+            meta["engine_prefix_hit_rate"] = (pa[0] - pb[0]) / (pa[1] - pb[1])
+        mb = _max_batch(before, after)
+        if mb is not None:
+            meta["max_decode_batch"] = mb
+        if theo is not None:
+            meta["theoretical_prefix_hit_rate"] = theo
+        for r in recs:
+            r.update(arm=arm, cell=cell.name, C=cell.C, rep=rep)
+            run.append_jsonl("requests.jsonl", r)
+        run.append_jsonl("cell_meta.jsonl", meta)
+        _write_cells_so_far(run)
+        display.finish_cell(_display_row(plan, arm, cell, rep, recs, stored, idents))
+        if status == "deadline":
+            run.update_manifest(skipped_cells=len(sched) - order - 1)
+            break
+    return status
+
+
+def _write_cells_so_far(run: Any) -> None:
+    """cells.csv/json after every cell, so a run cut short still has its cell table (render redoes it)."""
+    import pandas as pd
+
+    from rltbench.e2e.report import compute_cells
+
+    cells = compute_cells(run.read_jsonl("requests.jsonl"), run.read_jsonl("cell_meta.jsonl"))
+    if cells:
+        run.write_table("cells", pd.DataFrame(cells))
+
+
+def _display_row(
+    plan: Plan, arm: str, cell: Cell, rep: int, recs: list[dict[str, Any]], stored: dict, idents: dict
+) -> dict[str, Any]:
+    """Cell summary for the live table, with identity so far (this arm vs the reference, all reps)."""
+    summ = cell_summary(recs, burst=plan.workload == "burst")
+    row = {"arm": arm, "cell": cell.name, "rep": rep, **summ}
+    stored[(arm, cell.name, rep)] = {r["request"]: r.get("token_ids") for r in recs}
+    ref_toks = stored.get((plan.ref, cell.name, rep))
+    others = [arm] if arm != plan.ref else [a for a in plan.arms if a != plan.ref]
+    for other in others:
+        toks = stored.get((other, cell.name, rep))
+        if ref_toks is None or toks is None:
+            continue
+        idents.setdefault((other, cell.name), []).extend(
+            compare.first_divergence(toks[i], ref_toks[i])
+            for i in toks
+            if i in ref_toks and toks[i] is not None and ref_toks[i] is not None
+        )
+    if arm == plan.ref:
+        row["identity"] = "(ref)"
+    else:
+        divs = idents.get((arm, cell.name), [])
+        same = sum(d is None for d in divs)
+        row["identity"] = f"{same}/{len(divs)}" if divs else "-"
+        row["exact_mismatch"] = arm in plan.exact_arms and same < len(divs)
+    return row

@@ -1,0 +1,106 @@
+"""A small fake engine with the Engine API subset the e2e backend uses (tests only).
+
+Tokens are a deterministic function of (prompt, position) so identity is checkable; knobs make an
+arm diverge, a request never start / stall / come up short, add_request reject, or step raise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+
+@dataclass(frozen=True)
+class FakeParams:
+    max_tokens: int = 16
+    ignore_eos: bool = False
+
+
+@dataclass
+class FakeEngine:
+    vocab: int = 97
+    step_sleep: float = 0.0
+    diverge: dict = field(default_factory=dict)  # arm -> position where its tokens differ
+    silent: set = field(default_factory=set)  # request index suffixes that never get a token
+    stall_after: dict = field(default_factory=dict)  # index -> tokens after which it stalls
+    short: dict = field(default_factory=dict)  # index -> number of tokens before "finished"
+    reject: set = field(default_factory=set)  # index -> add_request raises ValueError
+    fail_step: int | None = None  # raise on this step number
+    arm: str = "torch"
+
+    def __post_init__(self):
+        self.live: dict[str, dict] = {}
+        self.steps = 0
+        self.hist: dict[int, int] = {}
+        self.warmed: list[str] = []
+        self.resets = 0
+        self.arm_log: list[str] = []
+
+    def _idx(self, rid: str) -> str:
+        return rid.rsplit("/", 1)[-1]
+
+    def set_arm(self, name: str) -> None:
+        assert not self.live, "set_arm needs an idle engine"
+        self.arm = name
+        self.arm_log.append(name)
+
+    def warmup(self, batch_sizes=None) -> None:
+        self.warmed.append(self.arm)
+
+    def reset_prefix_cache(self) -> None:
+        self.resets += 1
+
+    def add_request(self, rid, prompt, params) -> None:
+        if self._idx(rid) in self.reject:
+            raise ValueError(f"request {rid!r}: rejected by the fake")
+        assert rid not in self.live
+        self.live[rid] = {"prompt": list(prompt), "n": 0, "max": params.max_tokens}
+
+    def abort_request(self, rid) -> bool:
+        return self.live.pop(rid, None) is not None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live)
+
+    def token(self, prompt: list[int], pos: int, arm: str) -> int:
+        t = (sum(prompt) * 31 + pos * 7) % self.vocab
+        if arm in self.diverge and pos >= self.diverge[arm]:
+            t = (t + 1) % self.vocab
+        return t
+
+    def step(self):
+        self.steps += 1
+        if self.fail_step is not None and self.steps == self.fail_step:
+            raise RuntimeError("fake engine failure")
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        now = time.perf_counter()
+        events = []
+        active = [r for r in self.live if self._idx(r) not in self.silent]
+        self.hist[len(active)] = self.hist.get(len(active), 0) + 1
+        for rid in active:
+            st = self.live[rid]
+            idx = self._idx(rid)
+            if idx in self.stall_after and st["n"] >= self.stall_after[idx]:
+                continue
+            tok = self.token(st["prompt"], st["n"], self.arm)
+            st["n"] += 1
+            limit = min(st["max"], self.short.get(idx, st["max"]))
+            done = st["n"] >= limit
+            events.append(
+                SimpleNamespace(
+                    request_id=rid,
+                    token_ids=[tok],
+                    time=now,
+                    finished=done,
+                    finish_reason="length" if done else None,
+                    prefix_hit_tokens=0,
+                )
+            )
+            if done:
+                del self.live[rid]
+        return events
+
+    def stats(self):
+        return {"batch_size_hist": dict(self.hist), "prefix_hit_tokens": 0, "prefix_query_tokens": 0}

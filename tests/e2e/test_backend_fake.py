@@ -1,0 +1,133 @@
+"""EngineBackend and the run schedule against a fake engine: statuses, timeouts, deadline, Ctrl-C."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e_fakes import FakeEngine, FakeParams
+
+from rltbench.e2e.display import RunDisplay
+from rltbench.e2e.engine_backend import DeadlineReached, EngineBackend, Timeouts
+from rltbench.e2e.report import render
+from rltbench.e2e.runner import Cell, Plan, run_plan
+from rltbench.e2e.workload import Request
+from rltbench.results import RunDir
+
+
+def reqs(n, out=5, arrival=0.0):
+    return [Request(index=i, prompt=[i + 1, 2, 3], output_len=out, arrival=arrival * i) for i in range(n)]
+
+
+def test_cell_records_tokens_and_times():
+    eng = FakeEngine()
+    be = EngineBackend(eng, FakeParams, ["torch"])
+    recs = be.run_cell("torch", "c", reqs(3), Timeouts())
+    assert [r["status"] for r in recs] == ["ok"] * 3
+    for r in recs:
+        assert r["token_ids"] == [eng.token([r["request"] + 1, 2, 3], i, "torch") for i in range(5)]
+        assert r["send"] <= r["first"] <= r["last"] and len(r["event_times"]) == 5
+    assert eng.resets == 1 and not eng.live
+
+
+def test_statuses_error_timeout_length_mismatch_and_stall():
+    eng = FakeEngine(reject={"0"}, silent={"1"}, short={"2": 3}, stall_after={"3": 2}, step_sleep=0.002)
+    be = EngineBackend(eng, FakeParams, ["torch"])
+    recs = {
+        r["request"]: r for r in be.run_cell("torch", "c", reqs(5), Timeouts(first_token=0.15, stall=0.15))
+    }
+    assert recs[0]["status"] == "error" and "rejected" in recs[0]["error"]
+    assert recs[1]["status"] == "timeout" and "first token" in recs[1]["error"]
+    assert recs[2]["status"] == "length_mismatch" and len(recs[2]["token_ids"]) == 3
+    assert (
+        recs[3]["status"] == "timeout" and "no token" in recs[3]["error"] and len(recs[3]["token_ids"]) == 2
+    )
+    assert recs[4]["status"] == "ok"
+    assert not eng.live  # timed-out requests were aborted
+
+
+def test_engine_step_failure_fails_inflight_requests_only():
+    eng = FakeEngine(fail_step=2)
+    be = EngineBackend(eng, FakeParams, ["torch"])
+    recs = be.run_cell("torch", "c", reqs(2), Timeouts())
+    assert all(r["status"] == "error" and "fake engine failure" in r["error"] for r in recs)
+    assert be.run_cell("torch", "d", reqs(2), Timeouts())[0]["status"] == "ok"
+
+
+def test_global_deadline_raises_with_records():
+    eng = FakeEngine(step_sleep=0.01)
+    be = EngineBackend(eng, FakeParams, ["torch"])
+    with pytest.raises(DeadlineReached) as exc:
+        be.run_cell(
+            "torch", "c", reqs(3, out=1000, arrival=0.05), Timeouts(deadline=time.perf_counter() + 0.06)
+        )
+    st = [r["status"] for r in exc.value.records]
+    assert len(st) == 3 and all(s == "timeout" for s in st)
+    assert not eng.live
+
+
+def test_session_arrivals_are_respected():
+    eng = FakeEngine()
+    be = EngineBackend(eng, FakeParams, ["torch"])
+    recs = be.run_cell("torch", "s", reqs(3, out=2, arrival=0.05), Timeouts())
+    sends = [r["send"] for r in recs]
+    assert sends[1] - sends[0] == pytest.approx(0.05) and sends[2] - sends[0] == pytest.approx(0.10)
+    assert all(r["first"] >= r["send"] for r in recs)
+
+
+def _plan(arms, cells, repeats=2, exact=()):
+    def prompts(cell, rep):
+        return [Request(index=i, prompt=[rep + 1, i + 1, cell.C], output_len=4) for i in range(cell.C)]
+
+    return Plan("burst", arms, "torch", repeats, cells, prompts, reqs(1, out=2), Timeouts(), set(exact))
+
+
+def test_run_plan_interleaves_warms_up_and_flags_exact_mismatch(tmp_path):
+    eng = FakeEngine(diverge={"exact": 2})
+    arms = ["torch", "exact", "torch#2"]
+    be = EngineBackend(eng, FakeParams, arms)
+    run = RunDir.create(
+        "e2e",
+        result_dir=tmp_path / "run",
+        config={"arm_names": arms, "reference_arm": "torch", "exact_arms": ["exact"]},
+    )
+    plan = _plan(arms, [Cell("C=1", 1), Cell("C=3", 3)], exact=["exact"])
+    with RunDisplay(live=False) as d:
+        assert run_plan(plan, be, run, d) == "complete"
+    assert eng.warmed == arms
+    assert len(run.read_jsonl("requests.jsonl")) == 2 * 3 * (1 + 3)
+    assert len(run.read_jsonl("cell_meta.jsonl")) == 12
+    run.update_manifest(status="complete")
+    a = render(run.path)
+    ident = {(r["arm"], r["cell"]): r for r in a["identity"]}
+    assert ident[("exact", "C=3")]["exact_mismatch"] and ident[("exact", "C=3")]["first_divergence_min"] == 2
+    assert ident[("torch#2", "C=3")]["identical"] == 6
+    assert a["summary"]["exact_arm_mismatch"] is True
+    text = (run.path / "table.md").read_text()
+    assert "EXACT ARM MISMATCH" in text and "TPOT = (E2E - TTFT) / (N - 1)" in text
+    assert {c["max_decode_batch"] for c in run.read_jsonl("cell_meta.jsonl") if c["C"] == 3} == {3}
+    for f in ("cells.csv", "comparison.csv", "identity.csv", "summary.json", "throughput.png", "speedup.png"):
+        assert (run.path / f).is_file(), f
+
+
+def test_ctrl_c_leaves_a_readable_run(tmp_path):
+    eng = FakeEngine()
+    be = EngineBackend(eng, FakeParams, ["torch", "torch#2"])
+    calls = {"n": 0}
+    orig = be.run_cell
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 5:  # warm-up x2, then the third measured cell
+            raise KeyboardInterrupt
+        return orig(*a, **k)
+
+    be.run_cell = flaky
+    run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": ["torch", "torch#2"]})
+    with pytest.raises(KeyboardInterrupt), RunDisplay(live=False) as d:
+        run_plan(_plan(["torch", "torch#2"], [Cell("C=2", 2)]), be, run, d)
+    run.update_manifest(status="interrupted")
+    a = render(run.path)
+    assert len(a["cells"]) == 3 and sum(c["valid"] for c in a["cells"]) == 2
+    assert RunDir.open(run.path).manifest["status"] == "interrupted"
+    assert "interrupted" in (run.path / "table.md").read_text()

@@ -1,0 +1,90 @@
+"""Token identity and paired statistics on crafted records."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltbench.e2e.compare import first_divergence, identity, paired_deltas
+from rltbench.e2e.report import compute_cells
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def _rec(arm, rep, req, ttft, tpot, toks, n=4, status="ok"):
+    send = 100.0 * rep + req
+    first = send + ttft
+    times = [first + i * tpot for i in range(n)]
+    return {
+        "arm": arm,
+        "cell": "C=2",
+        "C": 2,
+        "rep": rep,
+        "request": req,
+        "send": send,
+        "first": first,
+        "last": times[-1],
+        "event_times": times,
+        "event_tokens": [1] * n,
+        "token_ids": toks,
+        "status": status,
+        "expected_len": n,
+    }
+
+
+def _records(speed=0.5, diverge_exact=False, aa_noise=0.01):
+    recs = []
+    for rep in range(3):
+        for req in range(2):
+            toks = [rep, req, 7, 9]
+            recs.append(_rec("torch", rep, req, 0.2, 0.1, toks))
+            recs.append(_rec("torch#2", rep, req, 0.2 * (1 + aa_noise), 0.1 * (1 + aa_noise), toks))
+            etoks = [rep, req, 8, 9] if diverge_exact and req == 1 else toks
+            recs.append(_rec("exact", rep, req, 0.2 * speed, 0.1 * speed, etoks))
+    return recs
+
+
+def test_identity_flags_exact_mismatch_with_first_divergence():
+    rows = {r["arm"]: r for r in identity(_records(diverge_exact=True), "torch", {"exact"})}
+    assert rows["exact"]["identical"] == 3 and rows["exact"]["compared"] == 6
+    assert rows["exact"]["first_divergence_min"] == 2 and rows["exact"]["exact_mismatch"] is True
+    assert (
+        rows["torch#2"]["aa"] and rows["torch#2"]["identity"] == 1.0 and not rows["torch#2"]["exact_mismatch"]
+    )
+    clean = {r["arm"]: r for r in identity(_records(), "torch", {"exact"})}
+    assert clean["exact"]["identity"] == 1.0 and not clean["exact"]["exact_mismatch"]
+
+
+def test_paired_deltas_exact_speedup_and_aa_tie():
+    recs = _records(speed=0.5)
+    cells = compute_cells(recs)
+    rows = {(r["arm"], r["metric"]): r for r in paired_deltas(recs, cells, "torch")}
+    r = rows[("exact", "ttft")]
+    assert r["delta"] == pytest.approx(-0.5) and r["ci_lo"] == pytest.approx(-0.5) and r["reps"] == 3
+    assert r["pairs"] == 6 and r["verdict"] == "better"
+    assert rows[("exact", "tpot")]["delta"] == pytest.approx(-0.5)
+    # cell span: sends 1 s apart, torch last token at 1 + 0.2 + 0.3, exact at 1 + 0.1 + 0.15 -> 1.5 / 1.25
+    tps = rows[("exact", "output_tok_s")]
+    assert tps["verdict"] == "better" and tps["delta"] == pytest.approx(1.5 / 1.25 - 1)
+    aa = rows[("torch#2", "ttft")]
+    assert aa["verdict"] == "A/A" and aa["delta"] == pytest.approx(0.01)
+    assert r["aa_spread"] == pytest.approx(0.01)
+    # an arm 0.5% slower sits inside the 1% A/A spread: a tie
+    tiny = _records(speed=1.005)
+    rows2 = {(r["arm"], r["metric"]): r for r in paired_deltas(tiny, compute_cells(tiny), "torch")}
+    assert rows2[("exact", "ttft")]["verdict"] == "tie"
+
+
+def test_invalid_cell_is_excluded_from_pairs():
+    recs = _records()
+    for r in recs:
+        if r["arm"] == "exact" and r["rep"] == 1 and r["request"] == 0:
+            r["status"] = "timeout"
+    cells = compute_cells(recs)
+    assert sum(not c["valid"] for c in cells) == 1
+    rows = {(r["arm"], r["metric"]): r for r in paired_deltas(recs, cells, "torch")}
+    assert rows[("exact", "ttft")]["reps"] == 2 and rows[("exact", "ttft")]["pairs"] == 4
+    assert rows[("exact", "ttft")]["excluded_reps"] == [1]

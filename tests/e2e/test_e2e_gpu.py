@@ -1,0 +1,79 @@
+"""GPU checks of `rltbench e2e` (run with --run-gpu on a CUDA machine; < 1 minute)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltbench.cli import main
+from rltbench.e2e import gpu_preset
+from rltbench.results import RunDir
+
+
+@pytest.mark.gpu
+def test_gpu_burst_graphs_exact_identity(tmp_path):
+    out = tmp_path / "burst"
+    args = (
+        "e2e --model ouro-tiny --device cuda --dtype bfloat16 --arms torch,exact,torch --concurrency 1,4 "
+        "--input-len 32 --output-len 16 --repeats 1 --no-live --kv-cache-gib 1"
+    ).split()
+    assert main([*args, "--result-dir", str(out)]) == 0
+    run = RunDir.open(out)
+    assert run.manifest["config"]["engine"]["cuda_graphs"] is True
+    recs = run.read_jsonl("requests.jsonl")
+    assert len(recs) == 3 * 5 and all(r["status"] == "ok" for r in recs)
+    summary = run.read_json("summary.json")
+    assert summary["exact_arm_mismatch"] is False, summary["exact_arm_mismatches"]
+    meta = run.read_jsonl("cell_meta.jsonl")
+    assert {m["max_decode_batch"] for m in meta if m["C"] == 4} == {4}
+    assert run.manifest["engine_stats"]["exact"]["graph_replays"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_session_prefix_hits(tmp_path):
+    out = tmp_path / "session"
+    args = (
+        "e2e --model ouro-tiny --device cuda --arms torch,exact --workload session --trace mooncake-tiny "
+        "--max-requests 16 --repeats 1 --no-live --kv-cache-gib 1"
+    ).split()
+    assert main([*args, "--result-dir", str(out)]) == 0
+    run = RunDir.open(out)
+    assert run.read_json("summary.json")["exact_arm_mismatch"] is False
+    assert all(r["status"] == "ok" for r in run.read_jsonl("requests.jsonl"))
+    assert all(c["measured_prefix_hit_rate"] is not None for c in run.read_json("cells.json"))
+
+
+def test_gpu_preset_flags_are_valid_on_cpu(tmp_path):
+    """The GPU script's preset with tiny overrides (last flag wins) runs on CPU: flag names stay valid."""
+    small = [
+        "--model",
+        "ouro-tiny",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--arms",
+        "torch",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup-requests",
+        "1",
+    ]
+    rc = main([*gpu_preset.argv("burst", str(tmp_path / "b")), *small])
+    assert rc == 0 and RunDir.open(tmp_path / "b").manifest["status"] == "complete"
+    rc = main(
+        [
+            *gpu_preset.argv("session", str(tmp_path / "s")),
+            *small,
+            "--trace",
+            "mooncake-tiny",
+            "--max-requests",
+            "4",
+        ]
+    )
+    assert rc == 0 and RunDir.open(tmp_path / "s").manifest["config"]["session"]["requests"] >= 1
