@@ -63,7 +63,8 @@ def rms_norm_approx_rows(
     interp = interpret_mode()
     block_c = triton.next_power_of_2(W)
     block_r = max(1, min(triton.next_power_of_2(R), 16384 // block_c)) if interp else 1
-    nw = 1 if interp else max(1, min(16, block_c // 512))
+    # warps as Liger's calculate_settings: 8 from 2048 columns, 16 from 8192 (16-byte loads per thread)
+    nw = 1 if interp else (16 if block_c >= 8192 else 8 if block_c >= 2048 else 4)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](

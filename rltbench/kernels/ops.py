@@ -12,17 +12,23 @@ grad disabled when any input requires grad (run models under torch.inference_mod
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 
+from rltbench.kernels import norm_onelaunch
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_approx import silu_mul_approx_rows
 from rltbench.kernels.act_exact import silu_mul_exact_rows
 from rltbench.kernels.layout import rows_view
 from rltbench.kernels.norm_approx import MAX_WIDTH, rms_norm_approx_rows
 from rltbench.kernels.norm_exact import rms_norm_exact_rows
+from rltbench.kernels.norm_onelaunch import (
+    residual_rms_norm_norm_onelaunch_rows,
+    rms_norm_onelaunch_rows,
+)
 from rltbench.kernels.rope_approx import rope_approx
 from rltbench.kernels.rope_exact import rope_exact
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
@@ -39,11 +45,14 @@ class OpStats:
         self.fused: Counter[str] = Counter()
         self.reference: Counter[str] = Counter()
         self.fallbacks: Counter[tuple[str, str]] = Counter()
+        # which exact norm path ran: "onelaunch" (validated single launch) or "3launch"
+        self.paths: Counter[tuple[str, str]] = Counter()
 
     def reset(self) -> None:
         self.fused.clear()
         self.reference.clear()
         self.fallbacks.clear()
+        self.paths.clear()
 
     def fallback_count(self, op: str | None = None, reason: str | None = None) -> int:
         return sum(
@@ -57,10 +66,15 @@ class OpStats:
         fb: dict[str, dict[str, int]] = {}
         for (op, reason), n in sorted(self.fallbacks.items()):
             fb.setdefault(op, {})[reason] = n
+        paths: dict[str, dict[str, int]] = {}
+        for (op, path), n in sorted(self.paths.items()):
+            paths.setdefault(op, {})[path] = n
         return {
             "fused": dict(sorted(self.fused.items())),
             "reference": dict(sorted(self.reference.items())),
             "fallbacks": fb,
+            "exact_norm_paths": paths,
+            "onelaunch_validation": norm_onelaunch.validation_report() if paths else None,
         }
 
 
@@ -93,9 +107,21 @@ def _common_reason(tensors: list[Tensor]) -> str | None:
 class Ops:
     """One arm's ops (method semantics = the functions in reference.py)."""
 
-    def __init__(self, selection: OpSelection) -> None:
+    def __init__(self, selection: OpSelection, onelaunch_norm: bool | None = None) -> None:
         self.selection = selection
         self.stats = OpStats()
+        # The exact norm runs in one launch where that kernel is validated bitwise against torch on
+        # this GPU/torch/dtype/width (rltbench.kernels.norm_onelaunch); else in 3 launches.
+        # RLTBENCH_NORM_ONELAUNCH=0 forces the 3-launch path.
+        if onelaunch_norm is None:
+            onelaunch_norm = os.environ.get("RLTBENCH_NORM_ONELAUNCH", "1") != "0"
+        self.onelaunch_norm = onelaunch_norm
+
+    def _use_onelaunch(self, op: str, x: Tensor) -> bool:
+        """Whether this exact norm call may take the one-launch kernel; records the path taken."""
+        ok = self.onelaunch_norm and norm_onelaunch.is_trusted(x)
+        self.stats.paths[(op, "onelaunch" if ok else "3launch")] += 1
+        return ok
 
     # -- routing -------------------------------------------------------------------------------------------
     def _impl(
@@ -148,7 +174,10 @@ class Ops:
         if impl is None:
             return reference()
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        fn = rms_norm_exact_rows if impl == "exact" else rms_norm_approx_rows
+        if impl == "exact":
+            fn = rms_norm_onelaunch_rows if self._use_onelaunch(op, x) else rms_norm_exact_rows
+        else:
+            fn = rms_norm_approx_rows
         fn(
             views["x"],
             w,
@@ -188,9 +217,37 @@ class Ops:
     def residual_rms_norm_norm(
         self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
-        """``h = residual + rms_norm(branch, w1)``, ``y = rms_norm(h, w2)`` (composed of the two ops)."""
+        """``h = residual + rms_norm(branch, w1)``, ``y = rms_norm(h, w2)``: one launch producing both
+        in the exact arm where the one-launch norm is validated, else the two ops composed."""
+        fused = self._norm_norm_fused(residual, branch, w1, w2, eps)
+        if fused is not None:
+            return fused
         h = self.residual_rms_norm(residual, branch, w1, eps)
         return h, self.rms_norm(h, w2, eps)
+
+    def _norm_norm_fused(
+        self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor] | None:
+        """The fused exact norm-add-norm when every condition holds (else None: compose)."""
+        sel = self.selection
+        if sel.norm != "exact" or not self.onelaunch_norm:
+            return None
+        if sel.scope == "graph" and not _capturing(branch):
+            return None
+        if _common_reason([residual, branch, w1, w2]) is not None or residual.shape != branch.shape:
+            return None
+        W = branch.shape[-1]
+        if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
+            return None
+        rv, bv = rows_view(residual), rows_view(branch)
+        if rv is None or bv is None or not norm_onelaunch.is_trusted(branch):
+            return None
+        h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
+        y = torch.empty_like(h)
+        residual_rms_norm_norm_onelaunch_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
+        self.stats.fused["residual_rms_norm_norm"] += 1
+        self.stats.paths[("residual_rms_norm_norm", "onelaunch")] += 1
+        return h, y
 
     # -- rope ----------------------------------------------------------------------------------------------
     def _rope(

@@ -132,3 +132,34 @@ def test_op_cases_shapes_bytes_and_errors() -> None:
         op_case("layernorm")
     with pytest.raises(UsageError):
         op_case("rope_neox").make_inputs(1, 100, torch.bfloat16, "cpu", g)
+
+
+def test_exact_norm_path_is_recorded_and_onelaunch_needs_trust(monkeypatch) -> None:
+    """CPU tensors are never trusted for the one-launch norm (torch CPU sums in another order), so
+    the exact arm takes the 3-launch path and says so; when trust is granted the one-launch kernels
+    are the ones called, norm-add-norm included."""
+    import rltbench.kernels.ops as ops_mod
+    from rltbench.kernels import OpSelection, make_ops
+
+    sel = OpSelection(norm="exact", rope="off", act="off", scope="all")
+    g = torch.Generator().manual_seed(3)
+    r, a = (torch.randn(4, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    w1, w2 = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
+    ops = make_ops(sel)
+    h, y = ops.residual_rms_norm_norm(r, a, w1, w2, 1e-6)
+    assert ops.stats.paths[("residual_rms_norm", "3launch")] == 1
+    assert ops.stats.paths[("rms_norm", "3launch")] == 1
+    assert ops.stats.to_dict()["exact_norm_paths"]["rms_norm"] == {"3launch": 1}
+
+    calls: list[str] = []
+    monkeypatch.setattr(ops_mod.norm_onelaunch, "is_trusted", lambda x: True)
+    monkeypatch.setattr(ops_mod, "rms_norm_onelaunch_rows", lambda *a, **k: calls.append("norm"))
+    monkeypatch.setattr(ops_mod, "residual_rms_norm_norm_onelaunch_rows", lambda *a, **k: calls.append("nn"))
+    ops2 = make_ops(sel)
+    ops2.rms_norm(a, w1, 1e-6)
+    ops2.residual_rms_norm_norm(r, a, w1, w2, 1e-6)
+    assert calls == ["norm", "nn"]
+    assert ops2.stats.paths[("residual_rms_norm_norm", "onelaunch")] == 1
+    off = ops_mod.Ops(sel, onelaunch_norm=False)
+    off.rms_norm(a, w1, 1e-6)
+    assert calls == ["norm", "nn"] and off.stats.paths[("rms_norm", "3launch")] == 1

@@ -1,0 +1,151 @@
+"""One-launch exact RMSNorm vs torch CUDA, bitwise (run with `pytest --run-gpu` on the GPU box).
+
+Budget: well under a minute on an H200 (about 20 Triton compiles; > 1e8 elements per dtype at
+widths 2048 and 5280 in batches of 8192 rows). Failures print which form / token count / dtype
+differed; the validation report is printed (-s) for the results.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rltbench.kernels import norm_onelaunch as nol
+from rltbench.kernels import reference as ref
+from rltbench.kernels import torch_reduce_model as trm
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+WIDTHS = [2048, 5280, 5632, 4096, 1000, 5633]
+TOKENS = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 127, 255, 257, 1000, 1025, 2048, 4099,
+          8192]
+
+
+@pytest.fixture(scope="module")
+def dev() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _adv(shape: tuple[int, int], dtype: torch.dtype, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
+    return nol._adversarial(shape, dtype, gen, dev)
+
+
+def _order(dev: torch.device, dtype: torch.dtype, width: int) -> str:
+    res = nol.validate(dev, dtype, width)
+    return res.warp_order or res.expected_warp_order
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_onelaunch_equals_torch_cuda_all_shapes(dev: torch.device, dtype: torch.dtype) -> None:
+    """Every width x token count: variance and output torch.equal to the torch expressions."""
+    gen = torch.Generator(device=dev).manual_seed(1)
+    bad = []
+    for W in WIDTHS:
+        order = _order(dev, dtype, W)
+        w = nol._weights(W, dtype, gen, dev)
+        for T in TOKENS:
+            x = _adv((T, W), dtype, gen, dev)
+            out = torch.empty_like(x)
+            var = torch.empty(T, device=dev)
+            nol.rms_norm_onelaunch_rows(x, w, EPS, out, var_out=var, warp_order=order)
+            if not torch.equal(var, x.float().pow(2).mean(-1)):
+                bad.append(("var", W, T))
+            if not torch.equal(out, ref.rms_norm(x, w, EPS)):
+                bad.append(("out", W, T))
+    assert not bad, f"{dtype}: differs from torch at (what, width, tokens) {bad[:10]} ({len(bad)} total)"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_onelaunch_bulk_1e8_elements(dev: torch.device, dtype: torch.dtype) -> None:
+    """>= 1e8 elements per width (2048, 5280) per dtype, 8192-row batches, variance + output."""
+    gen = torch.Generator(device=dev).manual_seed(2)
+    T = 8192
+    for W in (2048, 5280):
+        order = _order(dev, dtype, W)
+        w = nol._weights(W, dtype, gen, dev)
+        done, batch = 0, 0
+        while done < 100_000_000:
+            x = _adv((T, W), dtype, gen, dev)
+            out = torch.empty_like(x)
+            var = torch.empty(T, device=dev)
+            nol.rms_norm_onelaunch_rows(x, w, EPS, out, var_out=var, warp_order=order)
+            ok_var = torch.equal(var, x.float().pow(2).mean(-1))
+            ok_out = torch.equal(out, ref.rms_norm(x, w, EPS))
+            assert ok_var and ok_out, f"{dtype} width {W} batch {batch}: var equal {ok_var}, out {ok_out}"
+            done += x.numel()
+            batch += 1
+
+
+def test_all_forms_bf16(dev: torch.device) -> None:
+    """The five public forms at the models' widths, a few token counts, strided input rows."""
+    gen = torch.Generator(device=dev).manual_seed(3)
+    dt = torch.bfloat16
+    for W in (2048, 5280):
+        assert nol.validate(dev, dt, W).passed
+        w1, w2 = nol._weights(W, dt, gen, dev), nol._weights(W, dt, gen, dev)
+        for T in (1, 3, 16, 333):
+            big = _adv((T, W + 8), dt, gen, dev)
+            x = big[:, 5:5 + W]
+            r, b = _adv((T, W), dt, gen, dev), _adv((T, W), dt, gen, dev)
+            assert torch.equal(nol.rms_norm_onelaunch(x, w1, EPS), ref.rms_norm(x, w1, EPS))
+            assert torch.equal(nol.rms_norm_onelaunch(x, w1, EPS, "huginn"), ref.rms_norm_huginn(x, w1, EPS))
+            assert torch.equal(nol.residual_rms_norm_onelaunch(r, x, w1, EPS),
+                               ref.residual_rms_norm(r, x, w1, EPS))
+            assert torch.equal(nol.add_rms_norm_huginn_onelaunch(x, b, w1, EPS),
+                               ref.add_rms_norm_huginn(x, b, w1, EPS))
+            h, y = nol.residual_rms_norm_norm_onelaunch(r, x, w1, w2, EPS)
+            rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, EPS)
+            assert torch.equal(h, rh) and torch.equal(y, ry), (W, T)
+
+
+def test_trust_and_capture(dev: torch.device) -> None:
+    """is_trusted after prevalidate; inside a CUDA graph capture the kernel is captured and replays
+    to torch's bits; an unvalidated width is refused during capture (never validated there)."""
+    dt = torch.bfloat16
+    nol.prevalidate([2048], [dt], dev)
+    x = torch.randn(4, 2048, device=dev).to(dt)
+    w = torch.randn(2048, device=dev).to(dt)
+    assert nol.is_trusted(x)
+    out = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        nol.rms_norm_onelaunch_rows(x, w, EPS, out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    unvalidated = torch.randn(4, 3000, device=dev).to(dt)
+    with torch.cuda.graph(g):
+        trusted_in_capture = nol.is_trusted(x)
+        refused_in_capture = nol.untrusted_reason(unvalidated)
+        nol.rms_norm_onelaunch_rows(x, w, EPS, out)
+    x.copy_(torch.randn(4, 2048, device=dev).to(dt))
+    g.replay()
+    torch.cuda.synchronize()
+    assert trusted_in_capture and refused_in_capture == "not_prevalidated_before_capture"
+    assert torch.equal(out, ref.rms_norm(x, w, EPS))
+    assert not nol.is_trusted(torch.randn(4, 128, device=dev).to(dt))          # not vectorized by torch
+    assert nol.untrusted_reason(torch.randn(16, 8192, device=dev).to(dt)) == "plan_not_reproducible"
+
+
+def test_print_validation_report(dev: torch.device) -> None:
+    rep = nol.prevalidate([2048, 5280], DTYPES, dev)
+    print("\nONELAUNCH_VALIDATION " + json.dumps(rep, indent=1, default=str))
+    for r in rep["results"]:
+        if r["width"] in (2048, 5280) and r["device_name"] != "cpu":
+            assert r["passed"], r
+            assert r["warp_order"] == trm.default_warp_order(torch.__version__), r
+
+
+def test_bench_onelaunch_runs(dev: torch.device) -> None:
+    rows = nol.bench_onelaunch(calls=20, rounds=2, reps=5)
+    print("\n" + nol.format_bench(rows))
+    assert {r["arm"] for r in rows} == {"torch", "exact3", "onelaunch"}
+    assert all(r["equal_torch"] for r in rows)
+    one = [r for r in rows if r["arm"] == "onelaunch"]
+    assert all(r["kernels_per_call"] in (None, 1.0) for r in one), one
