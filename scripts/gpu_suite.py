@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,31 +29,251 @@ RLT = [PY, "-m", "rltbench.cli"]
 
 # name -> (time limit in seconds, command). Commands run from the repo root.
 STAGES: dict[str, tuple[int, list[str]]] = {
-    "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
-                 "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
-    "tests": (240, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                    "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
-    "kernels": (200, RLT + ["kernels", "--tokens", "1,8,128,4096", "--arms", "torch,exact,approx",
-                            "--dtypes", "bf16", "--mode", "graph", "--result-dir", str(RESULTS / "kernels")]),
-    "kernels-dtypes": (150, RLT + ["kernels", "--tokens", "1,128", "--arms", "torch,exact,approx",
-                                   "--dtypes", "fp16,fp32", "--mode", "graph",
-                                   "--result-dir", str(RESULTS / "kernels-dtypes")]),
-    "decode": (240, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--result-dir", str(RESULTS / "decode")]),
-    "profile": (240, RLT + ["profile", "--model", "ouro-1.4b", "--batch", "1", "--context", "512",
-                            "--arms", "torch,exact,approx", "--result-dir", str(RESULTS / "profile")]),
-    "e2e": (420, RLT + ["e2e", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact,approx",
-                        "--workload", "burst", "--concurrency", "1,8,32,128", "--input-len", "512",
-                        "--output-len", "128", "--repeats", "2", "--result-dir", str(RESULTS / "e2e")]),
-    "e2e-session": (240, RLT + ["e2e", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact",
-                                "--workload", "session", "--repeats", "1",
-                                "--result-dir", str(RESULTS / "e2e-session")]),
-    "gsm8k": (300, RLT + ["gsm8k", "--model", "ouro-1.4b", "--weights", "random", "--arms", "torch,exact,approx",
-                          "--limit", "87", "--result-dir", str(RESULTS / "gsm8k")]),
+    "env": (
+        60,
+        [
+            "bash",
+            "-c",
+            "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
+            "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'",
+        ],
+    ),
+    "tests": (
+        260,
+        [
+            PY,
+            "-m",
+            "pytest",
+            "-q",
+            "--run-gpu",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            "-rfE",
+            "--junitxml",
+            str(RESULTS / "tests" / "junit.xml"),
+            "tests",
+        ],
+    ),
+    "kernels": (
+        200,
+        RLT
+        + [
+            "kernels",
+            "--tokens",
+            "1,8,128,4096",
+            "--arms",
+            "torch,exact,approx",
+            "--dtypes",
+            "bf16",
+            "--mode",
+            "both",
+            "--repeats",
+            "50",
+            "--result-dir",
+            str(RESULTS / "kernels"),
+        ],
+    ),
+    "kernels-dtypes": (
+        150,
+        RLT
+        + [
+            "kernels",
+            "--tokens",
+            "1,128",
+            "--arms",
+            "torch,exact,approx",
+            "--dtypes",
+            "fp16,fp32",
+            "--mode",
+            "graph",
+            "--repeats",
+            "30",
+            "--result-dir",
+            str(RESULTS / "kernels-dtypes"),
+        ],
+    ),
+    "onelaunch": (
+        120,
+        [
+            PY,
+            "-c",
+            "import json, pathlib; from rltbench.kernels.norm_onelaunch import "
+            "bench_onelaunch, format_bench, validation_report; rows = bench_onelaunch(); "
+            "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
+            "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
+            "'validation': validation_report()}, indent=1, default=str))",
+        ],
+    ),
+    "norm-tune": (
+        90,
+        [
+            "bash",
+            "-c",
+            " && ".join(
+                f"RLTBENCH_APPROX_NORM_ROWS={r} {' '.join(RLT)} kernels --ops rmsnorm,rmsnorm_huginn "
+                f"--tokens 4096 --arms torch,approx --dtypes bf16 --mode graph --repeats 30 "
+                f"--result-dir {RESULTS / 'norm-tune'}/rows{r}"
+                for r in (1, 2, 4)
+            ),
+        ],
+    ),
+    "decode": (
+        240,
+        [
+            PY,
+            str(ROOT / "scripts" / "decode_steps.py"),
+            "--iters",
+            "60",
+            "--result-dir",
+            str(RESULTS / "decode"),
+        ],
+    ),
+    "profile": (
+        200,
+        RLT
+        + [
+            "profile",
+            "--model",
+            "ouro-1.4b",
+            "--batch",
+            "1",
+            "--context",
+            "512",
+            "--arms",
+            "torch,exact,approx",
+            "--iters",
+            "100",
+            "--result-dir",
+            str(RESULTS / "profile"),
+        ],
+    ),
+    "e2e": (
+        330,
+        RLT
+        + [
+            "e2e",
+            "--model",
+            "ouro-1.4b",
+            "--weights",
+            "random",
+            "--arms",
+            "torch,exact,approx,torch",
+            "--workload",
+            "burst",
+            "--concurrency",
+            "1,8,32,128",
+            "--input-len",
+            "512",
+            "--output-len",
+            "128",
+            "--repeats",
+            "2",
+            "--seed",
+            "0",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cuda",
+            "--deadline",
+            "310",
+            "--no-live",
+            "--result-dir",
+            str(RESULTS / "e2e"),
+        ],
+    ),
+    "e2e-session": (
+        200,
+        RLT
+        + [
+            "e2e",
+            "--model",
+            "ouro-1.4b",
+            "--weights",
+            "random",
+            "--arms",
+            "torch,exact",
+            "--workload",
+            "session",
+            "--trace",
+            "mooncake-h200",
+            "--max-requests",
+            "100",
+            "--repeats",
+            "1",
+            "--seed",
+            "0",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cuda",
+            "--deadline",
+            "180",
+            "--no-live",
+            "--result-dir",
+            str(RESULTS / "e2e-session"),
+        ],
+    ),
+    "gsm8k": (
+        200,
+        RLT
+        + [
+            "gsm8k",
+            "--model",
+            "ouro-1.4b",
+            "--weights",
+            "random",
+            "--arms",
+            "torch,exact,approx",
+            "--gate",
+            "1.0",
+            "--limit",
+            "87",
+            "--max-gen-toks",
+            "256",
+            "--batch-size",
+            "32",
+            "--device",
+            "cuda",
+            "--result-dir",
+            str(RESULTS / "gsm8k"),
+        ],
+    ),
 }
+
+
+def install_carried_wheels() -> None:
+    """The GPU box has no network: lm-eval and its few missing dependencies travel as wheels in
+    .whl/ (see README, "GPU runs"); install them into /tmp/site when lm_eval is not importable."""
+    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        if wheels:
+            subprocess.run(
+                [
+                    PY,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--target",
+                    "/tmp/site",
+                    *map(str, wheels),
+                ],
+                check=False,
+            )
+            os.environ["PYTHONPATH"] = f"/tmp/site:{os.environ.get('PYTHONPATH', '')}"
 
 
 def run_stage(name: str, limit: int, cmd: list[str]) -> dict:
     out_dir = RESULTS / name
+    if out_dir.exists():  # a stage's directory holds one run: never mix rows of two runs
+        shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "stage.log"
     t0 = time.time()
@@ -86,6 +307,7 @@ def main() -> int:
         print(f"unknown stage(s): {', '.join(unknown)}; see --list", file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
+    install_carried_wheels()
     summary_path = RESULTS / "suite.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"runs": []}
     for name in names:

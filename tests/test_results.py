@@ -16,7 +16,7 @@ from rltbench.results.rundir import default_run_path
 
 
 def test_create_writes_manifest_with_provenance(tmp_path: Path) -> None:
-    run = RunDir.create("kernels", tmp_path / "run", argv=["rltbench", "kernels", "--tokens", "1"],
+    RunDir.create("kernels", tmp_path / "run", argv=["rltbench", "kernels", "--tokens", "1"],
                         config={"arms": ["torch", "exact"], "selection": {"norm": "exact"}})
     mf = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert mf["command"] == "kernels"

@@ -4,6 +4,8 @@ fp64 oracle (oracle.py). Rows must fit one tile (width <= MAX_WIDTH; Ops falls b
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -48,6 +50,13 @@ def _rms_norm_approx_kernel(
     store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
 
 
+def _rows_per_program() -> int:
+    rows = int(os.environ.get("RLTBENCH_APPROX_NORM_ROWS", "1"))
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"RLTBENCH_APPROX_NORM_ROWS must be a power of two, got {rows}")
+    return rows
+
+
 def rms_norm_approx_rows(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -62,9 +71,14 @@ def rms_norm_approx_rows(
         return
     interp = interpret_mode()
     block_c = triton.next_power_of_2(W)
-    block_r = max(1, min(triton.next_power_of_2(R), 16384 // block_c)) if interp else 1
-    # warps as Liger's calculate_settings: 8 from 2048 columns, 16 from 8192 (16-byte loads per thread)
-    nw = 1 if interp else (16 if block_c >= 8192 else 8 if block_c >= 2048 else 4)
+    if interp:
+        block_r, nw = max(1, min(triton.next_power_of_2(R), 16384 // block_c)), 1
+    else:
+        # rows per program: 1 by default; RLTBENCH_APPROX_NORM_ROWS (a power of two) is the tuning knob
+        # the GPU suite's norm-tune stage sweeps. Warps as Liger's calculate_settings, per tile.
+        block_r = min(_rows_per_program(), triton.next_power_of_2(R))
+        tile = block_r * block_c
+        nw = 16 if tile >= 8192 else 8 if tile >= 2048 else 4
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](

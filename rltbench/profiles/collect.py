@@ -63,12 +63,22 @@ def build_model(spec: ProfileSpec, device: str) -> Any:
     return model
 
 
+def decode_tokens(spec: ProfileSpec) -> int:
+    """Decode steps one request must live through: the profiled engine steps, plus on CPU the timed
+    eager steps (`iters`), which are real engine steps there (GPU timing replays a benchmark graph).
+
+    The engine caps a request at max_model_len; a request that finished early turns the remaining
+    steps into no-ops that time ~0 and profile no op, so the pool must be sized for all of them.
+    """
+    return spec.steps + (spec.iters if spec.cpu else 0)
+
+
 def build_engine(model: Any, spec: ProfileSpec) -> Any:
     from rltbench.engine import Engine, EngineConfig
     from rltbench.kernels import ARMS
 
     block = 16
-    max_len = spec.context + max(64, spec.steps + 16)
+    max_len = spec.context + max(64, decode_tokens(spec) + 16)
     blocks_per_seq = -(-max_len // block)
     cfg = EngineConfig(
         block_size=block,
@@ -105,6 +115,17 @@ def _start_decode(eng: Any, spec: ProfileSpec, vocab: int, extra_steps: int) -> 
             break
     eng.step()  # one decode step outside any measurement (captures the bucket's graph if needed)
     return ids
+
+
+def _decode_step(eng: Any, ids: Sequence[str]) -> None:
+    """One engine step that must decode a token for every request in `ids` (never a silent no-op)."""
+    got = {ev.request_id for ev in eng.step() if ev.token_ids}
+    missing = [rid for rid in ids if rid not in got]
+    if missing:
+        raise RuntimeError(
+            f"decode step produced no token for {len(missing)} of {len(ids)} requests "
+            "(finished early? the engine must be sized for every measured step)"
+        )
 
 
 def _finish(eng: Any, ids: Sequence[str]) -> None:
@@ -223,16 +244,16 @@ def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[s
     from rltbench.profiles.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
 
     eng.set_arm(arm)
-    ids = _start_decode(eng, spec, vocab, spec.steps + spec.iters)
+    ids = _start_decode(eng, spec, vocab, decode_tokens(spec))
     try:
         wall = []
         for _ in range(spec.iters):
             t0 = time.perf_counter()
-            eng.step()
+            _decode_step(eng, ids)
             wall.append((time.perf_counter() - t0) * 1e6)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(spec.steps):
-                eng.step()
+                _decode_step(eng, ids)
         ops = cpu_leaf_ops(prof.events())
     finally:
         _finish(eng, ids)

@@ -30,6 +30,9 @@ def git_info() -> dict[str, Any]:
     """The git sha of the rltbench checkout (and whether the tree had uncommitted changes)."""
     here = str(Path(__file__).resolve().parent)
     sha = _run(["git", "rev-parse", "HEAD"], cwd=here)
+    if sha is None and os.environ.get("RLTBENCH_GIT_SHA"):
+        # a copy of the tree without history (e.g. a lent GPU box): the launcher passes the sha
+        return {"git_sha": os.environ["RLTBENCH_GIT_SHA"], "git_dirty": None}
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here)
     return {"git_sha": sha, "git_dirty": bool(dirty) if sha else None}
 

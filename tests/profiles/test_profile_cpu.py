@@ -1,0 +1,89 @@
+"""CPU: `rltbench profile --cpu` must measure real decode steps (regression: every arm showed 0 ops/step
+and a 0 ms median because the engine capped the request at max_model_len before the timed and
+profiled steps ran, so they were no-ops)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from rltbench.profiles.collect import (
+    ProfileSpec,
+    _decode_step,
+    _start_decode,
+    build_engine,
+    build_model,
+    decode_tokens,
+    run_profile,
+)
+from rltbench.profiles.report import _step_ms
+
+# More timed steps than the old pool sizing (context + 64) allowed: the bug shows as 0 ops and median 0.
+ITERS = 140
+STEPS = 2
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core runner, OpenMP spin-waits can make steps ~100x slower."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _spec(arms: list[str], iters: int = ITERS, cpu: bool = True) -> ProfileSpec:
+    return ProfileSpec(
+        model="ouro-tiny",
+        weights=None,
+        dtype=torch.float32,
+        batch=1,
+        context=32,
+        arms=arms,
+        iters=iters,
+        rounds=1,
+        replays=1,
+        steps=STEPS,
+        cpu=cpu,
+    )
+
+
+def test_cpu_profile_counts_ops_and_times_steps(one_thread: None) -> None:
+    out = run_profile(_spec(["torch", "approx"]), log=lambda m: None)
+    assert out["mode"] == "cpu"
+    for arm, res in out["arms"].items():
+        assert res["cpu_ops_per_step"] > 0, arm
+        assert res["kernels_per_step"] == res["cpu_ops_per_step"]
+        assert len(res["wall_us"]) == ITERS and min(res["wall_us"]) > 0, arm
+        med, p10, _p90 = _step_ms(res, "cpu")
+        assert med > 0 and p10 > 0, arm
+    torch_arm = out["arms"]["torch"]
+    gemm = {r["class"]: r["count"] for r in torch_arm["classes"]}["gemm"]
+    assert gemm > 0, "the torch arm's decode step has no matmul op"
+    names = {r["name"] for r in torch_arm["top_kernels"]}
+    assert names & {"aten::mm", "aten::addmm", "aten::bmm"}, names
+
+
+def test_engine_is_sized_for_every_measured_step() -> None:
+    assert decode_tokens(_spec(["torch"], iters=500)) == 500 + STEPS
+    assert decode_tokens(_spec(["torch"], iters=500, cpu=False)) == STEPS  # GPU times graph replays
+    spec = _spec(["torch"], iters=300)
+    eng = build_engine(build_model(spec, "cpu"), spec)
+    # prefill token + one warm-up step + every timed and profiled step must fit
+    assert eng.max_model_len >= spec.context + decode_tokens(spec) + 2
+
+
+def test_decode_step_refuses_a_noop_step(one_thread: None) -> None:
+    spec = _spec(["torch"], iters=1)
+    model = build_model(spec, "cpu")
+    eng = build_engine(model, spec)
+    eng.set_arm("torch")
+    ids = _start_decode(eng, spec, int(model.config.vocab_size), 4)
+    _decode_step(eng, ids)  # a live request decodes
+    eng.abort_request(ids[0])
+    with pytest.raises(RuntimeError, match="no token"):
+        _decode_step(eng, ids)
