@@ -46,9 +46,19 @@ def _by_key(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 
 def identity(
-    records: list[dict[str, Any]], ref: str, exact_arms: set[str] = frozenset()
+    records: list[dict[str, Any]],
+    ref: str,
+    exact_arms: set[str] = frozenset(),
+    batches_deterministic: bool = True,
 ) -> list[dict[str, Any]]:
-    """Per arm and cell: identical / compared requests, first divergences, a loud flag for exact arms."""
+    """Per arm and cell: identical / compared requests, first divergences, a loud flag for exact arms.
+
+    Greedy outputs are not batch-invariant (GEMM and attention kernels are chosen per batch
+    shape). In a burst every arm sees the same batches, so any exact-arm divergence is a bug
+    (`exact_mismatch`). In a session replay requests arrive on the wall clock, so batch
+    composition depends on each arm's speed: there an exact-arm divergence is a bug only when the
+    exact arm matches torch less often than torch matches itself (the A/A arm of the same cell);
+    without an A/A arm it is reported as unverified (`exact_unverified`), never silently passed."""
     idx = _by_key(records)
     groups: dict[tuple, list[int | None]] = defaultdict(list)
     missing: dict[tuple, int] = defaultdict(int)
@@ -77,7 +87,17 @@ def identity(
         }
         row["identity"] = row["identical"] / row["compared"] if row["compared"] else None
         row["exact_mismatch"] = bool(arm in exact_arms and diff)
+        row["exact_unverified"] = False
+        row["batches_deterministic"] = batches_deterministic
         rows.append(row)
+    if not batches_deterministic:
+        aa = {r["cell"]: r["identity"] for r in rows if r["aa"] and r["identity"] is not None}
+        for row in rows:
+            if row["exact_mismatch"]:
+                base = aa.get(row["cell"])
+                row["aa_identity"] = base
+                row["exact_mismatch"] = base is not None and row["identity"] < base
+                row["exact_unverified"] = base is None
     return rows
 
 

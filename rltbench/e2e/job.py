@@ -331,6 +331,12 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     con = display.console
     s = a["summary"]
     for r in a["identity"]:
+        if r.get("exact_unverified"):
+            con.print(
+                f"[yellow]exact arm {r['arm']} {r['cell']}: {r['identical']}/{r['compared']} identical to "
+                f"{a['ref']}; session batches depend on timing, so without an A/A arm this cannot tell a "
+                f"kernel bug from batch effects (run with --arms {a['ref']},exact,{a['ref']})[/]"
+            )
         if r["exact_mismatch"]:
             con.print(
                 f"[bold red]EXACT ARM MISMATCH: {r['arm']} {r['cell']}: {r['identical']}/{r['compared']} "

@@ -168,5 +168,6 @@ def _display_row(
         divs = idents.get((arm, cell.name), [])
         same = sum(d is None for d in divs)
         row["identity"] = f"{same}/{len(divs)}" if divs else "-"
-        row["exact_mismatch"] = arm in plan.exact_arms and same < len(divs)
+        # live view: loud only where batches are identical across arms (bursts); see compare.identity
+        row["exact_mismatch"] = plan.workload == "burst" and arm in plan.exact_arms and same < len(divs)
     return row

@@ -58,6 +58,28 @@ def test_identity_flags_exact_mismatch_with_first_divergence():
     assert clean["exact"]["identity"] == 1.0 and not clean["exact"]["exact_mismatch"]
 
 
+def test_session_identity_is_judged_against_the_aa_baseline():
+    """Sessions batch by arrival time, so batches differ per arm: an exact divergence is a bug only
+    beyond the A/A divergence of the same cell, and unverified without an A/A arm."""
+    recs = _records(diverge_exact=True)  # exact: 3/6 identical
+    for r in recs:  # the A/A arm diverges on one request
+        if r["arm"] == "torch#2" and r["rep"] == 0 and r["request"] == 0:
+            r["token_ids"] = [0, 0, 5, 9]
+    rows = {r["arm"]: r for r in identity(recs, "torch", {"exact"}, batches_deterministic=False)}
+    assert rows["torch#2"]["identity"] == pytest.approx(5 / 6)
+    assert rows["exact"]["exact_mismatch"] is True  # 3/6 < 5/6: worse than batch effects explain
+    for r in recs:
+        if r["arm"] == "torch#2":
+            r["token_ids"] = [9, 9, 9, 9]  # A/A never identical: batch effects dominate
+    rows = {r["arm"]: r for r in identity(recs, "torch", {"exact"}, batches_deterministic=False)}
+    assert rows["exact"]["exact_mismatch"] is False and rows["exact"]["aa_identity"] == 0.0
+    no_aa = [r for r in recs if r["arm"] != "torch#2"]
+    rows = {r["arm"]: r for r in identity(no_aa, "torch", {"exact"}, batches_deterministic=False)}
+    assert rows["exact"]["exact_mismatch"] is False and rows["exact"]["exact_unverified"] is True
+    burst = {r["arm"]: r for r in identity(no_aa, "torch", {"exact"})}
+    assert burst["exact"]["exact_mismatch"] is True and not burst["exact"]["exact_unverified"]
+
+
 def test_paired_deltas_exact_speedup_and_aa_tie():
     recs = _records(speed=0.5)
     cells = compute_cells(recs)
