@@ -104,6 +104,11 @@ def _common_reason(tensors: list[Tensor]) -> str | None:
     return None
 
 
+# Widths above this use the one-launch exact norm only from this many rows (see _use_onelaunch).
+ONELAUNCH_WIDE_ROW = 4096
+ONELAUNCH_WIDE_MIN_ROWS = 128
+
+
 class Ops:
     """One arm's ops (method semantics = the functions in reference.py)."""
 
@@ -118,8 +123,14 @@ class Ops:
         self.onelaunch_norm = onelaunch_norm
 
     def _use_onelaunch(self, op: str, x: Tensor) -> bool:
-        """Whether this exact norm call may take the one-launch kernel; records the path taken."""
-        ok = self.onelaunch_norm and norm_onelaunch.is_trusted(x)
+        """Whether this exact norm call may take the one-launch kernel; records the path taken.
+
+        The one-launch kernel follows torch's per-row reduction order, one program per row, so for
+        wide rows and few tokens it is slower than the 3-launch path (H200, results/gpu/kernels:
+        width 5280, T=1: 8.6 us one launch vs 6.0 us three); there the 3-launch path runs."""
+        rows = x.numel() // max(1, x.shape[-1])
+        fast_enough = x.shape[-1] <= ONELAUNCH_WIDE_ROW or rows >= ONELAUNCH_WIDE_MIN_ROWS
+        ok = self.onelaunch_norm and fast_enough and norm_onelaunch.is_trusted(x)
         self.stats.paths[(op, "onelaunch" if ok else "3launch")] += 1
         return ok
 
@@ -240,6 +251,8 @@ class Ops:
         if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
             return None
         rv, bv = rows_view(residual), rows_view(branch)
+        if W > ONELAUNCH_WIDE_ROW and branch.numel() // W < ONELAUNCH_WIDE_MIN_ROWS:
+            return None
         if rv is None or bv is None or not norm_onelaunch.is_trusted(branch):
             return None
         h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)

@@ -163,3 +163,24 @@ def test_exact_norm_path_is_recorded_and_onelaunch_needs_trust(monkeypatch) -> N
     off = ops_mod.Ops(sel, onelaunch_norm=False)
     off.rms_norm(a, w1, 1e-6)
     assert calls == ["norm", "nn"] and off.stats.paths[("rms_norm", "3launch")] == 1
+
+
+def test_wide_rows_with_few_tokens_keep_the_3_launch_exact_norm(monkeypatch) -> None:
+    """For rows wider than ONELAUNCH_WIDE_ROW the one-launch norm (one program per row, torch's
+    order) is slower than three launches at small T, so it is used only from ONELAUNCH_WIDE_MIN_ROWS."""
+    import rltbench.kernels.ops as ops_mod
+    from rltbench.kernels import OpSelection, make_ops
+
+    calls: list[int] = []
+    monkeypatch.setattr(ops_mod.norm_onelaunch, "is_trusted", lambda x: True)
+    monkeypatch.setattr(ops_mod, "rms_norm_onelaunch_rows", lambda x, *a, **k: calls.append(x.shape[0]))
+    ops = make_ops(OpSelection(norm="exact", rope="off", act="off", scope="all"))
+    W = ops_mod.ONELAUNCH_WIDE_ROW + 8
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(W, generator=g).to(torch.bfloat16)
+    few = torch.randn(2, W, generator=g).to(torch.bfloat16)
+    ops.rms_norm(few, w, 1e-6)  # runs the real 3-launch kernels through the interpreter
+    assert calls == [] and ops.stats.paths[("rms_norm", "3launch")] == 1
+    many = torch.randn(ops_mod.ONELAUNCH_WIDE_MIN_ROWS, W, generator=g).to(torch.bfloat16)
+    ops.rms_norm(many, w, 1e-6)
+    assert calls == [ops_mod.ONELAUNCH_WIDE_MIN_ROWS] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
