@@ -95,6 +95,23 @@ def report_command(
     render(run.path)
 
 
+def _click_kind(exc: Exception) -> str | None:
+    """Classify click's exceptions, whether typer uses the click package or (typer >= 0.20) its own
+    vendored copy, so a bad option value is one usage line and exit 2 with either."""
+    for mod_name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        if isinstance(exc, mod.ClickException):
+            return "usage"
+        if isinstance(exc, mod.Exit):
+            return "exit"
+        if isinstance(exc, mod.Abort):
+            return "abort"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, map UsageError to one line + exit 2."""
     try:
@@ -108,14 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click usage errors and typer exits
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show(file=sys.stderr)
+        kind = _click_kind(exc)
+        if kind == "usage":
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            err_console.print(f"[bold red]error:[/] {exc.format_message()}{hint}", highlight=False,
+                              soft_wrap=True)
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Exit):
+        if kind == "exit":
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+        if kind == "abort":
             err_console.print("[yellow]aborted[/]")
             return 130
         raise

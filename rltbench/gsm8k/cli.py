@@ -56,6 +56,11 @@ def parse_arms(arms: str | None, backend: str, arm_urls: dict[str, str]) -> list
         if arm_urls:
             raise UsageError("--arm NAME=URL is for --backend openai")
         names = [a.strip() for a in (arms or DEFAULT_ARMS).split(",") if a.strip()]
+        from rltbench.kernels import ARMS
+
+        unknown = [a for a in names if a not in ARMS]
+        if unknown:  # before any model or tokenizer work
+            raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
     if len(set(names)) != len(names):
         raise UsageError(f"--arms lists an arm twice: {','.join(names)}")
     if report.REFERENCE_ARM not in names:

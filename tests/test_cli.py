@@ -1,0 +1,30 @@
+"""The console-script entry point: user errors are one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltbench.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["gsm8k", "--gate", "abc"], "--gate"),
+        (["e2e", "--bogus-flag"], "--bogus-flag"),
+        (["kernels", "--tokens", "0"], "--tokens"),
+        (["report", "/nonexistent/run"], "not an rltbench run directory"),
+        (["profile", "--model", "nope", "--cpu"], "nope"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_help_exits_0(capsys) -> None:
+    assert main(["--help"]) == 0
+    assert "kernels" in capsys.readouterr().out
