@@ -8,8 +8,15 @@ kernel runs on CPU tensors.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# Triton decides between interpreter and GPU when a kernel is defined, i.e. at import. Conftests
+# of the folders named on the command line are imported before pytest_configure runs, so decide
+# here, at import of this root conftest, which pytest loads first.
+if "--run-gpu" not in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -22,6 +22,7 @@ CUDA tensors and torch elsewhere; tests force ``impl="triton"`` on CPU under ``T
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -397,29 +398,28 @@ def _decode_triton(
 # --------------------------------------------------------------------------------------------------
 
 
-def paged_prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+@dataclass(frozen=True)
+class PrefillRow:
+    """One row of a prefill step, resolved on the host once and shared by every KV plane."""
+
+    start: int  # first query index in q
+    end: int  # one past the last
+    length: int  # cached tokens the queries attend to (context + chunk)
+    blocks: torch.Tensor  # int64 [ceil(length / block_size)] block indices
+    mask: torch.Tensor  # bool [n, length]: key position <= query position
+
+
+def prefill_plan(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention for chunked prefill (also fine for decode rows with one query).
-
-    q ``[N, Hq, D]``: row b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]`` at positions
-    ``context_lens[b] + i``; each attends to cached positions ``<=`` its own (the chunk's K/V are
-    already written, so ``context_lens[b] + n_b <= seq_lens[b]``). query_start_loc int32 ``[B+1]``,
-    context_lens/seq_lens int32 ``[B]``. Returns ``[N, Hq, D]`` in q's dtype.
-
-    Torch implementation (per-row gather + SDPA with an explicit causal mask); it reads the row
-    metadata on the host, so it is not CUDA-graph capturable (prefill is never captured).
-    """
-    nb, bs, hkv, d = _check_cache(k_cache, v_cache)
-    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
-        raise ValueError(f"q must be [N, Hq, {d}] with Hq a multiple of {hkv}, got {tuple(q.shape)}")
+    block_size: int,
+    num_queries: int,
+) -> list[PrefillRow]:
+    """Read a prefill step's row metadata on the host (three syncs) and build the per-row block
+    indices and causal masks. The model calls attention once per KV plane (96 for Ouro-1.4B), so
+    the engine builds this once per step instead of once per plane."""
     b = block_tables.shape[0]
     if query_start_loc.shape != (b + 1,) or context_lens.shape != (b,) or seq_lens.shape != (b,):
         raise ValueError(
@@ -429,33 +429,69 @@ def paged_prefill_attention(
     qsl = query_start_loc.tolist()
     ctx = context_lens.tolist()
     lens = seq_lens.tolist()
-    if qsl[0] != 0 or qsl[-1] != q.shape[0] or any(qsl[i] > qsl[i + 1] for i in range(b)):
-        raise ValueError(f"query_start_loc must rise from 0 to N={q.shape[0]}, got {qsl}")
-    hq = q.shape[1]
-    out = torch.zeros_like(q)
+    if qsl[0] != 0 or qsl[-1] != num_queries or any(qsl[i] > qsl[i + 1] for i in range(b)):
+        raise ValueError(f"query_start_loc must rise from 0 to N={num_queries}, got {qsl}")
+    rows = []
+    device = block_tables.device
     for r in range(b):
         s, e = qsl[r], qsl[r + 1]
         n = e - s
         if n == 0:
             continue
         length = ctx[r] + n
-        if ctx[r] < 0 or length > lens[r] or -(-length // bs) > block_tables.shape[1]:
+        nblk = -(-length // block_size)
+        if ctx[r] < 0 or length > lens[r] or nblk > block_tables.shape[1]:
             raise ValueError(
                 f"row {r}: context {ctx[r]} + {n} queries exceeds seq_len {lens[r]} or its block table"
             )
-        nblk = -(-length // bs)
-        blocks = block_tables[r, :nblk].to(torch.int64)
-        k = k_cache[blocks].reshape(nblk * bs, hkv, d)[:length]
-        v = v_cache[blocks].reshape(nblk * bs, hkv, d)[:length]
-        qpos = torch.arange(ctx[r], length, device=q.device)
-        kpos = torch.arange(length, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]  # [n, length]
-        qh = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        qpos = torch.arange(ctx[r], length, device=device)
+        kpos = torch.arange(length, device=device)
+        rows.append(
+            PrefillRow(s, e, length, block_tables[r, :nblk].to(torch.int64), kpos[None, :] <= qpos[:, None])
+        )
+    return rows
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    plan: list[PrefillRow] | None = None,
+) -> torch.Tensor:
+    """Causal attention for chunked prefill (also fine for decode rows with one query).
+
+    q ``[N, Hq, D]``: row b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]`` at positions
+    ``context_lens[b] + i``; each attends to cached positions ``<=`` its own (the chunk's K/V are
+    already written, so ``context_lens[b] + n_b <= seq_lens[b]``). query_start_loc int32 ``[B+1]``,
+    context_lens/seq_lens int32 ``[B]``. Returns ``[N, Hq, D]`` in q's dtype. `plan` (from
+    `prefill_plan`) skips the host reads when the caller attends over many planes with one step's
+    metadata.
+
+    Torch implementation (per-row gather + SDPA with an explicit causal mask); it reads the row
+    metadata on the host, so it is not CUDA-graph capturable (prefill is never captured).
+    """
+    nb, bs, hkv, d = _check_cache(k_cache, v_cache)
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
+        raise ValueError(f"q must be [N, Hq, {d}] with Hq a multiple of {hkv}, got {tuple(q.shape)}")
+    if plan is None:
+        plan = prefill_plan(block_tables, seq_lens, query_start_loc, context_lens, bs, q.shape[0])
+    hq = q.shape[1]
+    out = torch.zeros_like(q)
+    for row in plan:
+        nblk = row.blocks.shape[0]
+        k = k_cache[row.blocks].reshape(nblk * bs, hkv, d)[: row.length]
+        v = v_cache[row.blocks].reshape(nblk * bs, hkv, d)[: row.length]
+        qh = q[row.start : row.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         kh = k.transpose(0, 1).unsqueeze(0)
         vh = v.transpose(0, 1).unsqueeze(0)
         if hq != hkv:
             kh = kh.repeat_interleave(hq // hkv, dim=1)
             vh = vh.repeat_interleave(hq // hkv, dim=1)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-        out[s:e] = o[0].transpose(0, 1)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=row.mask, scale=scale)
+        out[row.start : row.end] = o[0].transpose(0, 1)
     return out

@@ -7,7 +7,7 @@ do no host work: decode metadata lives in static device tensors that a CUDA grap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ class PagedAttentionContext:
     query_start_loc: Tensor | None = None  # int32 [B+1] (prefill)
     context_lens: Tensor | None = None  # int32 [B] tokens cached before this chunk (prefill)
     max_seq_len_hint: int | None = None
+    _prefill_plan: list[_attn.PrefillRow] | None = field(default=None, repr=False)
 
     @property
     def is_prefill(self) -> bool:
@@ -42,6 +43,15 @@ class PagedAttentionContext:
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, scale, self.max_seq_len_hint
             )
         assert self.context_lens is not None
+        if self._prefill_plan is None:  # host reads once per step, not once per plane
+            self._prefill_plan = _attn.prefill_plan(
+                self.block_tables,
+                self.seq_lens,
+                self.query_start_loc,
+                self.context_lens,
+                k_cache.shape[1],
+                q.shape[0],
+            )
         return _attn.paged_prefill_attention(
             q,
             k_cache,
@@ -51,6 +61,7 @@ class PagedAttentionContext:
             self.query_start_loc,
             self.context_lens,
             scale,
+            plan=self._prefill_plan,
         )
 
 

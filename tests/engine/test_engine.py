@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import prompts, torch_ops
 
 from rltbench.engine import Engine, EngineConfig, EngineRequestError, SamplingParams
 from rltbench.errors import UsageError
+from tests.engine.engine_testutil import prompts, torch_ops
 
 # Lengths around the block size 4: 1 token, exact blocks, one past a block, long enough to chunk.
 LENGTHS = [5, 1, 8, 13, 4, 9]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import prompts
 
 from rltbench.engine import Engine, EngineConfig, SamplingParams
+from tests.engine.engine_testutil import prompts
 
 pytestmark = pytest.mark.gpu
 
