@@ -44,6 +44,20 @@ def test_mixed_batch_equals_plain_generate(family, ouro_tiny, huginn_tiny, ops):
     assert_idle_and_free(eng)
 
 
+def test_prefill_metadata_is_read_once_per_step_not_per_plane(ouro_tiny, ops, monkeypatch):
+    """The model attends once per KV plane; the step's row plan (host reads) is built once."""
+    from rltbench.engine import attention
+
+    calls = []
+    real = attention.prefill_plan
+    monkeypatch.setattr(attention, "prefill_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    eng = make_engine(ouro_tiny, ops, max_num_batched_tokens=4096, enable_prefix_caching=False)
+    run(eng, prompts(5, [9, 6]), max_tokens=2)
+    assert ouro_tiny.config.num_kv_planes > 1
+    assert len(calls) == eng.stats()["prefill_steps"] == 1
+    assert_idle_and_free(eng)
+
+
 def test_chunked_prefill_equals_unchunked(ouro_tiny, ops):
     ps = prompts(2, [23, 7, 16])
     a = make_engine(ouro_tiny, ops, max_num_batched_tokens=3, enable_prefix_caching=False)
