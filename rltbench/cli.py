@@ -93,22 +93,26 @@ def report_command(
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")
     render = _load(*RENDERERS[run.command])
     render(run.path)
+    err_console.print(f"re-rendered {run.path} from its raw files", highlight=False)
 
 
 def _click_kind(exc: Exception) -> str | None:
     """Classify click's exceptions, whether typer uses the click package or (typer >= 0.20) its own
     vendored copy, so a bad option value is one usage line and exit 2 with either."""
+    exits = [getattr(typer, "Exit", None)]
+    aborts = [getattr(typer, "Abort", None)]
+    usages = []
     for mod_name in ("typer._click.exceptions", "click.exceptions"):
         try:
             mod = importlib.import_module(mod_name)
         except ImportError:
             continue
-        if isinstance(exc, mod.ClickException):
-            return "usage"
-        if isinstance(exc, mod.Exit):
-            return "exit"
-        if isinstance(exc, mod.Abort):
-            return "abort"
+        usages.append(getattr(mod, "ClickException", None))
+        exits.append(getattr(mod, "Exit", None))
+        aborts.append(getattr(mod, "Abort", None))
+    for kind, classes in (("usage", usages), ("exit", exits), ("abort", aborts)):
+        if any(c is not None and isinstance(exc, c) for c in classes):
+            return kind
     return None
 
 

@@ -28,3 +28,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys) -> None:
 def test_help_exits_0(capsys) -> None:
     assert main(["--help"]) == 0
     assert "kernels" in capsys.readouterr().out
+
+
+def test_unexpected_errors_are_not_masked(tmp_path, monkeypatch) -> None:
+    """A command's own exception reaches the caller as itself, not as an error of the classifier."""
+    import rltbench.cli as cli
+    from rltbench.results import RunDir
+
+    RunDir.create("kernels", tmp_path / "run")
+    monkeypatch.setitem(cli.RENDERERS, "kernels", ("tests.test_cli", "_boom"))
+    with pytest.raises(RuntimeError, match="the real error"):
+        main(["report", str(tmp_path / "run")])
+
+
+def _boom(path) -> None:
+    raise RuntimeError("the real error")

@@ -91,3 +91,47 @@ def test_default_paths_are_unique(tmp_path: Path) -> None:
     a.mkdir()
     b = default_run_path("kernels", tmp_path)
     assert a != b and b.name.startswith("kernels-")
+
+
+def test_result_dir_holding_a_run_is_refused(tmp_path: Path) -> None:
+    """A second run in the same --result-dir used to append to the first run's rows under a new manifest."""
+    run = RunDir.create("kernels", tmp_path / "r")
+    run.append_jsonl("rows.jsonl", {"id": 1})
+    with pytest.raises(UsageError, match="already holds an rltbench run"):
+        RunDir.create("kernels", tmp_path / "r")
+    assert run.read_jsonl("rows.jsonl") == [{"id": 1}]
+    stage = tmp_path / "stage"  # a directory with other files (e.g. a suite's stage.log) is fine
+    stage.mkdir()
+    (stage / "stage.log").write_text("log")
+    RunDir.create("kernels", stage)
+
+
+def test_atomic_files_get_the_umask_mode_not_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        run = RunDir.create("x", tmp_path / "r")
+        run.write_json("a.json", {"v": 1})
+        run.write_markdown("table.md", "x")
+    finally:
+        os.umask(old)
+    for name in ("manifest.json", "a.json", "table.md"):
+        assert (tmp_path / "r" / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_corrupt_raw_file_is_a_usage_error(tmp_path: Path) -> None:
+    run = RunDir.create("x", tmp_path / "r")
+    run.file("summary.json").write_text("{torn")
+    with pytest.raises(UsageError, match="summary.json"):
+        run.read_json("summary.json")
+    with pytest.raises(UsageError, match="missing"):
+        run.read_json("nope.json")
+
+
+def test_extend_jsonl_writes_a_unit(tmp_path: Path) -> None:
+    run = RunDir.create("x", tmp_path / "r")
+    run.extend_jsonl("rows.jsonl", [])
+    assert not run.file("rows.jsonl").exists()
+    run.extend_jsonl("rows.jsonl", [{"a": 1}, {"a": 2}])
+    run.extend_jsonl("rows.jsonl", [{"a": 3}])
+    assert [r["a"] for r in run.read_jsonl("rows.jsonl")] == [1, 2, 3]
+    assert "rows.jsonl" in RunDir.open(tmp_path / "r").manifest["files"]

@@ -129,7 +129,7 @@ def plan_cases(cfg: BenchConfig, on_gpu: bool) -> Plan:
     if width_capped:
         notes.append(f"no GPU: widths capped at {cfg.cpu_max_width} for the Triton interpreter")
     if not on_gpu:
-        notes.append("no GPU: correctness only (Triton interpreter); timings need a CUDA GPU")
+        notes.append("no GPU: correctness only; timings need a CUDA GPU")
     return Plan(cases, notes)
 
 
@@ -453,7 +453,9 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             r["status"] = "MISMATCH"
         elif arm in ("exact", "approx") and r.get("fused_calls") == 0:
             r["status"] = "fallback"
-            r["note"] = "no fused call ran (torch fallback): the kernel was not exercised"
+            why = fallback_reasons(r.get("ops_stats"))
+            r["note"] = ("no fused call ran (torch fallback" + (f": {why}" if why else "")
+                         + "): the kernel was not exercised")
     if ctx is not None:
         try:
             fields, samples = time_case(case, arms, cfg, ctx, ops_factory)
@@ -461,7 +463,7 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             for r in rows.values():
                 if r["status"] == "ok":
                     r["status"] = "error"
-                r["note"] = (r["note"] + f" timing failed: {type(exc).__name__}: {exc}")[:300]
+                r["note"] = _join_note(r["note"], f"timing failed: {type(exc).__name__}: {exc}")[:300]
             torch.cuda.empty_cache()
             return list(rows.values()), samples
         for arm, f in fields.items():
@@ -469,11 +471,25 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             if arm == "exact" and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
                 rows[arm]["status"] = "MISMATCH"
                 rows[arm]["note"] = "graph-captured outputs differ from torch"
-    if cfg.scope == "graph" and "eager" in cfg.modes:
+    if ctx is not None and cfg.scope == "graph" and "eager" in cfg.modes:
         for a, r in rows.items():
             if a in ("exact", "approx"):
-                r["note"] = (r["note"] + " scope graph: eager timing runs torch").strip()
+                r["note"] = _join_note(r["note"], "scope graph: eager timing runs torch")
     return list(rows.values()), samples
+
+
+def _join_note(note: str, more: str) -> str:
+    """Row notes are sentences joined with '; ' (the table shows them on one line)."""
+    return f"{note}; {more}" if note else more
+
+
+def fallback_reasons(stats: Any) -> str:
+    """'op: reason' of every torch fallback in an Ops.stats dict (why a fused arm ran no kernel)."""
+    fb = (stats or {}).get("fallbacks") if isinstance(stats, dict) else None
+    if not isinstance(fb, dict):
+        return ""
+    return ", ".join(f"{op}: {reason}" for op, reasons in sorted(fb.items())
+                     for reason in (sorted(reasons) if isinstance(reasons, dict) else [reasons]))
 
 
 def failing(row: dict[str, Any]) -> bool:

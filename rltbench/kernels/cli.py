@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rltbench.errors import UsageError
-from rltbench.kernels import bench, report
+from rltbench.kernels import OPS, bench, report
 
 # Triton decides interpreter vs GPU when a kernel is *defined* (import time), so TRITON_INTERPRET
 # cannot be switched on here: rltbench.kernels is already imported. Without a GPU and without the
@@ -118,7 +118,9 @@ def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
         seen.add((case.op, case.width))
         mult = bench.WIDTH_MULTIPLE.get(case.op, 1)
         if case.width % mult:
-            raise UsageError(f"--widths: {case.op} needs a multiple of its head dim {mult}, got {case.width}")
+            hint = " (leave it out with --ops, or use --widths model)" if len(cfg.ops) > 1 else ""
+            raise UsageError(f"--widths: {case.op} needs a multiple of its head dim {mult}, got "
+                             f"{case.width}{hint}")
         try:
             op_case(case.op).make_inputs(1, case.width, torch.float32, torch.device("cpu"),
                                          torch.Generator().manual_seed(0))
@@ -127,19 +129,27 @@ def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
 
 
 def kernels_command(
-    tokens: Annotated[str, typer.Option(help="Comma-separated token counts (rows).")] = DEFAULT_TOKENS,
-    ops: Annotated[str, typer.Option(help="Comma-separated op cases, or 'all'.")] = "all",
+    tokens: Annotated[str, typer.Option(help="Comma-separated token counts (rows); capped at "
+                                        f"{bench.CPU_MAX_TOKENS} without a GPU.")] = DEFAULT_TOKENS,
+    ops: Annotated[str, typer.Option(help=f"Comma-separated op cases ({', '.join(OPS)}), or 'all'.")
+                   ] = "all",
     dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes: bf16, fp16, fp32, or 'all'.")] = "bf16",
     widths: Annotated[str, typer.Option(help="Comma-separated feature widths for every op, or 'model' "
-                                        "(each op's Ouro-1.4B / Huginn-0125 widths).")] = "model",
-    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, or 'all'.")] = "all",
-    repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up).")] = 100,
-    mode: Annotated[str, typer.Option(help="Timing: graph (CUDA-graph replay), eager or both.")] = "graph",
+                                        "(each op's Ouro-1.4B / Huginn-0125 widths). RoPE widths are "
+                                        "heads x head dim: multiples of 128 (rope_neox) / 96 "
+                                        f"(rope_interleaved). Capped at {bench.CPU_MAX_WIDTH} without "
+                                        "a GPU.")] = "model",
+    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, or 'all' "
+                                      "(torch is always added: it is the reference).")] = "all",
+    repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
+                                         "only).")] = 100,
+    mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay), eager or "
+                                      "both.")] = "graph",
     scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
                                        "too) or 'graph' (fused only under graph capture, as models "
                                        "run by default).")] = "all",
-    result_dir: Annotated[Path | None, typer.Option(help="Run directory (default "
-                                                     "results/kernels-<UTC time>/).")] = None,
+    result_dir: Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
+                                                     "(default results/kernels-<UTC time>/).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
 ) -> None:
@@ -190,22 +200,22 @@ def kernels_command(
                 progress.update(task, description=f"{case.op} {case.dtype} w={case.width} T={case.tokens}")
                 arms_here = cfg.arms + ([bench.PEER_ARM] if peer_on and case.op in bench.PEER_OPS else [])
                 rows, samples = bench.case_rows(case, arms_here, device, cfg, ctx, bench.make_arm_ops)
-                for s in samples:
-                    run.append_jsonl(report.SAMPLES, s)
-                for r in rows:
-                    run.append_jsonl(report.ROWS, r)
-                    failed += int(bench.failing(r))
+                run.extend_jsonl(report.SAMPLES, samples)
+                run.extend_jsonl(report.ROWS, rows)  # one write: a case's arms are stored together
+                failed += sum(int(bench.failing(r)) for r in rows)
                 progress.advance(task)
     except KeyboardInterrupt:
-        run.update_manifest(status="interrupted")
-        report.write_outputs(run, report.load_rows(run), summary)
-        console.print(f"[yellow]interrupted: finished cases kept in {run.path}[/]")
+        df = report.load_rows(run)
+        run.update_manifest(status="interrupted", result=_result(df, failed, len(plan.cases)))
+        report.write_outputs(run, df, summary)
+        console.print(f"[yellow]interrupted: {_cases_done(df)} of {len(plan.cases)} cases finished, "
+                      f"kept in {run.path}[/]")
         raise typer.Exit(code=130) from None
     except Exception:
         run.update_manifest(status="failed")
         raise
     df = report.load_rows(run)
-    run.update_manifest(status="complete", result={"rows": int(len(df)), "failing_rows": failed})
+    run.update_manifest(status="complete", result=_result(df, failed, len(plan.cases)))
     report.write_outputs(run, df, summary)
     console.print(report.rich_table(df))
     if not on_gpu:
@@ -214,6 +224,18 @@ def kernels_command(
     if failed:
         console.print(f"[bold red]{failed} row(s) failed: exact mismatch or error (see table)[/]")
         raise typer.Exit(code=1)
+
+
+def _cases_done(df) -> int:
+    """Cases with at least one stored row (a case's rows are written together when it finishes)."""
+    keys = ["op", "dtype", "width", "tokens"]
+    return 0 if df.empty else int(len(df[keys].drop_duplicates()))
+
+
+def _result(df, failed: int, planned: int) -> dict[str, int]:
+    """The manifest's `result`: how much of the plan finished and how many rows failed."""
+    return {"rows": int(len(df)), "failing_rows": int(failed), "cases_done": _cases_done(df),
+            "cases_planned": int(planned)}
 
 
 def bench_run_dir(cfg: bench.BenchConfig, result_dir: Path | None, notes: list[str]):

@@ -63,6 +63,15 @@ class OuroConfig:
     def num_layer_applications(self) -> int:
         return self.num_loops * self.num_layers
 
+    def validate(self) -> None:
+        """Structural sanity (a zero-loop model would silently return its embeddings)."""
+        if self.num_loops < 1 or self.num_layers < 1:
+            raise UsageError(f"Ouro needs >= 1 layer and >= 1 loop, got {self.num_layers} layers x "
+                             f"{self.num_loops} loops")
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise UsageError(f"Ouro num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}")
+
 
 KV_LAYOUTS = ("full", "compress")
 STATE_NOISE = ("position", "random", "zero")
@@ -166,23 +175,46 @@ def apply_overrides(config: ModelConfig, **overrides: Any) -> ModelConfig:
     if bad:
         raise UsageError(f"unknown {config.family} config field(s): {', '.join(bad)}")
     out = dataclasses.replace(config, **clean)
-    if isinstance(out, HuginnConfig):
-        out.validate()
+    out.validate()
     return out
 
 
-def _eos_tuple(value: Any) -> tuple[int, ...]:
+def _eos_tuple(value: Any, where: str = "config.json") -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+        raise UsageError(f"{where}: field 'eos_token_id' must be an integer or a list of integers, "
+                         f"got {value!r}")
     return tuple(int(v) for v in value)
 
 
 def _need(cfg: dict[str, Any], key: str, where: str) -> Any:
-    if key not in cfg:
+    if cfg.get(key) is None:
         raise UsageError(f"{where}: missing field {key!r}")
     return cfg[key]
+
+
+def _typed(where: str, key: str, value: Any, cast: Any) -> Any:
+    """`cast(value)`, or a UsageError naming the config.json field (never a bare int() traceback)."""
+    if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
+        raise UsageError(f"{where}: field {key!r} must be a number, got {value!r}")
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: field {key!r} must be a number, got {value!r}") from None
+
+
+def _int(hf: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
+    """Integer field `key` (required when no default; null counts as absent)."""
+    value = _need(hf, key, where) if default is ... else (hf.get(key) if hf.get(key) is not None else default)
+    return _typed(where, key, value, int)
+
+
+def _float(hf: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = hf.get(key)
+    return _typed(where, key, default if value is None else value, float)
 
 
 def config_from_hf(hf: dict[str, Any] | str | Path, name: str | None = None) -> ModelConfig:
@@ -197,6 +229,8 @@ def config_from_hf(hf: dict[str, Any] | str | Path, name: str | None = None) -> 
             hf = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path}: not valid JSON ({exc.msg})") from None
+    if not isinstance(hf, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type", "")
     archs = hf.get("architectures") or []
     if model_type == "ouro" or "OuroForCausalLM" in archs:
@@ -211,35 +245,39 @@ def _ouro_from_hf(hf: dict[str, Any], where: str, name: str | None) -> OuroConfi
         raise UsageError(f"{where}: rope_scaling {hf['rope_scaling']!r} is not supported (default RoPE only)")
     if hf.get("use_sliding_window"):
         raise UsageError(f"{where}: sliding-window attention is not supported")
-    hidden = int(_need(hf, "hidden_size", where))
-    heads = int(_need(hf, "num_attention_heads", where))
+    hidden = _int(hf, "hidden_size", where)
+    heads = _int(hf, "num_attention_heads", where)
     threshold = hf.get("early_exit_threshold")
+    threshold = None if threshold is None else _typed(where, "early_exit_threshold", threshold, float)
     return OuroConfig(
         name=name or hf.get("_name_or_path") or "ouro",
         hidden_size=hidden,
-        intermediate_size=int(_need(hf, "intermediate_size", where)),
-        num_layers=int(_need(hf, "num_hidden_layers", where)),
-        num_loops=int(hf.get("total_ut_steps", 4)),
+        intermediate_size=_int(hf, "intermediate_size", where),
+        num_layers=_int(hf, "num_hidden_layers", where),
+        num_loops=_int(hf, "total_ut_steps", where, 4),
         num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(hf.get("head_dim") or hidden // heads),
-        vocab_size=int(_need(hf, "vocab_size", where)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 65536)),
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=_int(hf, "num_key_value_heads", where, heads),
+        head_dim=_int(hf, "head_dim", where, hidden // max(1, heads)),
+        vocab_size=_int(hf, "vocab_size", where),
+        max_position_embeddings=_int(hf, "max_position_embeddings", where, 65536),
+        rope_theta=_float(hf, "rope_theta", where, 10000.0),
+        rms_norm_eps=_float(hf, "rms_norm_eps", where, 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         # 1.0 in the released config means "last loop" in practice; keep the engine's fixed-depth default
         # (None) for it and only turn the gate on for a real threshold < 1.
-        early_exit_threshold=None if threshold is None or float(threshold) >= 1.0 else float(threshold),
+        early_exit_threshold=None if threshold is None or threshold >= 1.0 else threshold,
         torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
         bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=_eos_tuple(hf.get("eos_token_id")),
+        eos_token_ids=_eos_tuple(hf.get("eos_token_id"), where),
     )
 
 
 def _huginn_from_hf(hf: dict[str, Any], where: str, name: str | None) -> HuginnConfig:
-    hidden = int(hf.get("n_embd") or _need(hf, "hidden_size", where))
-    heads = int(hf.get("n_heads") or _need(hf, "num_attention_heads", where))
+    hidden = _int(hf, "n_embd", where) if hf.get("n_embd") is not None else _int(hf, "hidden_size", where)
+    heads = _int(hf, "n_heads", where) if hf.get("n_heads") is not None else _int(hf, "num_attention_heads",
+                                                                                    where)
+    if heads < 1 or hidden % heads:
+        raise UsageError(f"{where}: hidden size {hidden} is not a multiple of the {heads} heads")
     if hf.get("injection_type", "linear") != "linear":
         raise UsageError(f"{where}: injection_type {hf['injection_type']!r} is not supported (linear only)")
     if hf.get("bias"):
@@ -247,22 +285,23 @@ def _huginn_from_hf(hf: dict[str, Any], where: str, name: str | None) -> HuginnC
     cfg = HuginnConfig(
         name=name or hf.get("_name_or_path") or "huginn",
         hidden_size=hidden,
-        intermediate_size=int(_need(hf, "intermediate_size", where)),
-        num_prelude=int(hf.get("n_layers_in_prelude", 2)),
-        num_core=int(hf.get("n_layers_in_recurrent_block", 4)),
-        num_coda=int(hf.get("n_layers_in_coda", 2)),
-        mean_recurrence=int(hf.get("mean_recurrence", 32)),
+        intermediate_size=_int(hf, "intermediate_size", where),
+        num_prelude=_int(hf, "n_layers_in_prelude", where, 2),
+        num_core=_int(hf, "n_layers_in_recurrent_block", where, 4),
+        num_coda=_int(hf, "n_layers_in_coda", where, 2),
+        mean_recurrence=_int(hf, "mean_recurrence", where, 32),
         num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        num_kv_heads=_int(hf, "num_key_value_heads", where, heads),
         head_dim=hidden // heads,
-        vocab_size=int(hf.get("padded_vocab_size") or _need(hf, "vocab_size", where)),
-        max_position_embeddings=int(hf.get("block_size", 4096)),
-        rope_theta=float(hf.get("rope_base", 50_000.0)),
-        rms_norm_eps=float(hf.get("norm_eps", 1e-6)),
+        vocab_size=(_int(hf, "padded_vocab_size", where) if hf.get("padded_vocab_size") is not None
+                    else _int(hf, "vocab_size", where)),
+        max_position_embeddings=_int(hf, "block_size", where, 4096),
+        rope_theta=_float(hf, "rope_base", where, 50_000.0),
+        rms_norm_eps=_float(hf, "norm_eps", where, 1e-6),
         qk_bias=bool(hf.get("qk_bias", True)),
         torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
         bos_token_id=hf.get("bos_token_id", 65504),
-        eos_token_ids=_eos_tuple(hf.get("eos_token_id", (65505, 65508))),
+        eos_token_ids=_eos_tuple(hf.get("eos_token_id", (65505, 65508)), where),
     )
     if cfg.num_kv_heads != cfg.num_heads:
         raise UsageError(f"{where}: Huginn with num_key_value_heads != n_heads is not supported")

@@ -71,11 +71,26 @@ class Tokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
 
+def _open_safetensors(path: Path) -> Any:
+    """`safe_open` of one weights file; a corrupt or truncated file is a UsageError naming it."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError / OSError
+        raise UsageError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def _check_device(device: torch.device | str) -> None:
+    """A CUDA device on a machine without one: one clear line instead of torch's assertion."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {str(device)!r} requested but no CUDA GPU is available (use device='cpu')")
+
+
 def _model_class(config: ModelConfig) -> type[LoopedModel]:
     return OuroForCausalLM if isinstance(config, OuroConfig) else HuginnForCausalLM
 
 
 def _materialise(config: ModelConfig, device: torch.device | str, dtype: torch.dtype) -> LoopedModel:
+    _check_device(device)
     with torch.device("meta"):
         model = _model_class(config)(config, dtype=dtype)  # type: ignore[call-arg]
     model.to_empty(device=device)
@@ -127,13 +142,15 @@ def _checkpoint_files(ckpt: Path) -> dict[str, Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise UsageError(f"{index}: not a valid safetensors index (no weight_map)") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UsageError(f"{index}: weight_map must map tensor names to shard file names")
         files = {name: ckpt / name for name in set(weight_map.values())}
         for path in files.values():
             if not path.is_file():
                 raise UsageError(f"checkpoint shard not found: {path}")
         located: dict[str, Path] = {}
         for path in sorted(files.values()):
-            with safe_open(str(path), framework="pt") as f:
+            with _open_safetensors(path) as f:
                 for key in f.keys():
                     located[key] = path
         for key, name in weight_map.items():
@@ -141,7 +158,7 @@ def _checkpoint_files(ckpt: Path) -> dict[str, Path]:
                 raise UsageError(f"{index}: tensor {key!r} is not in {name}")
         return located
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _open_safetensors(single) as f:
             return {key: single for key in f.keys()}
     raise UsageError(f"no model.safetensors or model.safetensors.index.json in {ckpt}")
 
@@ -161,16 +178,16 @@ def _validate(located: dict[str, Path], required: dict[str, tuple[int, ...]],
     for key, path in located.items():
         by_file.setdefault(path, []).append(key)
     for path, keys in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
+        with _open_safetensors(path) as f:
             for key in keys:
                 sl = f.get_slice(key)
                 want = required.get(key) or optional.get(key)
                 shape = tuple(sl.get_shape())
                 if want is not None and shape != want:
-                    raise UsageError(f"{path.name}: tensor {key!r} has shape {list(shape)}, "
+                    raise UsageError(f"{path}: tensor {key!r} has shape {list(shape)}, "
                                      f"expected {list(want)}")
                 if sl.get_dtype() not in _FLOAT_DTYPES:
-                    raise UsageError(f"{path.name}: tensor {key!r} has dtype {sl.get_dtype()}, "
+                    raise UsageError(f"{path}: tensor {key!r} has dtype {sl.get_dtype()}, "
                                      "expected a float")
 
 
@@ -180,9 +197,12 @@ def _eos_ids(ckpt: Path, config: ModelConfig, tokenizer: Tokenizer | None) -> tu
     if gen.is_file():
         try:
             value = json.loads(gen.read_text()).get("eos_token_id")
-        except json.JSONDecodeError:
-            raise UsageError(f"{gen}: not valid JSON") from None
-        ids += [value] if isinstance(value, int) else list(value or [])
+        except (json.JSONDecodeError, AttributeError):
+            raise UsageError(f"{gen}: not valid JSON (an object with eos_token_id)") from None
+        value = [value] if isinstance(value, int) else (value or [])
+        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+            raise UsageError(f"{gen}: eos_token_id must be an integer or a list of integers, got {value!r}")
+        ids += value
     if tokenizer is not None:
         ids += [t for t in (tokenizer.token_to_id(s) for s in _END_TOKENS) if t is not None]
     return tuple(dict.fromkeys(int(i) for i in ids))
@@ -230,7 +250,7 @@ def load_model(
     handles: dict[Path, Any] = {}
     try:
         for path in set(located.values()):
-            handles[path] = safe_open(str(path), framework="pt").__enter__()
+            handles[path] = _open_safetensors(path).__enter__()
         get = lambda key: handles[located[key]].get_tensor(key)
         if isinstance(model, HuginnForCausalLM):
             model.load_hf_tensors(get, present=set(located))
@@ -249,6 +269,13 @@ def save_hf_checkpoint(model: LoopedModel, out_dir: str | Path, max_shard_bytes:
     `max_shard_bytes`). For fixtures and tests; no tokenizer is written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # A previous save's index or shards would shadow (index) or sit beside the new weights: the
+    # loader prefers an index, so a stale one silently loads the old model.
+    stale = [out / "model.safetensors.index.json", out / "model.safetensors",
+             *out.glob("model-*-of-*.safetensors")]
+    for path in stale:
+        if path.is_file():
+            path.unlink()
     hf_config = config_to_hf(model.config)
     hf_config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))

@@ -14,7 +14,11 @@ from rich.console import Console
 
 from rltbench.errors import UsageError
 
-console = Console()
+
+def _console() -> Console:
+    """Rich console; in logs and pipes wide enough that the summary table is not folded."""
+    con = Console()
+    return con if con.is_terminal else Console(width=max(con.width, 160))
 _DTYPES = {
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
@@ -62,7 +66,9 @@ def profile_command(
     ] = None,
     batch: Annotated[int, typer.Option(help="Sequences per decode step.")] = 1,
     context: Annotated[int, typer.Option(help="Cached tokens per sequence.")] = 512,
-    arms: Annotated[str, typer.Option(help="Comma-separated arms.")] = "torch,exact,approx",
+    arms: Annotated[
+        str, typer.Option(help="Comma-separated arms: torch, exact, approx.")
+    ] = "torch,exact,approx",
     dtype: Annotated[
         str | None, typer.Option(help="bf16 | fp16 | fp32 (default bf16 on GPU, fp32 on CPU).")
     ] = None,
@@ -79,7 +85,8 @@ def profile_command(
         typer.Option("--cpu", help="Profile the eager CPU path (CPU op counts, host times; no GPU claims)."),
     ] = False,
     result_dir: Annotated[
-        Path | None, typer.Option(help="Run directory (default results/profile-<UTC>).")
+        Path | None,
+        typer.Option(help="Run directory, new or without an earlier run (default results/profile-<UTC>)."),
     ] = None,
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
@@ -105,7 +112,12 @@ def profile_command(
     if weights is not None and not weights.is_dir():
         raise UsageError(f"--weights {weights}: not a directory")
     arm_list = parse_arms(arms)
-    if not weights:
+    if weights:
+        from rltbench.models import config_from_hf
+
+        # config.json checked before any run directory exists; the manifest names what was loaded
+        model = config_from_hf(weights / "config.json").name
+    else:
         from rltbench.models import get_config
 
         get_config(model)  # UsageError listing the presets for an unknown name
@@ -125,6 +137,7 @@ def profile_command(
     )
     from rltbench.results import RunDir
 
+    console = _console()
     config = {
         "model": model,
         "weights": spec.weights,
@@ -154,8 +167,8 @@ def profile_command(
     except KeyboardInterrupt:
         run.update_manifest(status="interrupted")
         raise
-    except BaseException:
-        run.update_manifest(status="failed")
+    except BaseException as exc:
+        run.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}"[:500])
         raise
     traces = out.pop("_traces", {})
     out.update(model=model, weights=spec.weights, dtype=config["dtype"])

@@ -56,7 +56,8 @@ def build_model(spec: ProfileSpec, device: str) -> Any:
     from rltbench import models
 
     if spec.weights:
-        model, _tok = models.load_model(spec.weights, device=device, dtype=spec.dtype)
+        # the profile feeds token ids, never text: a checkpoint without tokenizer.json is fine
+        model, _tok = models.load_model(spec.weights, device=device, dtype=spec.dtype, tokenizer=False)
     else:
         model = models.build_model(spec.model, device=device, dtype=spec.dtype, seed=spec.seed)
     model.eval()

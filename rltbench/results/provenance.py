@@ -82,7 +82,9 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
-        "env": {k: v for k, v in os.environ.items() if k.startswith("RLTBENCH_")},
+        # the knobs that change what runs: rltbench's own, and which GPUs / Triton mode were visible
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith("RLTBENCH_") or k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")},
         **git_info(),
         **gpu_info(),
         "versions": software_info(),

@@ -63,31 +63,36 @@ def dumps(obj: Any, indent: int | None = 2) -> str:
                       allow_nan=False)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see either the old or the new file, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _file_mode() -> int:
+    """The mode `open()` would give a new file (0o666 minus the umask).
+
+    `tempfile.mkstemp` creates files 0600; renamed into place unchanged, results on a shared GPU box
+    would be unreadable to everyone but their writer."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so readers see either the old or the new file, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically (see `atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
@@ -116,6 +121,10 @@ class RunDir:
         Raises UsageError when the directory cannot be created or written, before any work starts.
         """
         path = Path(result_dir) if result_dir else default_run_path(command)
+        if (path / "manifest.json").exists():
+            # appending to another run's rows.jsonl would mix two runs under one manifest
+            raise UsageError(f"{path} already holds an rltbench run (manifest.json); choose a new "
+                             "--result-dir or delete that one first")
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / ".write-probe"
@@ -177,7 +186,14 @@ class RunDir:
         return self.path / name
 
     def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        """A stored JSON file; a missing or corrupt one is a UsageError naming it (for `report`)."""
+        path = self.path / name
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"{path}: file missing from the run directory") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}") from None
 
     def write_jsonl(self, name: str, rows: list[Any]) -> Path:
         atomic_write_text(self.path / name, "".join(dumps(r, indent=None) + "\n" for r in rows))
@@ -188,6 +204,16 @@ class RunDir:
         """Append one record and flush: rows written before a crash or Ctrl-C stay readable."""
         with open(self.path / name, "a", encoding="utf-8") as fh:
             fh.write(dumps(row, indent=None) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._note_file(name)
+
+    def extend_jsonl(self, name: str, rows: list[Any]) -> None:
+        """Append several records in one write (one unit of work: a Ctrl-C never splits it)."""
+        if not rows:
+            return
+        with open(self.path / name, "a", encoding="utf-8") as fh:
+            fh.write("".join(dumps(r, indent=None) + "\n" for r in rows))
             fh.flush()
             os.fsync(fh.fileno())
         self._note_file(name)
