@@ -82,3 +82,16 @@ def is_exact(sel: Any) -> bool:
     """An arm that must reproduce torch bit for bit: every op exact or off, at least one exact."""
     vals = [str(getattr(sel, k, "off")) for k in OP_KEYS]
     return all(v in ("exact", "off") for v in vals) and "exact" in vals
+
+
+def eager_reference_arms(selections: dict[str, Any], graphs: bool) -> list[str]:
+    """Arms that silently run the torch reference ops: scope "graph" fuses only inside CUDA graphs,
+    so without graphs (CPU, --enforce-eager) such an arm computes exactly what `torch` computes."""
+    if graphs:
+        return []
+    return [
+        n
+        for n, s in selections.items()
+        if str(getattr(s, "scope", "all")) == "graph"
+        and any(str(getattr(s, k, "off")) != "off" for k in OP_KEYS)
+    ]

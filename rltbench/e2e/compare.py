@@ -8,7 +8,8 @@ Identity compares stored generated token ids. Statistics (relative deltas, arm /
 - cell throughput (output tok/s, steady tok/s): one paired ratio per repetition; estimate = median,
   95% interval = percentile bootstrap over repetitions (none with a single repetition).
 A difference whose interval contains 0, or whose size is inside the A/A spread (the largest
-|bound| of the same arm measured twice), is a tie.
+|bound| of the same arm measured twice), is a tie; without an interval (one repetition of a cell
+metric) the verdict is n/a: one ratio is no evidence of a difference.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def compare_pair(rec: dict[str, Any], base: dict[str, Any]) -> tuple[bool, int | None]:
+    """(compared, first divergence) of one request against the reference's same request.
+
+    Both finished ok: the whole sequences are compared. Otherwise (a timeout, an error, a cell cut
+    by the global deadline) only the tokens both produced are: a difference there is a real
+    divergence, while a shorter, merely unfinished sequence is not compared (it is no evidence of a
+    kernel difference and must never raise the exact-arm alarm). No token ids: not compared."""
+    a, b = rec.get("token_ids"), base.get("token_ids")
+    if a is None or b is None:
+        return False, None
+    if rec.get("status", "ok") == "ok" and base.get("status", "ok") == "ok":
+        return True, first_divergence(a, b)
+    n = min(len(a), len(b))
+    d = first_divergence(a[:n], b[:n])
+    return (True, d) if d is not None else (False, None)
+
+
 def _by_key(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return {(r["arm"], r["cell"], r["rep"], r["request"]): r for r in records}
 
@@ -66,10 +84,11 @@ def identity(
         if arm == ref:
             continue
         base = idx.get((ref, cell, rep, req))
-        if base is None or base.get("token_ids") is None or r.get("token_ids") is None:
+        compared, div = compare_pair(r, base) if base is not None else (False, None)
+        if not compared:
             missing[(arm, cell)] += 1
             continue
-        groups[(arm, cell)].append(first_divergence(r["token_ids"], base["token_ids"]))
+        groups[(arm, cell)].append(div)
     rows = []
     for arm, cell in sorted(set(groups) | set(missing)):
         divs = groups.get((arm, cell), [])
@@ -215,9 +234,9 @@ def _apply_aa(rows: list[dict[str, Any]], ref: str) -> None:
         d = r["delta"]
         if is_aa(r["arm"], ref):
             r["verdict"] = "A/A"
-        elif d is None or (isinstance(d, float) and math.isnan(d)):
-            r["verdict"] = "n/a"
-        elif r["ci_lo"] is not None and r["ci_lo"] <= 0.0 <= r["ci_hi"]:
+        elif d is None or (isinstance(d, float) and math.isnan(d)) or r["ci_lo"] is None:
+            r["verdict"] = "n/a"  # no interval (a cell metric from one repetition): no claim either way
+        elif r["ci_lo"] <= 0.0 <= r["ci_hi"]:
             r["verdict"] = "tie"
         elif r["aa_spread"] is not None and abs(d) <= r["aa_spread"]:
             r["verdict"] = "tie"

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from rltbench.e2e import report
-from rltbench.e2e.arms import is_exact, parse_arms, reference_arm, selection_dict
+from rltbench.e2e.arms import eager_reference_arms, is_exact, parse_arms, reference_arm, selection_dict
 from rltbench.e2e.display import RunDisplay
 from rltbench.e2e.engine_backend import EngineBackend, Timeouts
 from rltbench.e2e.runner import SCHEDULE_NOTE, Cell, Plan, run_plan
@@ -229,8 +229,16 @@ def build_and_run(opts: dict[str, Any]) -> Any:
         },
         **facts,
     }
+    notes: list[str] = []
     if opts["backend"] == "engine":
         eng = backend.engine
+        same = eager_reference_arms(selections, bool(eng.use_graphs))
+        if same:
+            notes.append(
+                f"no CUDA graphs ({'--enforce-eager' if opts['enforce_eager'] else 'not on a GPU'}): the "
+                f"scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
+                "nothing of the fused kernels; use --scope all to run the kernels eagerly"
+            )
         cfg["engine"] = {
             "num_blocks": eng.num_blocks,
             "block_size": eng.config.block_size,
@@ -240,10 +248,13 @@ def build_and_run(opts: dict[str, Any]) -> Any:
             "prefix_caching": eng.config.enable_prefix_caching,
             "cuda_graphs": eng.use_graphs,
         }
+    cfg["notes"] = notes
     run = RunDir.create("e2e", result_dir=opts["result_dir"], argv=opts.get("argv"), config=cfg)
     status = "failed"
     with RunDisplay(live=opts.get("live", True)) as display:
         display.note(f"results: {run.path}  ({backend.hosting})")
+        for note in notes:
+            display.console.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
         try:
             status = run_plan(plan, backend, run, display)
         except KeyboardInterrupt:
@@ -263,6 +274,14 @@ def build_and_run(opts: dict[str, Any]) -> Any:
             except Exception as exc:  # a report failure must not hide the measured data
                 display.note(f"[red]report failed: {exc}[/]")
                 a = None
+            if status == "interrupted" and "interrupted_by" not in extra:
+                done = sum(1 for c in (a or {}).get("cells", []) if not c.get("interrupted"))
+                display.console.print(
+                    f"[yellow]interrupted: {done} finished cells kept in {run.path} "
+                    f"(table.md rendered; `rltbench report {run.path}` re-renders)[/]",
+                    highlight=False,
+                    soft_wrap=True,
+                )
     if a is not None:
         _print_summary(display, a, run.path)
     return run.path
@@ -349,10 +368,28 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
+    sess = a["config"].get("session")
+    if sess:
+        measured = []
+        for arm in a["arms"]:
+            vals = [
+                c.get("measured_prefix_hit_rate")
+                for c in a["cells"]
+                if c["arm"] == arm and c.get("measured_prefix_hit_rate") is not None
+            ]
+            if vals:
+                measured.append(f"{arm} {sorted(vals)[len(vals) // 2]:.1%}")
+        con.print(
+            f"prefix-hit rate: theoretical {sess['theoretical_prefix_hit_rate']:.1%}, measured "
+            + (", ".join(measured) or "-"),
+            highlight=False,
+            soft_wrap=True,
+        )
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
     con.print(
-        f"{s['cells_total']} cells ({s['cells_invalid']} invalid), status {s['status']}: {path}/table.md",
+        f"{s['cells_total']} cells ({s['cells_invalid']} invalid), status {report.status_text(s)}: "
+        f"{path}/table.md",
         highlight=False,
         soft_wrap=True,
     )

@@ -103,6 +103,8 @@ def analyse(run: RunDir) -> dict[str, Any]:
     unverified = [r for r in ident if r.get("exact_unverified")]
     summary = {
         "status": run.manifest.get("status"),
+        "interrupted_by": run.manifest.get("interrupted_by"),
+        "skipped_cells": run.manifest.get("skipped_cells"),
         "reference_arm": ref,
         "arms": arms,
         "cells_total": len(cells),
@@ -132,6 +134,18 @@ def analyse(run: RunDir) -> dict[str, Any]:
     }
 
 
+def status_text(s: dict[str, Any]) -> str:
+    """'complete', or 'interrupted (global deadline (--deadline); 4 cells skipped)'."""
+    skipped = s.get("skipped_cells")
+    why = [w for w in (s.get("interrupted_by"), skipped and f"{skipped} cells skipped") if w]
+    return f"{s.get('status')} ({'; '.join(why)})" if why else str(s.get("status"))
+
+
+def _p3(p: dict[str, Any], m: str) -> str:
+    """'p50 / p90 / p99' in ms of metric `m`, the p99 starred when it comes from < 100 samples."""
+    return f"{fmt_ms(p[m + '_p50'])} / {fmt_ms(p[m + '_p90'])} / {fmt_ms(p[m + '_p99'], p[m + '_p99_low_n'])}"
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:+.1f}%"
 
@@ -154,6 +168,14 @@ def table_markdown(a: dict[str, Any]) -> str:
     L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
     if cfg.get("random_weights"):
         L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+    notes = list(cfg.get("notes") or [])
+    if len(arms) > 1 and not any(compare.is_aa(arm, ref) for arm in arms):
+        notes.append(
+            f"no A/A arm ({ref} run twice, e.g. --arms {','.join(arms)},{ref}): identity has no "
+            "batch-invariance baseline and the verdicts no noise floor"
+        )
+    for note in notes:
+        L += [f"**note: {note}**", ""]
     if a["summary"]["exact_arm_mismatch"]:
         L += [
             "**EXACT ARM MISMATCH: an exact arm generated tokens different from torch (a bug):** "
@@ -169,7 +191,7 @@ def table_markdown(a: dict[str, Any]) -> str:
         f"- reference: {ref}; repetitions: {cfg.get('repeats')}; schedule: {cfg.get('schedule_note', '-')}",
         f"- device: {cfg.get('device')}, dtype: {cfg.get('dtype')}, weights: {cfg.get('weights')}",
         f"- workload: {cfg.get('workload_note', '-')}",
-        f"- status: {a['summary']['status']}",
+        f"- status: {status_text(a['summary'])}",
         "",
     ]
     cells = a["cells"]
@@ -204,11 +226,11 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
     L += [
         "",
-        "## Latency (ms, pooled over valid repetitions; n = samples; * = p99 from < 100 samples)",
+        "## Latency (ms, pooled over valid repetitions: p50 / p90 / p99, n = samples; * = p99 from < 100 "
+        "samples)",
         "",
-        "| cell | arm | TTFT p50 | TTFT p90 | TTFT p99 | n | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | n ITL "
-        "| E2E p50 | E2E p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cell | arm | TTFT | n | TPOT | n | ITL | n | E2E | n |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cell_names:
         for arm in arms:
@@ -216,11 +238,9 @@ def table_markdown(a: dict[str, Any]) -> str:
             if not p:
                 continue
             L.append(
-                f"| {cell} | {arm} | {fmt_ms(p['ttft_p50'])} | {fmt_ms(p['ttft_p90'])} | "
-                f"{fmt_ms(p['ttft_p99'], p['ttft_p99_low_n'])} | {p['ttft_n']} | {fmt_ms(p['tpot_p50'])} | "
-                f"{fmt_ms(p['tpot_p99'], p['tpot_p99_low_n'])} | {fmt_ms(p['itl_p50'])} | "
-                f"{fmt_ms(p['itl_p99'], p['itl_p99_low_n'])} | {p['itl_n']} | {fmt_ms(p['e2e_p50'])} | "
-                f"{fmt_ms(p['e2e_p99'], p['e2e_p99_low_n'])} |"
+                f"| {cell} | {arm} | "
+                + " | ".join(f"{_p3(p, m)} | {p[m + '_n']}" for m in ("ttft", "tpot", "itl", "e2e"))
+                + " |"
             )
     L += [
         "",
@@ -253,7 +273,7 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
         )
         if r["not_compared"]:
-            note += f" ({r['not_compared']} without token ids)"
+            note += f" ({r['not_compared']} not compared: unfinished or without token ids)"
         fd = (
             "-"
             if r["first_divergence_min"] is None
@@ -313,12 +333,19 @@ def table_markdown(a: dict[str, Any]) -> str:
         L += [
             "",
             "Verdict: `tie` when the 95% interval contains 0 or |delta| is inside the A/A spread "
-            "(largest |bound| of the A/A arm's delta); latency: lower is better, throughput: higher.",
+            "(largest |bound| of the A/A arm's delta); `n/a` when there is no interval (cell throughput "
+            "from one repetition); latency: lower is better, throughput: higher.",
         ]
-        if int(cfg.get("repeats") or 0) < 5:
+        reps = int(cfg.get("repeats") or 0)
+        if reps == 1:
             L.append(
-                f"With {cfg.get('repeats')} repetitions the interval over repetitions is little more than "
-                "their range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
+                "With 1 repetition there is no interval over repetitions: request-metric intervals "
+                "resample requests only, and cell throughput has none (use --repeats 5+ for intervals)."
+            )
+        elif reps < 5:
+            L.append(
+                f"With {reps} repetitions the interval over repetitions is little more than their "
+                "range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
             )
     L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
     return "\n".join(L)
@@ -338,6 +365,13 @@ def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: flo
                 label=arm,
                 color=arm_color(arm),
             )
+
+
+def _legend(ax: Any) -> None:
+    """A legend only where something was drawn (a metric with no samples, e.g. TPOT of 1-token
+    outputs, leaves an empty panel; matplotlib would warn on the console)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
 
 
 def _c_axis(ax: Any, cs: list[int]) -> None:
@@ -363,7 +397,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     _arm_lines(ax, df, a["arms"], "output_tok_s_median")
     _c_axis(ax, cs)
     ax.set(ylabel="output tok/s", title="Output throughput vs C (median over repetitions)")
-    ax.legend()
+    _legend(ax)
     run.save_plot("throughput.png", fig)
     fig, _ = figure(11, 4.5)
     fig.clf()
@@ -372,7 +406,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
         _arm_lines(ax, df, a["arms"], m, 1e3)
         _c_axis(ax, cs)
         ax.set(ylabel=label, title=label + " vs C")
-        ax.legend()
+        _legend(ax)
     run.save_plot("latency.png", fig)
     rows = [r for r in a["comparison"] if r["metric"] == "output_tok_s" and r["delta"] is not None]
     comp = pd.DataFrame(rows)
@@ -398,7 +432,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     ax.axhline(1.0, color="gray", lw=0.8)
     _c_axis(ax, cs)
     ax.set(ylabel=f"speedup vs {a['ref']} (output tok/s)", title="Speedup vs C (bars: interval)")
-    ax.legend()
+    _legend(ax)
     run.save_plot("speedup.png", fig)
 
 

@@ -150,18 +150,17 @@ def _display_row(
     """Cell summary for the live table, with identity so far (this arm vs the reference, all reps)."""
     summ = cell_summary(recs, burst=plan.workload == "burst")
     row = {"arm": arm, "cell": cell.name, "rep": rep, **summ}
-    stored[(arm, cell.name, rep)] = {r["request"]: r.get("token_ids") for r in recs}
-    ref_toks = stored.get((plan.ref, cell.name, rep))
+    stored[(arm, cell.name, rep)] = {
+        r["request"]: {"token_ids": r.get("token_ids"), "status": r.get("status")} for r in recs
+    }
+    ref_recs = stored.get((plan.ref, cell.name, rep))
     others = [arm] if arm != plan.ref else [a for a in plan.arms if a != plan.ref]
     for other in others:
-        toks = stored.get((other, cell.name, rep))
-        if ref_toks is None or toks is None:
+        recs_o = stored.get((other, cell.name, rep))
+        if ref_recs is None or recs_o is None:
             continue
-        idents.setdefault((other, cell.name), []).extend(
-            compare.first_divergence(toks[i], ref_toks[i])
-            for i in toks
-            if i in ref_toks and toks[i] is not None and ref_toks[i] is not None
-        )
+        pairs = [compare.compare_pair(recs_o[i], ref_recs[i]) for i in recs_o if i in ref_recs]
+        idents.setdefault((other, cell.name), []).extend(d for ok, d in pairs if ok)
     if arm == plan.ref:
         row["identity"] = "(ref)"
     else:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -27,6 +28,7 @@ from rltbench.gsm8k.tasks import DATA_DIR, FILTERS, TASKS, lm_eval_version, set_
 console = Console()
 GSM8K_TEST_SIZE = 1319
 DEFAULT_ARMS = "torch,exact,approx"
+DEFAULT_MODEL = "ouro-1.4b"
 ENGINE_CONTEXT_CAP = 4096  # GSM8K 8-shot prompts are ~1k tokens; caps the decode graphs' block tables
 
 
@@ -99,6 +101,19 @@ def validate_numbers(
         raise UsageError(f"--filter must be one of {', '.join(FILTERS)}, got {gate_filter!r}")
 
 
+def model_label(model: str | None, weights: str, backend: str) -> str:
+    """What the run is called in the manifest and table.md: the preset for random weights, else the
+    given --model or what is known without loading (the checkpoint directory, or the servers').
+    Never the default preset's name for a checkpoint or a server: that would name the wrong model."""
+    if model:
+        return model
+    if backend == "openai":
+        return "served model (see --arm)"
+    if weights == "random":
+        return DEFAULT_MODEL
+    return f"{Path(weights).resolve().name} (checkpoint)"
+
+
 def _device_and_dtype(device: str, dtype: str) -> tuple[str, Any]:
     import torch
 
@@ -162,31 +177,29 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
+    """The gate table, narrow enough for an 80-column log: arm names and verdicts are never cut."""
     t = Table(
         title=f"GSM8K gate vs {summary['reference']} ({summary['n']} questions, gate "
-        f"{summary['gate']:g} points, {summary['gate_mode']}, {summary['gate_filter']})"
+        f"{summary['gate']:g} points, {summary['gate_mode']}, {summary['gate_filter']})",
+        caption="points; p: McNemar exact; differ: generated sequences not identical to the reference",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
     )
-    for col in (
-        "arm",
-        "acc %",
-        "drop",
-        "SE",
-        "UCB95",
-        "n10/n01",
-        "McNemar p",
-        "seqs differ",
-        "q/s",
-        "verdict",
-    ):
-        t.add_column(col)
+    t.add_column("arm", no_wrap=True)
+    for col in ("acc %", "drop", "SE", "UCB95", "n10/n01", "p", "differ"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
+    needed = []
     for arm, a in summary["arms"].items():
         c = next((c for c in summary["comparisons"] if c["arm"] == arm), None)
-        qps = report._fmt(a.get("questions_per_s"), 3)
         if c is None:
-            t.add_row(arm, report._fmt(a["gate_acc"]), "", "", "", "", "", "", qps, "reference")
+            t.add_row(arm, report._fmt(a["gate_acc"]), "", "", "", "", "", "", "reference")
         else:
             color = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[c["verdict"]]
-            extra = f" (n needed {c['needed_n']})" if c["needed_n"] else ""
+            if c["verdict"] == "inconclusive":
+                n_txt = f"about {c['needed_n']} questions" if c["needed_n"] else "an unknown number"
+                needed.append(f"{arm}: inconclusive; a conclusive answer needs {n_txt} at this drop and sd")
             t.add_row(
                 arm,
                 report._fmt(a["gate_acc"]),
@@ -196,10 +209,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 f"{c['n10']}/{c['n01']}",
                 report._p(c["mcnemar_p"]),
                 f"{c['sequences_differ']}/{c['n']}",
-                qps,
-                f"[{color}]{c['verdict']}[/]{extra}",
+                f"[{color}]{c['verdict']}[/]",
             )
     console.print(t)
+    for line in needed:
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def _banner_random() -> None:
@@ -208,12 +222,12 @@ def _banner_random() -> None:
 
 def gsm8k_command(
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...) for "
-            "random weights; a label when --weights is a checkpoint."
+            help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...) for random weights (default "
+            f"{DEFAULT_MODEL}); a label when --weights is a checkpoint (default: its directory name)."
         ),
-    ] = "ouro-1.4b",
+    ] = None,
     weights: Annotated[
         str, typer.Option(help="Checkpoint directory (config.json, safetensors, tokenizer.json) or 'random'.")
     ] = "random",
@@ -276,7 +290,7 @@ def gsm8k_command(
     from rltbench.results import RunDir
 
     config: dict[str, Any] = {
-        "model": model,
+        "model": model_label(model, weights, backend),
         "weights": weights,
         "arms": arm_names,
         "gate": gate,
@@ -302,7 +316,16 @@ def gsm8k_command(
         summary = _run(run, config, arm_names, arm_urls)
     except KeyboardInterrupt:
         run.update_manifest(status="interrupted")
-        console.print(f"[yellow]interrupted; finished arms are in {run.path}[/]")
+        done = ""
+        if (run.path / report.QUESTIONS_FILE).exists():
+            try:
+                report.render(run.path)
+                done = " (table.md covers them)"
+            except Exception as exc:  # the raw files are what matters; say why the table is missing
+                done = f" (table.md not written: {exc})"
+        console.print(
+            f"[yellow]interrupted; finished arms are in {run.path}{done}[/]", highlight=False, soft_wrap=True
+        )
         raise
     except BaseException:
         run.update_manifest(status="failed")
@@ -311,9 +334,11 @@ def gsm8k_command(
 
 
 def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[str, str]) -> dict[str, Any]:
+    from rltbench.e2e.arms import eager_reference_arms
     from rltbench.gsm8k.backends import EngineBackend, OpenAIBackend
     from rltbench.gsm8k.evaluate import run_arm
     from rltbench.gsm8k.lm import RltbenchLM
+    from rltbench.kernels import ARMS
 
     engine = codec = model = None
     if config["backend"] == "engine":
@@ -328,9 +353,18 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
         )
         config["random_weights"] = random_w
         config["tokenizer_source"] = codec.source
+        if config["weights"] != "random":
+            config["model_family"] = model.config.family
         max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
         config["max_context"] = max_context
         engine = make_engine(model, arm_names, config["batch_size"], max_context)
+        same = eager_reference_arms({a: ARMS[a] for a in arm_names}, bool(engine.use_graphs))
+        if same:
+            config["notes"] = [
+                f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
+                "reference ops, so this gate compares torch with itself"
+            ]
+            console.print(f"[yellow]note: {config['notes'][0]}[/]", highlight=False, soft_wrap=True)
     else:
         config["tokenizer_source"] = "server"
     run.update_manifest(config=config, random_weights=config["random_weights"])

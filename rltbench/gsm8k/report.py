@@ -119,10 +119,20 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
     if summary.get("random_weights"):
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
     lines += [
-        f"model `{config.get('model')}` weights `{config.get('weights')}` backend `{config.get('backend')}` "
+        f"model `{config.get('model')}`"
+        + (f" (family {config['model_family']})" if config.get("model_family") else "")
+        + f" weights `{config.get('weights')}` backend `{config.get('backend')}` "
         f"tokenizer: {config.get('tokenizer_source', '-')}",
         "",
     ]
+    for note in config.get("notes") or []:
+        lines += [f"**note: {note}**", ""]
+    if summary.get("missing_arms"):
+        lines += [
+            f"**run {summary.get('status') or 'incomplete'}: no results for arm(s) "
+            f"{', '.join(summary['missing_arms'])}; the verdict covers only the arms below**",
+            "",
+        ]
     lines += [
         "## Arms",
         "",
@@ -152,10 +162,15 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
         )
     if not summary["comparisons"]:
         lines.append("| (no variant arm) | | | | | | | | | | | | |")
+    overall = (
+        f"**Overall: {summary['overall']}** (exit code {summary['exit_code']}: 0 pass, 1 fail, "
+        "3 inconclusive, 2 usage error)"
+        if summary["comparisons"]
+        else "**Overall: n/a** (no variant arm has results: nothing was gated)"
+    )
     lines += [
         "",
-        f"**Overall: {summary['overall']}** (exit code {summary['exit_code']}: 0 pass, 1 fail, "
-        "3 inconclusive, 2 usage error)",
+        overall,
         "",
         "Rule: pass if drop + 1.645 SE <= gate; fail if drop > gate; else inconclusive "
         "(`--gate-mode point`: fail iff drop > gate). n needed = ceil((1.645 sd / (gate - drop))^2) "
@@ -236,7 +251,7 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
     wanted = list(cfg.get("arms") or (rows[0]["arms"].keys() if rows else []))
     # An interrupted run stores the arms that finished: analyse those (every row has them).
     arms = [a for a in wanted if rows and all(a in r.get("arms", {}) for r in rows)]
-    return analyze(
+    summary = analyze(
         rows,
         arms,
         arm_info,
@@ -245,6 +260,10 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
         cfg.get("gate_filter", "strict-match"),
         bool(cfg.get("random_weights", False)),
     )
+    summary["missing_arms"] = [a for a in wanted if a not in arms]
+    if summary["missing_arms"]:  # only an interrupted or failed run lacks arms
+        summary["status"] = run.manifest.get("status")
+    return summary
 
 
 def render(run_dir: str | Path) -> Path:

@@ -24,6 +24,7 @@ class FakeEngine:
     diverge: dict = field(default_factory=dict)  # arm -> position where its tokens differ
     silent: set = field(default_factory=set)  # request index suffixes that never get a token
     stall_after: dict = field(default_factory=dict)  # index -> tokens after which it stalls
+    stall_arms: set | None = None  # arms where stall_after applies (None: every arm)
     short: dict = field(default_factory=dict)  # index -> number of tokens before "finished"
     reject: set = field(default_factory=set)  # index -> add_request raises ValueError
     fail_step: int | None = None  # raise on this step number
@@ -82,7 +83,8 @@ class FakeEngine:
         for rid in active:
             st = self.live[rid]
             idx = self._idx(rid)
-            if idx in self.stall_after and st["n"] >= self.stall_after[idx]:
+            stalls = self.stall_arms is None or self.arm in self.stall_arms
+            if stalls and idx in self.stall_after and st["n"] >= self.stall_after[idx]:
                 continue
             tok = self.token(st["prompt"], st["n"], self.arm)
             st["n"] += 1

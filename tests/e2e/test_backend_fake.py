@@ -131,3 +131,18 @@ def test_ctrl_c_leaves_a_readable_run(tmp_path):
     assert len(a["cells"]) == 3 and sum(c["valid"] for c in a["cells"]) == 2
     assert RunDir.open(run.path).manifest["status"] == "interrupted"
     assert "interrupted" in (run.path / "table.md").read_text()
+
+
+def test_live_identity_ignores_requests_cut_short(tmp_path):
+    """The live table compares only what both arms finished: a stalled torch request is no mismatch."""
+    eng = FakeEngine(stall_after={"1": 2}, stall_arms={"torch"})
+    arms = ["torch", "exact"]
+    be = EngineBackend(eng, FakeParams, arms)
+    run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": arms})
+    plan = _plan(arms, [Cell("C=2", 2)], exact=["exact"])
+    plan.timeouts = Timeouts(first_token=5.0, stall=0.05)
+    with RunDisplay(live=False) as d:
+        run_plan(plan, be, run, d)
+    rows = [r for r in d.rows if r["arm"] == "exact"]
+    assert len(rows) == 2 and not any(r["exact_mismatch"] for r in rows)
+    assert [r["identity"] for r in rows] == ["1/1", "1/1"]  # request 1 (cut short) not compared

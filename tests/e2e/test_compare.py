@@ -110,3 +110,73 @@ def test_invalid_cell_is_excluded_from_pairs():
     rows = {(r["arm"], r["metric"]): r for r in paired_deltas(recs, cells, "torch")}
     assert rows[("exact", "ttft")]["reps"] == 2 and rows[("exact", "ttft")]["pairs"] == 4
     assert rows[("exact", "ttft")]["excluded_reps"] == [1]
+
+
+def test_unfinished_requests_never_raise_the_exact_alarm():
+    """A request cut short (deadline, timeout) stops early: its shorter sequence is not a divergence.
+    Old code compared partial ids to full ones and shouted EXACT ARM MISMATCH on every deadline."""
+    recs = _records()
+    for r in recs:
+        if r["arm"] == "exact" and r["rep"] == 2:  # the global deadline cut the exact cell
+            r.update(status="timeout", token_ids=r["token_ids"][:2])
+        if r["arm"] == "torch" and r["rep"] == 1 and r["request"] == 0:
+            r.update(status="error", token_ids=r["token_ids"][:1])
+    rows = {r["arm"]: r for r in identity(recs, "torch", {"exact"})}
+    assert rows["exact"]["exact_mismatch"] is False
+    assert rows["exact"]["compared"] == 3 and rows["exact"]["identical"] == 3
+    assert rows["exact"]["not_compared"] == 3
+    # a divergence inside the tokens both produced is still a divergence (and still a bug)
+    for r in recs:
+        if r["arm"] == "exact" and r["rep"] == 2 and r["request"] == 1:
+            r["token_ids"] = [2, 9]
+    rows = {r["arm"]: r for r in identity(recs, "torch", {"exact"})}
+    assert rows["exact"]["exact_mismatch"] is True and rows["exact"]["first_divergence_min"] == 1
+    assert rows["exact"]["compared"] == 4
+
+
+def test_one_repetition_throughput_has_no_verdict():
+    """One repetition gives one throughput ratio and no interval: 'better'/'worse' would be a claim
+    without evidence (old code said 'better' for +0.7% on one CPU run)."""
+    recs = [r for r in _records(speed=0.5) if r["rep"] == 0]
+    rows = {(r["arm"], r["metric"]): r for r in paired_deltas(recs, compute_cells(recs), "torch")}
+    tps = rows[("exact", "output_tok_s")]
+    assert tps["ci_lo"] is None and tps["delta"] == pytest.approx(1.5 / 1.25 - 1)
+    assert tps["verdict"] == "n/a"
+    assert rows[("exact", "ttft")]["verdict"] == "better"  # requests still give an interval
+
+
+def test_latency_table_gives_each_metric_p50_p90_p99_and_its_own_count(tmp_path):
+    """Spec: p50/p90/p99 with the sample count (old table: no p90 beyond TTFT, one n for all).
+    One-token requests have a TTFT but no TPOT: the TPOT percentiles must show their own n."""
+    from rltbench.e2e.report import render
+    from rltbench.results import RunDir
+
+    run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": ["torch"], "repeats": 1})
+    for req, n in enumerate((1, 4)):
+        rec = _rec("torch", 0, req, 0.2, 0.1, list(range(n)), n=n)
+        run.append_jsonl("requests.jsonl", rec)
+    run.update_manifest(status="complete")
+    render(run.path)
+    latency = (run.path / "table.md").read_text().split("## Latency", 1)[1]
+    row = next(line for line in latency.splitlines() if line.startswith("| C=2 |"))
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[3] == "2" and cols[5] == "1"  # n TTFT = 2 requests, n TPOT = 1 (the 1-token one has none)
+    assert cols[2] == "200.00 / 200.00 / 200.00*"  # p50 / p90 / p99, the p99 from < 100 samples marked
+    assert cols[4] == "100.00 / 100.00 / 100.00*" and cols[7] == "3" and cols[9] == "2"
+
+
+def test_report_of_one_token_outputs_warns_nothing(tmp_path):
+    """--output-len 1 has no TPOT: the empty latency panel made matplotlib warn on the console."""
+    import warnings
+
+    from rltbench.e2e.report import render
+    from rltbench.results import RunDir
+
+    run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": ["torch"], "repeats": 1})
+    for req in range(2):
+        run.append_jsonl("requests.jsonl", _rec("torch", 0, req, 0.2, 0.1, [5], n=1))
+    run.update_manifest(status="complete")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        render(run.path)
+    assert (run.path / "latency.png").is_file()

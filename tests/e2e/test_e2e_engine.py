@@ -61,13 +61,15 @@ def test_burst_torch_vs_exact_all_scope(tmp_path):
     text = (out / "table.md").read_text()
     assert "random weights: text is not meaningful" in text and "## Metric definitions" in text
     assert "exact (" in text and "speedup" in text
+    assert "no A/A arm (torch run twice, e.g. --arms torch,exact,torch)" in text
+    assert "run the torch reference ops" not in text  # --scope all: the kernels really ran
     # render from raw files only reproduces the same table
     (out / "table.md").unlink()
     render(out)
     assert (out / "table.md").read_text() == text
 
 
-def test_session_replay_aa_with_prefix_hits(tmp_path):
+def test_session_replay_aa_with_prefix_hits(tmp_path, capsys):
     # 4 turns of one conversation, 0.6 s apart: each turn extends the previous prompt (shared hash ids)
     trace = tmp_path / "conv.jsonl"
     recs = [
@@ -114,6 +116,11 @@ def test_session_replay_aa_with_prefix_hits(tmp_path):
     # session batches depend on timing, so the A/A identity is reported, not required to be 100%
     assert ident[0]["arm"] == "torch#2" and ident[0]["compared"] == 4 and ident[0]["aa"]
     assert "Session prefix cache" in (out / "table.md").read_text()
+    assert "no A/A arm" not in (out / "table.md").read_text()
+    # the spec asks to print both rates: the console says them too, not only table.md
+    m = cells[0]["measured_prefix_hit_rate"]
+    printed = capsys.readouterr().out
+    assert f"prefix-hit rate: theoretical {288 / 424:.1%}, measured torch {m:.1%}" in printed
 
 
 @pytest.mark.parametrize(
@@ -145,7 +152,7 @@ def test_bad_flags_exit_2(args, tmp_path, capsys):
     assert "error" in err and "Traceback" not in err
 
 
-def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch):
+def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch, capsys):
     from rltbench.e2e.engine_backend import EngineBackend
 
     orig = EngineBackend.run_cell
@@ -176,9 +183,17 @@ def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch):
     run = RunDir.open(out)
     assert run.manifest["status"] == "interrupted"
     assert len(run.read_jsonl("requests.jsonl")) == 1 and (out / "table.md").is_file()
+    # typer turns Ctrl-C into a silent exit 130: the command itself must say where the results are
+    assert f"interrupted: 1 finished cells kept in {out}" in capsys.readouterr().out
     monkeypatch.setattr(EngineBackend, "run_cell", orig)
+    base[1] = "torch,exact"  # scope graph (the default) on CPU: exact silently runs torch's ops
     rc, out = _run([*base, "--deadline", "0.001"], tmp_path, "deadline")
     assert rc == 0
     run = RunDir.open(out)
-    assert run.manifest["status"] == "interrupted" and run.manifest["skipped_cells"] == 2
+    assert run.manifest["status"] == "interrupted" and run.manifest["skipped_cells"] == 4
     assert "deadline" in run.manifest["interrupted_by"]
+    assert "finished cells kept" not in capsys.readouterr().out  # the deadline is reported as such
+    assert "scope=graph arm(s) exact run the torch reference ops" in run.manifest["config"]["notes"][0]
+    text = (out / "table.md").read_text()
+    assert "run the torch reference ops" in text
+    assert "- status: interrupted (global deadline (--deadline); 4 cells skipped)" in text

@@ -1,0 +1,146 @@
+"""What the user reads: the console gate table on an 80-column log, and the model a run names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+import rltbench.gsm8k.cli as gcli
+
+
+def _summary() -> dict:
+    cmp = dict(ucb95=3.2, n=1319, needed_n=None)
+    return {
+        "reference": "torch",
+        "n": 1319,
+        "gate": 1.0,
+        "gate_mode": "ucb",
+        "gate_filter": "flexible-extract",
+        "arms": {a: {"gate_acc": 68.97} for a in ("torch", "exact", "approx", "approx_long")},
+        "comparisons": [
+            {
+                **cmp,
+                "arm": "exact",
+                "drop": 0.0,
+                "se": 0.0,
+                "n10": 0,
+                "n01": 0,
+                "mcnemar_p": 1.0,
+                "sequences_differ": 0,
+                "verdict": "pass",
+            },
+            {
+                **cmp,
+                "arm": "approx",
+                "drop": -10.5,
+                "se": 1.62,
+                "n10": 300,
+                "n01": 1000,
+                "mcnemar_p": 1.2e-5,
+                "sequences_differ": 1319,
+                "verdict": "inconclusive",
+                "needed_n": 12345,
+            },
+            {
+                **cmp,
+                "arm": "approx_long",
+                "drop": -28.74,
+                "se": 12.56,
+                "n10": 1000,
+                "n01": 1000,
+                "mcnemar_p": 0.45,
+                "sequences_differ": 1319,
+                "verdict": "fail",
+            },
+        ],
+    }
+
+
+def test_gate_table_is_never_cut_on_an_80_column_log(monkeypatch) -> None:
+    """Old table: 10 padded columns on 80 columns printed 'appr…', 'verd…', 'refe…'."""
+    con = Console(width=80, force_terminal=False, record=True)
+    monkeypatch.setattr(gcli, "console", con)
+    gcli._print_summary(_summary())
+    text = con.export_text()
+    assert "…" not in text
+    for cell in ("approx_long", "inconclusive", "reference", "1000/1000", "1.2e-05", "1319/1319", "-28.74"):
+        assert cell in text, cell
+    assert "approx: inconclusive; a conclusive answer needs about 12345 questions" in text
+
+
+@pytest.mark.parametrize(
+    ("model", "weights", "backend", "label"),
+    [
+        (None, "random", "engine", "ouro-1.4b"),
+        ("ouro-tiny", "random", "engine", "ouro-tiny"),
+        (None, "/x/my-ckpt/", "engine", "my-ckpt (checkpoint)"),
+        ("mine", "/x/my-ckpt", "engine", "mine"),
+        (None, "random", "openai", "served model (see --arm)"),
+    ],
+)
+def test_model_label_never_names_the_default_preset_for_a_checkpoint(model, weights, backend, label) -> None:
+    assert gcli.model_label(model, weights, backend) == label
+
+
+def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
+    """A huginn checkpoint used to be labelled `ouro-1.4b` (the --model default) in table.md; on CPU
+    the scope-graph arms run torch's ops, which the run must say (it compares torch with itself)."""
+    pytest.importorskip("lm_eval")
+    from typer.testing import CliRunner
+
+    from rltbench.cli import app
+    from rltbench.gsm8k.textcodec import train_fallback_tokenizer
+    from rltbench.models import build_model, save_hf_checkpoint
+
+    ckpt = tmp_path / "hug-ckpt"
+    save_hf_checkpoint(build_model("huginn-tiny", device="cpu", seed=3), ckpt)
+    texts = ["Q: Tom has 3 apples and buys 4. How many?\nA: 3 + 4 = 7. The answer is 7.\n\n"] * 20
+    train_fallback_tokenizer(texts, model_vocab=256).save(str(ckpt / "tokenizer.json"))
+    out = tmp_path / "run"
+    args = "gsm8k --weights {} --arms torch,exact --limit 2 --num-fewshot 0 --max-gen-toks 4 --batch-size 2 "
+    args += "--device cpu --result-dir {}"
+    res = CliRunner().invoke(app, args.format(ckpt, out).split())
+    assert res.exit_code == 0, res.output
+    table = (out / "table.md").read_text()
+    assert "model `hug-ckpt (checkpoint)` (family huginn)" in table and "ouro-1.4b" not in table
+    assert "scope=graph arm(s) exact run the torch reference ops" in table
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["model_family"] == "huginn" and manifest["random_weights"] is False
+    assert "torch reference ops" in res.output
+
+
+def test_ctrl_c_after_the_first_arm_keeps_a_readable_partial_report(tmp_path, monkeypatch) -> None:
+    """Old code: the interrupted run had no table.md, and `rltbench report` then wrote 'Overall: n/a
+    (exit code 0 ...)' with no word about the arms that never ran."""
+    pytest.importorskip("lm_eval")
+    from typer.testing import CliRunner
+
+    import rltbench.gsm8k.evaluate as ev
+    from rltbench.cli import app
+    from rltbench.gsm8k.textcodec import train_fallback_tokenizer
+
+    orig, calls = ev.run_arm, []
+
+    def second_arm_interrupted(name, *a, **k):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return orig(name, *a, **k)
+
+    monkeypatch.setattr(ev, "run_arm", second_arm_interrupted)
+    tok = tmp_path / "tokenizer.json"
+    texts = ["Q: Tom has 3 apples and buys 4. How many?\nA: 3 + 4 = 7. The answer is 7.\n\n"] * 20
+    train_fallback_tokenizer(texts, model_vocab=256).save(str(tok))
+    out = tmp_path / "run"
+    args = "gsm8k --model ouro-tiny --arms torch,exact --limit 2 --num-fewshot 0 --max-gen-toks 4 "
+    args += f"--batch-size 2 --device cpu --tokenizer {tok} --result-dir {out}"
+    res = CliRunner().invoke(app, args.split())
+    assert res.exit_code == 130 and calls == ["torch", "exact"]
+    assert f"interrupted; finished arms are in {out} (table.md covers them)" in res.output
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    table = (out / "table.md").read_text()
+    assert "**run interrupted: no results for arm(s) exact; the verdict covers only the arms below**" in table
+    assert "**Overall: n/a** (no variant arm has results: nothing was gated)" in table
+    assert "exit code 0" not in table
