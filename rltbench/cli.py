@@ -72,6 +72,9 @@ def _user_errors_exit_2(func):
         except UsageError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:  # typer would exit 130 silently
+            err_console.print("[yellow]interrupted: finished results were kept on disk[/]")
+            raise typer.Exit(code=130) from None
 
     return wrapper
 

@@ -193,7 +193,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
             "--weights",
             "random",
             "--arms",
-            "torch,exact",
+            "torch,exact,torch",
             "--workload",
             "session",
             "--trace",

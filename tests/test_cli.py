@@ -43,3 +43,17 @@ def test_unexpected_errors_are_not_masked(tmp_path, monkeypatch) -> None:
 
 def _boom(path) -> None:
     raise RuntimeError("the real error")
+
+
+def _interrupt(path) -> None:
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_says_results_were_kept_and_exits_130(tmp_path, monkeypatch, capsys) -> None:
+    import rltbench.cli as cli
+    from rltbench.results import RunDir
+
+    RunDir.create("kernels", tmp_path / "run")
+    monkeypatch.setitem(cli.RENDERERS, "kernels", ("tests.test_cli", "_interrupt"))
+    assert main(["report", str(tmp_path / "run")]) == 130
+    assert "interrupted" in capsys.readouterr().err

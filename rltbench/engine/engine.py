@@ -121,17 +121,20 @@ class Engine:
         planes, hkv, hd = int(mc.num_kv_planes), int(mc.num_kv_heads), int(mc.head_dim)
         bpb = kv_bytes_per_block(planes, bs, hkv, hd, self.dtype)
         if cfg.num_blocks is not None:
-            n = cfg.num_blocks
+            n, budget = cfg.num_blocks, "num_blocks"
         elif cfg.kv_cache_gib is not None:
             n = int(cfg.kv_cache_gib * 2**30 // bpb)
+            budget = f"--kv-cache-gib {cfg.kv_cache_gib:g} ({cfg.kv_cache_gib * 2**30:,.0f} bytes)"
         elif self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             n = int((free - cfg.kv_headroom_gib * 2**30) // bpb)
+            budget = f"free GPU memory {free / 2**30:.1f} GiB minus {cfg.kv_headroom_gib:g} GiB headroom"
         else:
-            n = cfg.cpu_num_blocks
+            n, budget = cfg.cpu_num_blocks, "cpu_num_blocks"
         if n < 1:
             raise UsageError(
-                f"KV pool too small: {bpb / 2**20:.1f} MiB per block of {bs} tokens does not fit"
+                f"KV pool too small: one block of {bs} tokens needs {bpb:,} bytes "
+                f"({planes} planes x K,V x {hkv} heads x {hd}), more than {budget}"
             )
         self.num_blocks = n
         self.kv_bytes_per_token = bpb // bs

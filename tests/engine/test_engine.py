@@ -328,3 +328,8 @@ def test_arm_names_from_kernels_registry(ouro_tiny):
     json.dumps(eng.stats())  # plain data, ops stats included
     with pytest.raises(UsageError, match="unknown arm"):
         Engine(ouro_tiny, ["nope"], EngineConfig(num_blocks=8))
+
+
+def test_kv_pool_too_small_names_the_block_size_and_budget(ouro_tiny, ops):
+    with pytest.raises(UsageError, match=r"one block of 4 tokens needs [\d,]+ bytes .*--kv-cache-gib 1e-07"):
+        make_engine(ouro_tiny, ops, num_blocks=None, kv_cache_gib=1e-7)

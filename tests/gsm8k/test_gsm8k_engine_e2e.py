@@ -54,7 +54,15 @@ def _run(tmp_path, arms: str, device: str):
     return res, out
 
 
-def test_tiny_model_two_arms(tmp_path) -> None:
+def test_tiny_model_two_arms(tmp_path, monkeypatch) -> None:
+    """torch vs exact with the exact kernels really running: on CPU the default scope 'graph' would
+    run torch's ops in both arms (no capture), so the exact arm is switched to scope 'all' here and
+    its norms and RoPE run through the Triton interpreter (fp32 SiLU on CPU is routed to torch)."""
+    import dataclasses
+
+    from rltbench.kernels import ARMS
+
+    monkeypatch.setitem(ARMS, "exact", dataclasses.replace(ARMS["exact"], scope="all"))
     res, out = _run(tmp_path, "torch,exact", "cpu")
     assert res.exit_code == 0, res.output
     assert "RANDOM WEIGHTS" in res.output
@@ -71,6 +79,8 @@ def test_tiny_model_two_arms(tmp_path) -> None:
         assert all(0 <= i < 256 for i in t["token_ids"])
     for arm in ("torch", "exact"):
         assert summary["arms"][arm]["questions_per_s"] > 0
+    fused = json.loads((out / "arms.json").read_text())["exact"]["engine_stats"]["ops"]["fused"]
+    assert fused.get("rms_norm", 0) > 0 and fused.get("rope_neox", 0) > 0  # the kernels really ran
     assert "RANDOM WEIGHTS" in (out / "table.md").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["random_weights"] is True and manifest["status"] == "complete"
