@@ -119,6 +119,18 @@ STAGES: dict[str, tuple[int, list[str]]] = {
             ),
         ],
     ),
+    "memcheck": (
+        300,
+        [
+            "compute-sanitizer",
+            "--tool",
+            "memcheck",
+            "--error-exitcode",
+            "1",
+            PY,
+            str(ROOT / "scripts" / "memcheck_kernels.py"),
+        ],
+    ),
     "decode": (
         240,
         [

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Run every fused kernel once per layout at small sizes: the workload for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/memcheck_kernels.py
+
+Covers the exact and approx arm of every op (row offsets, strided rows, odd widths, T = 1, 3
+and 130), the one-launch exact norm kernels, and the engine's paged attention
+kernels (padding rows with length 0 included). Each output is also compared with torch, so a
+sanitizer-clean run is a correct one too. Without a GPU it runs the same calls through the
+Triton interpreter (a smoke test of this script; memcheck needs CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from rltbench.kernels import OPS, Ops, OpSelection, make_ops, op_case  # noqa: E402
+from rltbench.kernels import reference as ref  # noqa: E402
+
+WIDTHS = {"rope_neox": (256, 384), "rope_interleaved": (96, 288)}
+
+
+def check_ops(device: torch.device, tokens: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> int:
+    """Every op, both fused arms, plain and offset/strided inputs; returns the number of calls."""
+    calls = 0
+    gen = torch.Generator(device=device).manual_seed(0)
+    torch_ops = make_ops(OpSelection.torch())
+    for arm in ("exact", "approx"):
+        # the one-launch norm is checked on its own below: its start-up validation sweeps 1e8+
+        # elements, far too slow under memcheck
+        ops = Ops(OpSelection(norm=arm, rope=arm, act=arm, scope="all"), onelaunch_norm=False)
+        for name in OPS:
+            case = op_case(name)
+            for width in WIDTHS.get(name, (64, 517)):
+                for dtype in dtypes:
+                    for t in tokens:
+                        inputs = case.make_inputs(t, width, dtype, device, gen)
+                        got = case.run(ops, inputs)
+                        want = case.run(torch_ops, inputs)
+                        if arm == "exact":
+                            for g, w in zip(got, want, strict=True):
+                                if not torch.equal(g, w):
+                                    raise SystemExit(f"exact {name} {dtype} T={t} W={width}: differs")
+                        calls += 1
+    # row offsets and strided rows (views into a wider buffer)
+    for arm in ("exact", "approx"):
+        ops = Ops(OpSelection(norm=arm, rope="off", act=arm, scope="all"), onelaunch_norm=False)
+        base = torch.randn(7, 1100, device=device, generator=gen).to(torch.bfloat16)
+        x, r, w = base[2:, 3:520], base[1:6, 530:1047], torch.randn(517, device=device, generator=gen)
+        w = w.to(torch.bfloat16)
+        out = ops.residual_rms_norm(r, x, w, 1e-6)
+        if arm == "exact" and not torch.equal(out, ref.residual_rms_norm(r, x, w, 1e-6)):
+            raise SystemExit("exact residual norm on strided rows differs")
+        g, u = base[:, :517], base[:, 517:1034]
+        ops.silu_mul(g, u)
+        calls += 2
+    return calls
+
+
+def check_onelaunch(device: torch.device) -> int:
+    """The one-launch exact norm kernels (GPU only: CPU torch sums in another order), called
+    directly at small sizes in the order expected for this torch version, without validation."""
+    if device.type != "cuda":
+        return 0
+    from rltbench.kernels import norm_onelaunch as one
+
+    gen = torch.Generator(device=device).manual_seed(2)
+    calls = 0
+    for t in (1, 3):
+        x, r = (torch.randn(t, 2048, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        w1, w2 = (torch.randn(2048, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        out = torch.empty_like(x)
+        one.rms_norm_onelaunch_rows(x, w1, 1e-6, out, residual=r)
+        h, y = torch.empty_like(x), torch.empty_like(x)
+        one.residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, 1e-6, h, y)
+        calls += 2
+    return calls
+
+
+def check_attention(device: torch.device) -> int:
+    from rltbench.engine import attention as attn
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    nb, bs, h, d = 40, 16, 4, 96
+    kc = torch.randn(nb, bs, h, d, device=device, generator=gen).to(torch.bfloat16)
+    vc = torch.randn(nb, bs, h, d, device=device, generator=gen).to(torch.bfloat16)
+    bt = torch.randperm(nb, device=device, generator=gen)[:24].view(3, 8).to(torch.int32)
+    lens = torch.tensor([100, 0, 17], dtype=torch.int32, device=device)  # a padding row
+    q = torch.randn(3, h, d, device=device, generator=gen).to(torch.bfloat16)
+    attn.paged_decode_attention(q, kc, vc, bt, lens, d**-0.5)
+    k = torch.randn(3, h, d, device=device, generator=gen).to(torch.bfloat16)
+    slots = torch.tensor([5, -1, 40], dtype=torch.int64, device=device)
+    attn.write_kv(kc, vc, k, k, slots)
+    return 2
+
+
+def main() -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    tokens = (1, 3, 130) if on_gpu else (1, 3)
+    dtypes = (torch.bfloat16, torch.float16, torch.float32) if on_gpu else (torch.bfloat16,)
+    with torch.inference_mode():
+        n = check_ops(device, tokens, dtypes) + check_onelaunch(device) + check_attention(device)
+    if on_gpu:
+        torch.cuda.synchronize()
+    print(f"memcheck workload: {n} kernel calls on {device}, exact outputs equal to torch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
