@@ -7,7 +7,10 @@ Kept apart from cli.py so tests (and the lead's GPU script) can call `build_and_
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
+
+from rich.console import Console
 
 from rltbench.e2e import report
 from rltbench.e2e.arms import eager_reference_arms, is_exact, parse_arms, reference_arm, selection_dict
@@ -105,7 +108,7 @@ def make_plan(
 def _build_model(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The model for the engine backend and the facts for the manifest (device, dtype, random weights)."""
     from rltbench.e2e.cli import _device_dtype
-    from rltbench.models import build_model, load_model
+    from rltbench.models import build_model, cpu_size_note, load_model
 
     dev, dt = _device_dtype(opts["device"], opts["dtype"])
     if opts["weights"] == "random":
@@ -113,6 +116,9 @@ def _build_model(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     else:
         model, _tok = load_model(opts["weights"], device=dev, dtype=dt, tokenizer=False)
     model.eval()
+    note = cpu_size_note(model)
+    if note:
+        Console(stderr=True).print(f"[yellow]{note}[/]", highlight=False)
     return model, {
         "device": dev,
         "dtype": str(dt).replace("torch.", ""),
@@ -311,6 +317,7 @@ def _make_engine(
     kw: dict[str, Any] = {}
     if opts["kv_cache_gib"] is None and next(model.parameters()).device.type == "cpu":
         kw["num_blocks"] = max(need_blocks, 64)  # CPU: exactly what the load needs (tests, dry runs)
+        _check_cpu_memory(model, kw["num_blocks"], bs)
     ecfg = EngineConfig(
         kv_cache_gib=opts["kv_cache_gib"],
         block_size=bs,
@@ -331,6 +338,32 @@ def _make_engine(
             "raise --kv-cache-gib or lower --concurrency (C is never shrunk silently)"
         )
     return eng
+
+
+def _available_memory_bytes() -> int | None:
+    """Memory the OS can give this process now (Linux), None where it cannot be read."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_cpu_memory(model: Any, num_blocks: int, block_size: int) -> None:
+    """Refuse, in one line, a CPU KV pool that cannot fit in memory (instead of an allocator error)."""
+    from rltbench.engine.paged_context import kv_bytes_per_block
+
+    mc = model.config
+    dtype = next(model.parameters()).dtype
+    need = num_blocks * kv_bytes_per_block(
+        int(mc.num_kv_planes), block_size, int(mc.num_kv_heads), int(mc.head_dim), dtype
+    )
+    avail = _available_memory_bytes()
+    if avail is not None and need > 0.8 * avail:
+        raise UsageError(
+            f"the load needs {need / 2**30:.1f} GiB of KV cache ({num_blocks} blocks of {block_size} tokens, "
+            f"{int(mc.num_kv_planes)} KV planes) but this machine has {avail / 2**30:.1f} GiB free: lower "
+            "--concurrency / --input-len / --output-len, or use a tiny preset (--model ouro-tiny) on CPU"
+        )
 
 
 def _arm_stats(engine: Any, arms: list[str]) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def build_engine_side(
 ) -> tuple[Any, Any, bool]:
     """(model, codec, random_weights): a preset with random weights or a checkpoint, and its text codec."""
     from rltbench.gsm8k import textcodec
-    from rltbench.models import build_model, get_config, load_model
+    from rltbench.models import build_model, cpu_size_note, get_config, load_model
 
     dev, dt = _device_and_dtype(device, dtype)
     if weights == "random":
@@ -142,6 +142,9 @@ def build_engine_side(
         tok = None
     else:
         model, tok = load_model(weights, device=dev, dtype=dt, tokenizer=tokenizer is None)
+    note = cpu_size_note(model)
+    if note:
+        console.print(f"[yellow]{note}[/]", highlight=False)
     if tokenizer is not None:
         codec = textcodec.load_tokenizer_file(tokenizer)
     elif tok is not None:

@@ -14,7 +14,7 @@ from rltbench.models.configs import (
 )
 from rltbench.models.dense_kv import DenseKVCache
 from rltbench.models.huginn import HuginnForCausalLM
-from rltbench.models.loading import Tokenizer, build_model, load_model, save_hf_checkpoint
+from rltbench.models.loading import Tokenizer, build_model, cpu_size_note, load_model, save_hf_checkpoint
 from rltbench.models.ouro import OuroForCausalLM
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Tokenizer",
     "build_model",
     "config_from_hf",
+    "cpu_size_note",
     "get_config",
     "list_presets",
     "load_model",

@@ -163,8 +163,13 @@ def _checkpoint_files(ckpt: Path) -> dict[str, Path]:
     raise UsageError(f"no model.safetensors or model.safetensors.index.json in {ckpt}")
 
 
-def _validate(located: dict[str, Path], required: dict[str, tuple[int, ...]],
-              optional: dict[str, tuple[int, ...]], optional_pred: Any, ckpt: Path) -> None:
+def _validate(
+    located: dict[str, Path],
+    required: dict[str, tuple[int, ...]],
+    optional: dict[str, tuple[int, ...]],
+    optional_pred: Any,
+    ckpt: Path,
+) -> None:
     missing = sorted(set(required) - set(located))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -184,11 +189,9 @@ def _validate(located: dict[str, Path], required: dict[str, tuple[int, ...]],
                 want = required.get(key) or optional.get(key)
                 shape = tuple(sl.get_shape())
                 if want is not None and shape != want:
-                    raise UsageError(f"{path}: tensor {key!r} has shape {list(shape)}, "
-                                     f"expected {list(want)}")
+                    raise UsageError(f"{path}: tensor {key!r} has shape {list(shape)}, expected {list(want)}")
                 if sl.get_dtype() not in _FLOAT_DTYPES:
-                    raise UsageError(f"{path}: tensor {key!r} has dtype {sl.get_dtype()}, "
-                                     "expected a float")
+                    raise UsageError(f"{path}: tensor {key!r} has dtype {sl.get_dtype()}, expected a float")
 
 
 def _eos_ids(ckpt: Path, config: ModelConfig, tokenizer: Tokenizer | None) -> tuple[int, ...]:
@@ -271,8 +274,11 @@ def save_hf_checkpoint(model: LoopedModel, out_dir: str | Path, max_shard_bytes:
     out.mkdir(parents=True, exist_ok=True)
     # A previous save's index or shards would shadow (index) or sit beside the new weights: the
     # loader prefers an index, so a stale one silently loads the old model.
-    stale = [out / "model.safetensors.index.json", out / "model.safetensors",
-             *out.glob("model-*-of-*.safetensors")]
+    stale = [
+        out / "model.safetensors.index.json",
+        out / "model.safetensors",
+        *out.glob("model-*-of-*.safetensors"),
+    ]
     for path in stale:
         if path.is_file():
             path.unlink()
@@ -305,3 +311,20 @@ def save_hf_checkpoint(model: LoopedModel, out_dir: str | Path, max_shard_bytes:
 
 
 __all__ = ["HuginnConfig", "OuroConfig", "Tokenizer", "build_model", "load_model", "save_hf_checkpoint"]
+
+
+def cpu_size_note(model: torch.nn.Module, limit_params: int = 50_000_000) -> str | None:
+    """A one-line warning when a full-size model runs on the CPU (hours per benchmark), else None.
+
+    Commands print it before long work so a user who forgot `--device cuda` or meant a tiny
+    preset finds out at once rather than after an hour."""
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu":
+        return None
+    n = sum(p.numel() for p in model.parameters())
+    if n <= limit_params:
+        return None
+    return (
+        f"{n / 1e9:.2f}B parameters on the CPU: every token runs all loops of the model here, so this "
+        "will be very slow; use a GPU (--device cuda) or a tiny preset (--model ouro-tiny / huginn-tiny)"
+    )
