@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,231 +28,47 @@ RESULTS = ROOT / "results" / "gpu"
 PY = sys.executable
 RLT = [PY, "-m", "rltbench.cli"]
 
+OURO = "--model ouro-1.4b --weights random --dtype bfloat16 --device cuda --seed 0 --no-live"
+
+
+def rlt(args: str, out: str) -> list[str]:
+    """An rltbench command line writing into results/gpu/<out>."""
+    return RLT + shlex.split(args) + ["--result-dir", str(RESULTS / out)]
+
+
 # name -> (time limit in seconds, command). Commands run from the repo root.
 STAGES: dict[str, tuple[int, list[str]]] = {
-    "env": (
-        60,
-        [
-            "bash",
-            "-c",
-            "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
-            "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'",
-        ],
-    ),
-    "tests": (
-        260,
-        [
-            PY,
-            "-m",
-            "pytest",
-            "-q",
-            "--run-gpu",
-            "-m",
-            "gpu",
-            "-p",
-            "no:cacheprovider",
-            "-rfE",
-            "--junitxml",
-            str(RESULTS / "tests" / "junit.xml"),
-            "tests",
-        ],
-    ),
-    "kernels": (
-        200,
-        RLT
-        + [
-            "kernels",
-            "--tokens",
-            "1,8,128,4096",
-            "--arms",
-            "torch,exact,approx",
-            "--dtypes",
-            "bf16",
-            "--mode",
-            "both",
-            "--repeats",
-            "50",
-            "--result-dir",
-            str(RESULTS / "kernels"),
-        ],
-    ),
-    "kernels-dtypes": (
-        150,
-        RLT
-        + [
-            "kernels",
-            "--tokens",
-            "1,128",
-            "--arms",
-            "torch,exact,approx",
-            "--dtypes",
-            "fp16,fp32",
-            "--mode",
-            "graph",
-            "--repeats",
-            "30",
-            "--result-dir",
-            str(RESULTS / "kernels-dtypes"),
-        ],
-    ),
-    "onelaunch": (
-        120,
-        [
-            PY,
-            "-c",
-            "import json, pathlib; from rltbench.kernels.norm_onelaunch import "
-            "bench_onelaunch, format_bench, validation_report; rows = bench_onelaunch(); "
-            "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
-            "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
-            "'validation': validation_report()}, indent=1, default=str))",
-        ],
-    ),
-    "norm-tune": (
-        90,
-        [
-            "bash",
-            "-c",
-            " && ".join(
-                f"RLTBENCH_APPROX_NORM_ROWS={r} {' '.join(RLT)} kernels --ops rmsnorm,rmsnorm_huginn "
-                f"--tokens 4096 --arms torch,approx --dtypes bf16 --mode graph --repeats 30 "
-                f"--result-dir {RESULTS / 'norm-tune'}/rows{r}"
-                for r in (1, 2, 4)
-            ),
-        ],
-    ),
-    "memcheck": (
-        300,
-        [
-            "compute-sanitizer",
-            "--tool",
-            "memcheck",
-            "--error-exitcode",
-            "1",
-            PY,
-            str(ROOT / "scripts" / "memcheck_kernels.py"),
-        ],
-    ),
-    "decode": (
-        240,
-        [
-            PY,
-            str(ROOT / "scripts" / "decode_steps.py"),
-            "--iters",
-            "60",
-            "--result-dir",
-            str(RESULTS / "decode"),
-        ],
-    ),
-    "profile": (
-        200,
-        RLT
-        + [
-            "profile",
-            "--model",
-            "ouro-1.4b",
-            "--batch",
-            "1",
-            "--context",
-            "512",
-            "--arms",
-            "torch,exact,approx",
-            "--iters",
-            "100",
-            "--result-dir",
-            str(RESULTS / "profile"),
-        ],
-    ),
-    "e2e": (
-        330,
-        RLT
-        + [
-            "e2e",
-            "--model",
-            "ouro-1.4b",
-            "--weights",
-            "random",
-            "--arms",
-            "torch,exact,approx,torch",
-            "--workload",
-            "burst",
-            "--concurrency",
-            "1,8,32,128",
-            "--input-len",
-            "512",
-            "--output-len",
-            "128",
-            "--repeats",
-            "2",
-            "--seed",
-            "0",
-            "--dtype",
-            "bfloat16",
-            "--device",
-            "cuda",
-            "--deadline",
-            "310",
-            "--no-live",
-            "--result-dir",
-            str(RESULTS / "e2e"),
-        ],
-    ),
-    "e2e-session": (
-        200,
-        RLT
-        + [
-            "e2e",
-            "--model",
-            "ouro-1.4b",
-            "--weights",
-            "random",
-            "--arms",
-            "torch,exact,torch",
-            "--workload",
-            "session",
-            "--trace",
-            "mooncake-h200",
-            "--max-requests",
-            "100",
-            "--repeats",
-            "1",
-            "--seed",
-            "0",
-            "--dtype",
-            "bfloat16",
-            "--device",
-            "cuda",
-            "--deadline",
-            "180",
-            "--no-live",
-            "--result-dir",
-            str(RESULTS / "e2e-session"),
-        ],
-    ),
-    "gsm8k": (
-        200,
-        RLT
-        + [
-            "gsm8k",
-            "--model",
-            "ouro-1.4b",
-            "--weights",
-            "random",
-            "--arms",
-            "torch,exact,approx",
-            "--gate",
-            "1.0",
-            "--limit",
-            "87",
-            "--max-gen-toks",
-            "256",
-            "--batch-size",
-            "32",
-            "--device",
-            "cuda",
-            "--result-dir",
-            str(RESULTS / "gsm8k"),
-        ],
-    ),
+    "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
+                 "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
+    "tests": (260, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+                    "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
+    "kernels": (200, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode both "
+                         "--repeats 50", "kernels")),
+    "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
+                                "--mode graph --repeats 30", "kernels-dtypes")),
+    "onelaunch": (120, [PY, "-c", "import json, pathlib; from rltbench.kernels.norm_onelaunch import "
+                        "bench_onelaunch, format_bench, validation_report; rows = bench_onelaunch(); "
+                        "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
+                        "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
+                        "'validation': validation_report()}, indent=1, default=str))"]),
+    # rows per program of the approx norm, swept (RLTBENCH_APPROX_NORM_ROWS is recorded in manifests)
+    "norm-tune": (90, ["bash", "-c", " && ".join(
+        f"RLTBENCH_APPROX_NORM_ROWS={r} " + shlex.join(rlt(
+            "kernels --ops rmsnorm,rmsnorm_huginn --tokens 4096 --arms torch,approx --dtypes bf16 "
+            "--mode graph --repeats 30", f"norm-tune/rows{r}"))
+        for r in (1, 2, 4))]),
+    "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
+                       str(ROOT / "scripts" / "memcheck_kernels.py")]),
+    "decode": (240, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--iters", "60",
+                     "--result-dir", str(RESULTS / "decode")]),
+    "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
+                         "--iters 100", "profile")),
+    "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
+                     "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
+    "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
+                             "--max-requests 100 --repeats 1 --deadline 180", "e2e-session")),
+    "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx --gate 1.0 "
+                       "--limit 87 --max-gen-toks 256 --batch-size 32 --device cuda", "gsm8k")),
 }
 
 

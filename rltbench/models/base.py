@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from rltbench.errors import UsageError
-from rltbench.models._ref_ops import default_ops
+from rltbench.kernels import ARMS, make_ops
 from rltbench.models.dense_kv import DenseKVCache
 
 
@@ -79,7 +79,7 @@ class LoopedModel(nn.Module):
                 f"generate(): prompt + max_new_tokens = {total} exceeds the model's "
                 f"{self.config.max_position_embeddings} positions"
             )
-        ops = default_ops() if ops is None else ops
+        ops = make_ops(ARMS["torch"]) if ops is None else ops  # default: the torch reference arm
         stops = {int(t) for t in stop_token_ids}
         cache = self.new_kv_cache(max_seqs=1, max_len=total)
         device = self.device

@@ -87,7 +87,6 @@ def test_model_label_never_names_the_default_preset_for_a_checkpoint(model, weig
 def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
     """A huginn checkpoint used to be labelled `ouro-1.4b` (the --model default) in table.md; on CPU
     the scope-graph arms run torch's ops, which the run must say (it compares torch with itself)."""
-    pytest.importorskip("lm_eval")
     from typer.testing import CliRunner
 
     from rltbench.cli import app
@@ -114,7 +113,6 @@ def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
 def test_ctrl_c_after_the_first_arm_keeps_a_readable_partial_report(tmp_path, monkeypatch) -> None:
     """Old code: the interrupted run had no table.md, and `rltbench report` then wrote 'Overall: n/a
     (exit code 0 ...)' with no word about the arms that never ran."""
-    pytest.importorskip("lm_eval")
     from typer.testing import CliRunner
 
     import rltbench.gsm8k.evaluate as ev

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 
+import lm_eval  # noqa: F401 - a test dependency (pyproject [test]): missing must fail, not skip
 import pytest
-
-pytest.importorskip("lm_eval")
-
 import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
+import lm_eval  # noqa: F401 - a test dependency (pyproject [test]): missing must fail, not skip
 import pytest
-
-pytest.importorskip("lm_eval")
 
 from rltbench.gsm8k.tasks import DATA_DIR, apply_filters, build_task, stop_sequences, task_config  # noqa: E402
 

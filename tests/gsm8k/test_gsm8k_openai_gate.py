@@ -7,11 +7,9 @@ import json
 import threading
 from collections.abc import Iterator
 
+import aiohttp  # noqa: F401 - a test dependency (pyproject [test]): missing must fail, not skip
+import lm_eval  # noqa: F401 - a test dependency (pyproject [test]): missing must fail, not skip
 import pytest
-
-pytest.importorskip("lm_eval")
-pytest.importorskip("aiohttp")
-
 import typer  # noqa: E402
 from aiohttp import web  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
@@ -11,37 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rltbench.errors import UsageError
 from rltbench.kernels import bench, report
-from rltbench.kernels import cli as kcli
-
-
-def _local_app() -> typer.Typer:
-    """Stand-in for rltbench.cli:app (same UsageError -> one line, exit 2 contract)."""
-    app = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
-
-    @functools.wraps(kcli.kernels_command)
-    def wrapped(*args, **kwargs):
-        try:
-            return kcli.kernels_command(*args, **kwargs)
-        except UsageError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(code=2) from None
-
-    app.command("kernels")(wrapped)
-
-    @app.command("noop")
-    def _noop() -> None:  # a second command keeps "kernels" as an explicit sub-command
-        pass
-
-    return app
 
 
 def _app() -> typer.Typer:
-    try:
-        from rltbench.cli import app
-    except Exception:  # noqa: BLE001 - the lead's app imports every command; not all may exist yet
-        return _local_app()
+    from rltbench.cli import app
+
     return app
 
 
@@ -129,10 +103,8 @@ def test_small_cpu_run_end_to_end_and_report(invoke, tmp_path):
 
 
 def test_report_command_of_lead_app(tmp_path, monkeypatch):
-    try:
-        from rltbench.cli import app
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"rltbench.cli not importable yet: {exc}")
+    from rltbench.cli import app
+
     monkeypatch.setenv("COLUMNS", "250")
     out = tmp_path / "run"
     runner = CliRunner()

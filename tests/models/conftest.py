@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.models._ref_ops import default_ops
+from rltbench.kernels import ARMS, make_ops
 
 
 @pytest.fixture
 def ref_ops():
-    """The torch reference arm (rltbench.kernels' when importable)."""
-    return default_ops()
+    """The torch reference arm."""
+    return make_ops(ARMS["torch"])
