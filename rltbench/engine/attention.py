@@ -35,10 +35,8 @@ Impl = Literal["auto", "torch", "triton"]
 _LOG2E = 1.4426950408889634
 # Programs the split-K grid aims for before it stops shrinking the partition (about 4 per SM of an H100/H200).
 _TARGET_PROGRAMS = 528
-_PARTITIONS = (256, 128, 64, 32)
+_PARTITIONS = (4096, 2048, 1024, 512, 256, 128, 64, 32)
 _REDUCE_SPLIT_TILE = 16
-_TILE_TOKENS = 16  # tokens per inner tile of the decode kernel (capped by block_size)
-_NUM_WARPS = 4  # decode partial kernel; sm_90 compile: 139 regs at 16 tokens x D 128, no spills
 
 
 def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
@@ -248,57 +246,71 @@ def _decode_torch(
 
 @triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
-    qk_scale, max_len,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
+    qk_scale, max_len, partition, num_splits,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_btb,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, TILE: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SINGLE: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, h, s): online softmax of q[b, h] over positions [s*PARTITION, (s+1)*PARTITION) of
-    row b (clipped to seq_len). Writes the running max (log2 domain), the sum and the unnormalised
-    fp32 accumulator; an empty partition writes (-inf, 0, 0)."""
+    """Program (b, head group g, split s): online softmax of q heads [g*HEADS, (g+1)*HEADS) of row b over
+    positions [s*partition, (s+1)*partition) (clipped to seq_len), TILE tokens per iteration.
+
+    A tile may span several KV blocks: each token's block id is gathered from the block table (masked
+    to valid positions, so entries past seq_len are never read) and the K and V tiles
+    ``[TILE, HEADS, D]`` are both issued before the math. With SINGLE (one split) the normalised output
+    is stored directly; otherwise the running max (log2 domain), the sum and the unnormalised fp32
+    accumulator go to the partial buffers for the reduce kernel; an empty partition writes (-inf, 0, 0).
+    """
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    g = tl.program_id(1)
     s = tl.program_id(2)
-    num_heads = tl.num_programs(1)
-    num_splits = tl.num_programs(2)
-    kvh = h // GROUP
     seq_len = tl.minimum(tl.load(lens_ptr + b), max_len)
     d = tl.arange(0, D_PAD)
     dmask = d < HEAD_DIM
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d, mask=dmask, other=0.0).to(tl.float32)
-    q = q * qk_scale
-    start = s * PARTITION
-    end = tl.minimum(start + PARTITION, seq_len)
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
-    offs = tl.arange(0, BLOCK_N)
-    # Tiles never straddle a KV block (BLOCK_N divides BLOCK_SIZE and PARTITION), so each tile needs one
-    # scalar block id and the [BLOCK_N, D_PAD] in-block offsets are loop invariant.
-    k_offs = offs[:, None] * stride_kt + d[None, :]
-    v_offs = offs[:, None] * stride_vt + d[None, :]
-    for t in range(start, end, BLOCK_N):  # every tile holds at least one valid position
-        valid = t + offs < end
-        kv_mask = valid[:, None] & dmask[None, :]
-        blk = tl.load(bt_ptr + b * stride_btb + t // BLOCK_SIZE).to(tl.int64)
-        tok = t % BLOCK_SIZE
-        k_base = k_ptr + blk * stride_kb + tok * stride_kt + kvh * stride_kh
-        k = tl.load(k_base + k_offs, mask=kv_mask, other=0.0).to(tl.float32)
-        qk = tl.sum(k * q[None, :], axis=1)
-        qk = tl.where(valid, qk, float("-inf"))
+    hq = g * HEADS + tl.arange(0, HEADS)
+    hmask = hq < NUM_HEADS
+    kvh = (hq // GROUP).to(tl.int64)
+    qmask = hmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
+    q = q.to(tl.float32) * qk_scale  # [HEADS, D_PAD]
+    start = s * partition
+    end = tl.minimum(start + partition, seq_len)
+    m_i = tl.full([HEADS], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([HEADS], dtype=tl.float32)
+    acc = tl.zeros([HEADS, D_PAD], dtype=tl.float32)
+    offs = tl.arange(0, TILE)
+    hd_mask = hmask[:, None] & dmask[None, :]
+    k_hd = (kvh[:, None] * stride_kh + d[None, :])[None, :, :]  # [1, HEADS, D_PAD]
+    v_hd = (kvh[:, None] * stride_vh + d[None, :])[None, :, :]
+    for t0 in tl.range(start, end, TILE, num_stages=NUM_STAGES):  # every tile holds a valid position
+        pos = t0 + offs
+        valid = pos < end
+        blk = tl.load(bt_ptr + b * stride_btb + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        tok = (pos % BLOCK_SIZE).to(tl.int64)
+        kv_mask = valid[:, None, None] & hd_mask[None, :, :]
+        k_row = (blk * stride_kb + tok * stride_kt)[:, None, None]
+        v_row = (blk * stride_vb + tok * stride_vt)[:, None, None]
+        k = tl.load(k_ptr + k_row + k_hd, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + v_row + v_hd, mask=kv_mask, other=0.0)
+        qk = tl.sum(k.to(tl.float32) * q[None, :, :], axis=2)  # [TILE, HEADS]
+        qk = tl.where(valid[:, None], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=0))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new)
-        v_base = v_ptr + blk * stride_vb + tok * stride_vt + kvh * stride_vh
-        v = tl.load(v_base + v_offs, mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        p = tl.exp2(qk - m_new[None, :])
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-    idx = (b * num_heads + h) * num_splits + s
-    tl.store(m_ptr + idx, m_i)
-    tl.store(l_ptr + idx, l_i)
-    tl.store(acc_ptr + idx * D_PAD + d, acc)
+    if SINGLE:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_offs = b * stride_ob + hq[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=qmask)
+    else:
+        idx = (b * NUM_HEADS + hq) * num_splits + s  # [HEADS]
+        tl.store(m_ptr + idx, m_i, mask=hmask)
+        tl.store(l_ptr + idx, l_i, mask=hmask)
+        tl.store(acc_ptr + idx[:, None] * D_PAD + d[None, :], acc, mask=hmask[:, None])
 
 
 @triton.jit
@@ -334,11 +346,52 @@ def _decode_reduce_kernel(
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def choose_partition_size(batch: int, num_heads: int, max_len: int) -> int:
-    """Largest split-K partition (tokens) that still gives about _TARGET_PROGRAMS programs; small batches
-    get short partitions (more parallelism), large batches long ones (fewer partials)."""
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tuning knobs of the Triton decode kernel (see ``_decode_triton``).
+
+    ``target_programs``: the partition policy; the partition (tokens per split) is the largest power of
+    two in ``_PARTITIONS`` that still gives about this many programs (0: always one split).
+    """
+
+    tile_tokens: int = 32
+    heads_per_program: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+    target_programs: int = _TARGET_PROGRAMS
+    single_launch: bool = True
+
+
+# Default knobs keyed by (max batch, max covered length): the first row whose bounds hold is used.
+# Not yet tuned on a GPU: placeholders until the attention_bench sweep has been measured on an H200.
+_DECODE_DEFAULTS: tuple[tuple[int, int, DecodeConfig], ...] = (
+    (1 << 30, 1 << 30, DecodeConfig()),
+)
+
+
+def decode_config(batch: int, num_heads: int, max_len: int) -> DecodeConfig:
+    """The default knobs for a decode call of this shape (deterministic per shape)."""
+    del num_heads  # the table is keyed by batch and length only (for now)
+    for max_b, max_l, cfg in _DECODE_DEFAULTS:
+        if batch <= max_b and max_len <= max_l:
+            return cfg
+    return DecodeConfig()
+
+
+def choose_partition_size(
+    batch: int,
+    num_heads: int,
+    max_len: int,
+    heads_per_program: int = 1,
+    target_programs: int = _TARGET_PROGRAMS,
+) -> int:
+    """Largest split-K partition (tokens) that still gives about ``target_programs`` programs; small
+    batches get short partitions (more parallelism), large batches long ones (fewer partials, and one
+    split -- a single launch without the reduce kernel -- once a partition covers ``max_len``)."""
+    groups = batch * -(-num_heads // heads_per_program)
+    cap = max(_PARTITIONS[-1], triton.next_power_of_2(max(1, max_len)))
     for p in _PARTITIONS:
-        if batch * num_heads * max(1, -(-max_len // p)) >= _TARGET_PROGRAMS:
+        if p <= cap and groups * max(1, -(-max_len // p)) >= target_programs:
             return p
     return _PARTITIONS[-1]
 
@@ -353,15 +406,34 @@ def _decode_triton(
     max_len: int,
     partition_size: int | None,
     *,
-    tile_tokens: int = _TILE_TOKENS,
-    num_warps: int = _NUM_WARPS,
+    tile_tokens: int | None = None,
+    heads_per_program: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    target_programs: int | None = None,
+    single_launch: bool | None = None,
 ) -> torch.Tensor:
-    """Launch partial + reduce kernels. ``tile_tokens``/``num_warps`` are tuning knobs for the benchmark
-    sweep (attention_bench); the engine uses the defaults."""
+    """Launch the partial kernel (+ the reduce kernel when there is more than one split).
+
+    Knobs left as None come from ``decode_config(B, Hq, max_len)``; the benchmark sweep
+    (attention_bench) sets them explicitly. ``partition_size`` (power of two >= 16) overrides the
+    partition policy (``target_programs``); a partition >= ``max_len`` gives one split, and with
+    ``single_launch`` that split writes the output itself (no reduce kernel).
+    """
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
+    cfg = decode_config(b, hq, max_len)
+    tile_tokens = cfg.tile_tokens if tile_tokens is None else tile_tokens
+    heads = cfg.heads_per_program if heads_per_program is None else heads_per_program
+    num_warps = cfg.num_warps if num_warps is None else num_warps
+    num_stages = cfg.num_stages if num_stages is None else num_stages
+    target = cfg.target_programs if target_programs is None else target_programs
+    single_launch = cfg.single_launch if single_launch is None else single_launch
+    for name, val in (("tile_tokens", tile_tokens), ("heads_per_program", heads)):
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 1, got {val}")
     if partition_size is None:
-        partition_size = choose_partition_size(b, hq, max_len)
+        partition_size = choose_partition_size(b, hq, max_len, heads, target)
     if partition_size < 16 or partition_size & (partition_size - 1):
         raise ValueError(f"partition_size must be a power of two >= 16, got {partition_size}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
@@ -372,24 +444,31 @@ def _decode_triton(
     if bs & (bs - 1):
         raise ValueError(f"the Triton decode kernel needs a power-of-two block_size, got {bs}")
     d_pad = triton.next_power_of_2(d)
-    block_n = min(bs, tile_tokens, partition_size)
+    heads = min(heads, triton.next_power_of_2(hq))
+    tile = min(tile_tokens, partition_size)
     num_splits = max(1, -(-max_len // partition_size))
-    m = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
-    l_ = torch.empty_like(m)
-    acc = torch.empty((b, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
+    single = single_launch and num_splits == 1
     out = torch.empty_like(q)
-    _decode_partial_kernel[(b, hq, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc,
-        float(scale) * _LOG2E, max_len,
+    if single:
+        m = l_ = acc = out  # unused by the kernel
+    else:
+        m = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+        l_ = torch.empty_like(m)
+        acc = torch.empty((b, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
+    _decode_partial_kernel[(b, -(-hq // heads), num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc, out,
+        float(scale) * _LOG2E, max_len, partition_size, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        GROUP=hq // hkv, BLOCK_SIZE=bs, HEAD_DIM=d, D_PAD=d_pad, PARTITION=partition_size, BLOCK_N=block_n,
-        num_warps=num_warps,
+        out.stride(0), out.stride(1),
+        NUM_HEADS=hq, GROUP=hq // hkv, BLOCK_SIZE=bs, HEAD_DIM=d, D_PAD=d_pad, TILE=tile, HEADS=heads,
+        NUM_STAGES=num_stages, SINGLE=single, num_warps=num_warps,
     )  # fmt: skip
-    _decode_reduce_kernel[(b, hq)](
-        m, l_, acc, out, out.stride(0), out.stride(1), num_splits,
-        HEAD_DIM=d, D_PAD=d_pad, SPLIT_TILE=_REDUCE_SPLIT_TILE, num_warps=4,
-    )  # fmt: skip
+    if not single:
+        _decode_reduce_kernel[(b, hq)](
+            m, l_, acc, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=d, D_PAD=d_pad, SPLIT_TILE=_REDUCE_SPLIT_TILE, num_warps=4,
+        )  # fmt: skip
     return out
 
 

@@ -250,8 +250,11 @@ def test_decode_auto_uses_torch_on_cpu_and_validates() -> None:
 
 def test_choose_partition_size_shrinks_for_small_batches() -> None:
     assert choose_partition_size(1, 16, 512) == 32
-    assert choose_partition_size(128, 16, 512) == 256
+    assert choose_partition_size(128, 16, 512) == 512  # one split: a single launch, no reduce kernel
     assert choose_partition_size(8, 16, 512) in (64, 128)
+    assert choose_partition_size(1, 16, 4096) == 64
+    assert choose_partition_size(8, 16, 512, heads_per_program=4) == 32  # fewer head groups, more splits
+    assert choose_partition_size(2, 16, 512, target_programs=0) == 512
 
 
 # --------------------------------------------------------------------------------------------------
