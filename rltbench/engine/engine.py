@@ -1,26 +1,34 @@
 """The Engine: one model, one paged KV pool, one decode-graph set per kernel arm.
 
-Step loop: the scheduler picks a prefill batch (eager, chunked) or a decode batch (CUDA-graph replay
-of the smallest bucket that fits, padded rows have seq_len 0 and slot -1; eager when no bucket fits or
-graphs are off). Sampling is greedy: one argmax over the batch's logits, inside the graph for decode.
-Per step the host does one H2D copy of packed int32 metadata and one D2H copy of the sampled ids.
+Step loop: the scheduler picks a prefill batch (chunked; eager, or a CUDA-graph replay when the
+step's exact shape repeats) or a decode batch (CUDA-graph replay of the smallest bucket that fits,
+padded rows have seq_len 0 and slot -1; eager when no bucket fits or graphs are off). Sampling is
+greedy: one argmax over the batch's logits, inside the graph when there is one. Per step the host does
+one H2D copy of packed metadata and one D2H copy of the sampled ids.
 See docs/engine.md for the design and why arms share one pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rltbench.engine.block_manager import BlockManager, block_hashes
-from rltbench.engine.paged_context import PagedAttentionContext, allocate_kv_pool, kv_bytes_per_block
+from rltbench.engine.paged_context import (
+    PagedAttentionContext,
+    allocate_kv_pool,
+    kv_bytes_per_block,
+    prefill_plan_from_host,
+)
 from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
 from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
 from rltbench.errors import UsageError
@@ -29,6 +37,15 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_LEN_CLASS = 256
 # Column layout of the packed decode metadata rows: token id, position, slot, seq_len, block table...
 _ID, _POS, _SLOT, _SEQ, _BT = 0, 1, 2, 3, 4
+# Prefill shapes remembered for the capture-on-second-sight policy (LRU; bounds host memory when every
+# step of a session has a new shape).
+PREFILL_SEEN_CAP = 4096
+MIN_PREFILL_BUFFER = 4096  # int64 elements of the first static prefill metadata buffer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# (per row (context start, chunk tokens), block-table width, indices of the rows whose prompt completes)
+PrefillKey = tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]
 
 
 def _is_ops(x: Any) -> bool:
@@ -59,14 +76,86 @@ def _new_graph() -> torch.cuda.CUDAGraph:
         return torch.cuda.CUDAGraph()
 
 
-class _ArmState:
-    """Ops, the graph set and the counters of one arm."""
+@dataclasses.dataclass(frozen=True)
+class _PrefillStep:
+    """Host view of one prefill step. Everything the device work depends on, except the values in
+    the packed metadata, is a function of `key`: equal keys give identical kernels and offsets, so a
+    graph captured for one step replays any later step with the same key."""
 
-    def __init__(self, name: str, ops: Any, warm_ops: Any) -> None:
+    key: PrefillKey
+    qsl: list[int]
+    seq_lens: list[int]
+    ctx_lens: list[int]
+    last_idx: list[int]
+    packed: np.ndarray  # int64: ids, pos, slots [n_tok] each, qsl, seq_lens, ctx_lens, last_idx, table
+
+    @property
+    def n_tok(self) -> int:
+        return self.qsl[-1]
+
+    @property
+    def nb(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def width(self) -> int:
+        return self.key[1]
+
+
+def prefill_key(rows: Seq[tuple[int, int]], width: int, finishing: Seq[int]) -> PrefillKey:
+    """The exact shape of a prefill step: per row (context start, chunk tokens), the block-table
+    width and which rows complete their prompt (they get logits)."""
+    return tuple((int(a), int(n)) for a, n in rows), int(width), tuple(int(i) for i in finishing)
+
+
+class PrefillGraphSet:
+    """One arm's captured prefill graphs (LRU, at most `cap`) and the policy that fills it: a shape is
+    captured the second time it is seen, so a repeating burst gets replays while sessions of unique
+    shapes stay eager and pay no capture. Keys whose capture failed stay eager for good."""
+
+    def __init__(self, cap: int, seen_cap: int = PREFILL_SEEN_CAP) -> None:
+        self.cap = cap
+        self.seen_cap = seen_cap
+        self.graphs: OrderedDict[PrefillKey, tuple[Any, Tensor | None]] = OrderedDict()
+        self.seen: OrderedDict[PrefillKey, int] = OrderedDict()
+        self.bad: set[PrefillKey] = set()
+
+    def get(self, key: PrefillKey) -> tuple[Any, Tensor | None] | None:
+        """The captured graph for `key` (marked most recently used), or None."""
+        entry = self.graphs.get(key)
+        if entry is not None:
+            self.graphs.move_to_end(key)
+        return entry
+
+    def should_capture(self, key: PrefillKey) -> bool:
+        """Count one sighting of an uncaptured `key`; True from the second sighting on."""
+        n = self.seen.pop(key, 0) + 1
+        self.seen[key] = n
+        while len(self.seen) > self.seen_cap:
+            self.seen.popitem(last=False)
+        return n >= 2 and key not in self.bad
+
+    def put(self, key: PrefillKey, entry: tuple[Any, Tensor | None]) -> None:
+        """Keep a new graph, evicting the least recently used beyond `cap` (its pool memory is reused)."""
+        self.graphs[key] = entry
+        self.graphs.move_to_end(key)
+        while len(self.graphs) > self.cap:
+            self.graphs.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop the graphs (their static input moved); sighting counts stay, so hot keys recapture."""
+        self.graphs.clear()
+
+
+class _ArmState:
+    """Ops, the graph sets (decode and prefill) and the counters of one arm."""
+
+    def __init__(self, name: str, ops: Any, warm_ops: Any, prefill_graph_cap: int = 16) -> None:
         self.name = name
         self.ops = ops
         self.warm_ops = warm_ops  # fused paths on in eager mode: compiles Triton kernels before capture
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.prefill = PrefillGraphSet(prefill_graph_cap)
         self.counters: dict[str, Any] = {}
         self.reset_counters()
 
@@ -80,6 +169,10 @@ class _ArmState:
             graph_replays=0,
             graph_captures=0,
             eager_fallbacks=0,
+            prefill_graph_replays=0,
+            prefill_graph_captures=0,
+            prefill_graph_failures=0,
+            prefill_eager=0,
             batch_size_hist={},
         )
 
@@ -166,6 +259,11 @@ class Engine:
         self._decode_key: tuple[int, ...] | None = None  # batch whose block tables are in _meta_host
         self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._bench_active = False
+        # ---- prefill graphs: one static int64 metadata buffer, graphs per arm keyed by step shape ---
+        replay_safe = bool(getattr(model, "prefix_cache_safe", True))  # Huginn "random": fresh RNG draws
+        self.use_prefill_graphs = self.use_graphs and cfg.prefill_graphs and replay_safe
+        self._pf_dev = torch.zeros(MIN_PREFILL_BUFFER, dtype=torch.int64, device=self.device)
+        self._pf_warned = False
 
     # ---- arms ---------------------------------------------------------------------------------
     def _build_arms(self, arms: Mapping[str, Any] | Iterable[str] | None) -> dict[str, _ArmState]:
@@ -191,7 +289,7 @@ class Engine:
                     warm = kernels.make_ops(dataclasses.replace(spec, scope="all"))
                 except (TypeError, ValueError):
                     warm = ops
-            out[name] = _ArmState(name, ops, warm)
+            out[name] = _ArmState(name, ops, warm, self.config.prefill_graph_cap)
         return out
 
     @property
@@ -328,10 +426,21 @@ class Engine:
         return events
 
     def _prefill(self, batch: PrefillBatch) -> list[TokenEvent]:
+        step, done = self._prefill_layout(batch)
+        tokens = self._prefill_run(step)
+        for seq, n in batch.chunks:
+            seq.num_computed += n
+            self.scheduler.register_computed_blocks(seq)
+        return self._emit(done, tokens)
+
+    def _prefill_layout(self, batch: PrefillBatch) -> tuple[_PrefillStep, list[Sequence]]:
+        """Host work of a prefill step: its shape key and packed int64 metadata (no device work), plus
+        the sequences whose prompt completes (they get a token)."""
         bs = self.config.block_size
         ids, pos, slots, qsl, seq_lens, ctx_lens, last_idx, done = [], [], [], [0], [], [], [], []
+        rows, finishing = [], []
         width = 1
-        for seq, n in batch.chunks:
+        for r, (seq, n) in enumerate(batch.chunks):
             start = seq.num_computed
             p = np.arange(start, start + n, dtype=np.int64)
             assert seq.block_arr is not None
@@ -341,42 +450,108 @@ class Engine:
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             ctx_lens.append(start)
+            rows.append((start, n))
             width = max(width, -(-(start + n) // bs))
             if start + n == seq.prompt_len:
                 last_idx.append(qsl[-1] - 1)
+                finishing.append(r)
                 done.append(seq)
-        nb = len(batch.chunks)
-        bt = np.zeros((nb, width), dtype=np.int64)
+        bt = np.zeros((len(batch.chunks), width), dtype=np.int64)
         for i, (seq, _) in enumerate(batch.chunks):
             assert seq.block_arr is not None
             k = min(width, len(seq.block_arr))
             bt[i, :k] = seq.block_arr[:k]
-        n_tok = qsl[-1]
         packed = np.concatenate(
             [*ids, *pos, *slots, np.asarray(qsl + seq_lens + ctx_lens + last_idx, np.int64), bt.reshape(-1)]
         )
+        key = prefill_key(rows, width, finishing)
+        return _PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed), done
+
+    def _prefill_run(self, step: _PrefillStep) -> list[int]:
+        """Upload the step's metadata into the static buffer, then replay its graph, capture it (second
+        sighting of the shape) or run eagerly; returns the sampled ids of the finishing rows."""
+        arm = self._arm
+        c = arm.counters
+        self._upload_prefill(step.packed)
+        entry = None
+        if self.use_prefill_graphs:
+            entry = arm.prefill.get(step.key)
+            if entry is None and arm.prefill.should_capture(step.key):
+                entry = self._capture_prefill(step)
+        if entry is None:
+            c["prefill_eager"] += 1
+            out = self._prefill_forward(step, arm.ops)
+        else:
+            graph, out = entry
+            graph.replay()
+            c["prefill_graph_replays"] += 1
+        return out.tolist() if out is not None else []
+
+    def _upload_prefill(self, packed: np.ndarray) -> None:
+        """Copy the packed metadata into the static device buffer (pinned, non-blocking on CUDA: the
+        caching host allocator keeps the pinned block until the copy is done)."""
+        if packed.size > self._pf_dev.numel():
+            self._grow_prefill_buffer(packed.size)
         host = torch.from_numpy(packed)
         if self.device.type == "cuda":
             host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
-        o = 0
-        t_ids, o = dev[o : o + n_tok], o + n_tok
-        t_pos, o = dev[o : o + n_tok], o + n_tok
-        t_slots, o = dev[o : o + n_tok], o + n_tok
-        t_qsl, o = dev[o : o + nb + 1].to(torch.int32), o + nb + 1
-        t_seq, o = dev[o : o + nb].to(torch.int32), o + nb
-        t_ctx, o = dev[o : o + nb].to(torch.int32), o + nb
-        t_last, o = dev[o : o + len(last_idx)], o + len(last_idx)
-        t_bt = dev[o:].view(nb, width).to(torch.int32)
-        ctx = PagedAttentionContext(self.kv, t_slots, t_bt, t_seq, t_qsl, t_ctx, max(seq_lens))
-        hidden = self.model.forward(t_ids, t_pos, ctx, self._arm.ops)
-        tokens: list[int] = []
-        if done:
-            tokens = self.model.compute_logits(hidden[t_last]).argmax(-1).tolist()
-        for seq, n in batch.chunks:
-            seq.num_computed += n
-            self.scheduler.register_computed_blocks(seq)
-        return self._emit(done, tokens)
+        self._pf_dev[: packed.size].copy_(host, non_blocking=True)
+
+    def _grow_prefill_buffer(self, need: int) -> None:
+        """A bigger static prefill buffer (next power of two); every arm's prefill graphs read the old
+        one, so they are dropped (hot shapes recapture on their next sighting)."""
+        size = max(MIN_PREFILL_BUFFER, 1 << (need - 1).bit_length())
+        self._pf_dev = torch.zeros(size, dtype=torch.int64, device=self.device)
+        for arm in self._arms.values():
+            arm.prefill.clear()
+
+    def _prefill_forward(self, step: _PrefillStep, ops: Any) -> Tensor | None:
+        """The device work of a prefill step, reading only the static buffer and host values fixed by
+        the step's key (captured as-is into the prefill graphs); returns the argmax ids of the
+        finishing rows (int64), None when no row finishes."""
+        n, nb = step.n_tok, step.nb
+        parts = self._pf_dev[: step.packed.size].split(
+            [n, n, n, nb + 1, nb, nb, len(step.last_idx), nb * step.width]
+        )
+        t_ids, t_pos, t_slots, qsl, seq, ctx_lens, t_last, bt = parts
+        t_bt = bt.view(nb, step.width).to(torch.int32)
+        plan = prefill_plan_from_host(t_bt, step.qsl, step.ctx_lens, step.seq_lens, self.config.block_size, n)
+        ctx = PagedAttentionContext(
+            self.kv,
+            t_slots,
+            t_bt,
+            seq.to(torch.int32),
+            qsl.to(torch.int32),
+            ctx_lens.to(torch.int32),
+            max(step.seq_lens),
+            _prefill_plan=plan,
+        )
+        hidden = self.model.forward(t_ids, t_pos, ctx, ops)
+        if not step.last_idx:
+            return None
+        return self.model.compute_logits(hidden[t_last]).argmax(-1)
+
+    def _capture_prefill(self, step: _PrefillStep) -> tuple[Any, Tensor | None] | None:
+        """Capture the current arm's prefill graph for `step.key` (its metadata is in the static buffer:
+        the warm-up runs write the same KV slots that the replay then writes again). Any failure marks
+        the key uncapturable (logged once per engine) and returns None: the step runs eagerly."""
+        arm = self._arm
+        try:
+            entry = self._capture_graph(lambda ops: self._prefill_forward(step, ops))
+        except Exception as exc:  # never a crash or a wrong answer: the step runs eagerly
+            arm.prefill.bad.add(step.key)
+            arm.counters["prefill_graph_failures"] += 1
+            if not self._pf_warned:
+                self._pf_warned = True
+                log.warning(
+                    "prefill graph capture failed (%s: %s); such steps run eagerly",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+            return None
+        arm.prefill.put(step.key, entry)
+        arm.counters["prefill_graph_captures"] += 1
+        return entry
 
     def len_class(self, max_seq_len: int) -> int:
         """Decode context class: the smallest power of two >= max_seq_len (at least MIN_LEN_CLASS),
@@ -494,22 +669,29 @@ class Engine:
     def _capture(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """Capture the current arm's decode step for `bucket` rows of context class `len_class`.
         Replays read the static buffers, so the metadata present now does not matter (a lazy
-        capture's warm runs rewrite the same new-token slots the replay then writes again). One eager
-        run with the arm's fused paths forced on (scope "all") compiles its Triton kernels first:
-        kernels must not be JIT-compiled/loaded while a stream is being captured."""
+        capture's warm runs rewrite the same new-token slots the replay then writes again)."""
+        arm = self._arm
+        graph, out = self._capture_graph(lambda ops: self._decode_forward(bucket, ops, len_class))
+        arm.graphs[(bucket, len_class)] = (graph, out)
+        arm.counters["graph_captures"] += 1
+        return graph, out
+
+    def _capture_graph(self, fn: Callable[[Any], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        """Capture `fn(ops)` of the current arm into a graph of the shared pool. One eager run with the
+        arm's fused paths forced on (scope "all") compiles its Triton kernels first (a kernel must not
+        be JIT-compiled/loaded while a stream is being captured), one with the arm's ops warms the
+        rest (cuBLAS handles, allocator) outside the capture."""
         arm = self._arm
         with torch.no_grad():
-            self._decode_forward(bucket, arm.warm_ops, len_class)
-            self._decode_forward(bucket, arm.ops, len_class)
+            fn(arm.warm_ops)
+            fn(arm.ops)
             torch.cuda.synchronize(self.device)
             graph = _new_graph()
             with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = self._decode_forward(bucket, arm.ops, len_class)
+                out = fn(arm.ops)
             if hasattr(graph, "instantiate"):
                 graph.instantiate()
             torch.cuda.synchronize(self.device)
-        arm.graphs[(bucket, len_class)] = (graph, out)
-        arm.counters["graph_captures"] += 1
         return graph, out
 
     def warmup(self, batch_sizes: Iterable[int] | None = None, max_context: int | None = None) -> None:
@@ -584,6 +766,8 @@ class Engine:
             prefix_hit_requests=sch.prefix_hit_requests,
             graphs_captured=[list(k) for k in sorted(self._arm.graphs)],
             use_cuda_graph=self.use_graphs,
+            prefill_graphs=self.use_prefill_graphs,
+            prefill_graphs_held=len(self._arm.prefill.graphs),
             ops=_plain(getattr(self._arm.ops, "stats", None)),
         )
         return s

@@ -3,10 +3,13 @@
 The pool is one tensor `kv [num_planes, 2, num_blocks, block_size, Hkv, D]`; every plane shares
 the step's metadata (slot mapping, block tables, seq lens), so the model's per-plane `attend` calls
 do no host work: decode metadata lives in static device tensors that a CUDA graph can capture.
+Prefill rows need a host-side plan (row bounds, block lists, causal masks); the engine builds it from
+its host copy of the metadata (`prefill_plan_from_host`), so prefill steps can be captured too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -43,7 +46,7 @@ class PagedAttentionContext:
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, scale, self.max_seq_len_hint
             )
         assert self.context_lens is not None
-        if self._prefill_plan is None:  # host reads once per step, not once per plane
+        if self._prefill_plan is None:  # no host plan given: read the device metadata once per step
             self._prefill_plan = _attn.prefill_plan(
                 self.block_tables,
                 self.seq_lens,
@@ -63,6 +66,27 @@ class PagedAttentionContext:
             scale,
             plan=self._prefill_plan,
         )
+
+
+def prefill_plan_from_host(
+    block_tables: Tensor,
+    query_start_loc: Sequence[int],
+    context_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_size: int,
+    num_queries: int,
+) -> list[_attn.PrefillRow]:
+    """`_attn.prefill_plan` fed with metadata the engine already holds on the host: the same rows
+    and checks, but its reads of the row metadata hit CPU tensors, so there is no device-to-host
+    sync. The block indices and causal masks are device ops on `block_tables` (the step's static
+    device buffer) with fixed host shapes, so the plan can be built inside a CUDA-graph capture."""
+
+    def host(xs: Sequence[int]) -> Tensor:
+        return torch.tensor(list(xs), dtype=torch.int64)
+
+    return _attn.prefill_plan(
+        block_tables, host(seq_lens), host(query_start_loc), host(context_lens), block_size, num_queries
+    )
 
 
 def allocate_kv_pool(
