@@ -102,6 +102,13 @@ class _PrefillStep:
         return self.key[1]
 
 
+def prefill_replay_safe(model: torch.nn.Module) -> bool:
+    """Whether a replayed prefill computes what the eager step computes. A model that declares itself
+    not `prefix_cache_safe` (Huginn with state_noise "random") draws fresh RNG state per forward:
+    a replay would draw from the graph's own Philox offsets, not the eager stream."""
+    return bool(getattr(model, "prefix_cache_safe", True))
+
+
 def prefill_key(rows: Seq[tuple[int, int]], width: int, finishing: Seq[int]) -> PrefillKey:
     """The exact shape of a prefill step: per row (context start, chunk tokens), the block-table
     width and which rows complete their prompt (they get logits)."""
@@ -260,8 +267,7 @@ class Engine:
         self._graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._bench_active = False
         # ---- prefill graphs: one static int64 metadata buffer, graphs per arm keyed by step shape ---
-        replay_safe = bool(getattr(model, "prefix_cache_safe", True))  # Huginn "random": fresh RNG draws
-        self.use_prefill_graphs = self.use_graphs and cfg.prefill_graphs and replay_safe
+        self.use_prefill_graphs = self.use_graphs and cfg.prefill_graphs and prefill_replay_safe(model)
         self._pf_dev = torch.zeros(MIN_PREFILL_BUFFER, dtype=torch.int64, device=self.device)
         self._pf_warned = False
 
