@@ -422,9 +422,20 @@ def test_gpu_cuda_graph_replay_with_new_metadata(impl: str) -> None:
 def test_gpu_bench_smoke() -> None:
     from rltbench.engine.attention_bench import bench_decode_attention
 
-    res = bench_decode_attention(batch_sizes=(1, 8), iters=5, reps=2, sweep=False)
+    res = bench_decode_attention(batch_sizes=(1, 8), iters=5, reps=2)
     rows = res["results"]
     assert {r["batch"] for r in rows} == {1, 8}
     for r in rows:
         assert r["median_us"] > 0
     print("decode attention bench:", [(r["impl"], r["batch"], round(r["median_us"], 1)) for r in rows])
+
+
+@pytest.mark.gpu
+def test_gpu_sweep_smoke() -> None:
+    from rltbench.engine.attention_bench import SWEEP_VARIANTS, sweep_decode_attention
+
+    variants = {k: SWEEP_VARIANTS[k] for k in ("default", "v1", "t64h2w8-1split")}
+    res = sweep_decode_attention(cases=((1, 512), (8, 96)), variants=variants, reps=2, min_calls=10)
+    for case in res["cases"]:
+        assert all(r["ok"] for r in case["results"]), case["results"]
+        assert case["best"] is not None
