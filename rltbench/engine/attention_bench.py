@@ -123,6 +123,11 @@ def _time_graph(fns: Sequence[Callable[[], torch.Tensor]], reps: int, min_calls:
     return times
 
 
+def _shape(hq: int, hkv: int, d: int, bs: int, dtype: torch.dtype) -> dict[str, Any]:
+    dt = str(dtype).removeprefix("torch.")
+    return {"num_heads": hq, "num_kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": dt}
+
+
 def _v1_partition(batch: int, hq: int, max_len: int) -> int:
     for p in _V1_PARTITIONS:
         if batch * hq * max(1, -(-max_len // p)) >= 528:
@@ -214,15 +219,8 @@ def sweep_decode_attention(
         torch.cuda.empty_cache()
     return {
         "device": torch.cuda.get_device_name(),
-        "shape": {
-            "num_heads": num_heads,
-            "num_kv_heads": num_kv_heads,
-            "head_dim": head_dim,
-            "block_size": block_size,
-            "dtype": str(dtype).removeprefix("torch."),
-            "reps": reps,
-            "min_calls": min_calls,
-        },
+        "shape": _shape(num_heads, num_kv_heads, head_dim, block_size, dtype)
+        | {"reps": reps, "min_calls": min_calls},
         "variants": variants,
         "cases": out_cases,
     }
@@ -313,16 +311,8 @@ def bench_decode_attention(
         torch.cuda.empty_cache()
     return {
         "device": torch.cuda.get_device_name(),
-        "shape": {
-            "num_heads": num_heads,
-            "num_kv_heads": num_kv_heads,
-            "head_dim": head_dim,
-            "block_size": block_size,
-            "table_blocks": width,
-            "dtype": str(dtype).removeprefix("torch."),
-            "iters": iters,
-            "reps": reps,
-        },
+        "shape": _shape(num_heads, num_kv_heads, head_dim, block_size, dtype)
+        | {"table_blocks": width, "iters": iters, "reps": reps},
         "results": rows,
     }
 
