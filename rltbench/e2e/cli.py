@@ -110,6 +110,9 @@ def e2e_command(
     enforce_eager: Annotated[
         bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
     ] = False,
+    prefill_graphs: Annotated[
+        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
+    ] = True,
     dtype: Annotated[
         str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
     ] = None,
@@ -179,6 +182,7 @@ def e2e_command(
             max_num_batched_tokens=max_num_batched_tokens,
             block_size=block_size,
             enforce_eager=enforce_eager,
+            prefill_graphs=prefill_graphs,
             dtype=dtype,
             device=device,
             result_dir=result_dir,

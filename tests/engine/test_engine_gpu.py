@@ -79,3 +79,29 @@ def test_decode_benchmark_graph_and_timing():
     res = decode_step_table(eng, batch_sizes=(1, 8), context_len=64, iters=10, warmup=2, host_tokens=16)
     print(res["rows"], res["host_overhead"])
     assert len(res["rows"]) == 2 and res["host_overhead"][0]["ratio"] > 0
+
+
+def _prefill_burst(eng: Engine, bursts) -> list[list[list[int]]]:
+    return [_run(eng, ps, n=4) for ps in bursts]
+
+
+@pytest.mark.parametrize("arm", ["torch", "exact"])
+def test_prefill_graphs_equal_eager_prefill(arm):
+    """Bursts whose prefill steps repeat their shapes: 16 x 32 tokens (two rows per 64-token step) and
+    8 x 96 tokens (chunked: rows with context, steps where no row finishes). Prefill graphs on vs off
+    give the same tokens (exact arm: fused kernels in the graphs vs torch ops eagerly) and replay."""
+    model = _model(torch.bfloat16)
+    bursts = [prompts(2, [32] * 16), prompts(3, [96] * 8)]
+    off = Engine(model, ["torch"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
+    on = Engine(model, [arm], _cfg(enable_prefix_caching=False))
+    assert on.use_prefill_graphs and not off.use_prefill_graphs
+    ref = _prefill_burst(off, bursts)
+    assert off.stats()["prefill_graph_replays"] == 0
+    got = _prefill_burst(on, bursts)
+    s = on.stats()
+    print(f"{arm} prefill graphs:", {k: v for k, v in s.items() if k.startswith("prefill")})
+    assert got == ref
+    assert s["prefill_graph_replays"] > 0 and s["prefill_graph_failures"] == 0
+    assert any(any(start > 0 for start, _ in k[0]) for k in on._arm.prefill.graphs)
+    again = _prefill_burst(on, bursts)  # pure replays of the captured shapes
+    assert again == ref
