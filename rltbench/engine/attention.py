@@ -15,9 +15,10 @@ KV layout (fixed contract with the engine):
     ``block_tables[b, pos // block_size] * block_size + pos % block_size``.
 
 Implementations: a torch reference (CPU, oracle, any device) and Triton kernels for CUDA
-(flash-decoding: split-K partial softmax in fp32 + a reduce kernel; fixed grid for a given batch,
-table width and partition size, so it is CUDA-graph capturable). ``impl="auto"`` picks Triton on
-CUDA tensors and torch elsewhere; tests force ``impl="triton"`` on CPU under ``TRITON_INTERPRET=1``.
+(flash-decoding: split-K partial softmax in fp32 + a reduce kernel, or one launch when a single split
+covers the context; fixed grid for a given batch, table width and knobs, so it is CUDA-graph
+capturable). ``impl="auto"`` picks Triton on CUDA tensors and torch elsewhere; tests force
+``impl="triton"`` on CPU under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
