@@ -171,6 +171,32 @@ def _rstd(total, factor, eps, INTERPRET: tl.constexpr):
     return var, rsqrt_torch(add_rn(var, eps, INTERPRET), INTERPRET)
 
 
+@triton.jit
+def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
+              DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored."""
+    v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+    hn = round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET)         # (h * rstd).to(dtype)
+    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+    y = round_to(mul_rn(w, hn, INTERPRET), DT, INTERPRET)            # w * h (== h * w)
+    if HAS_R:
+        r = load_f32(r_row + cols, m, DT, INTERPRET)
+        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)         # residual + y
+    store_f32(out_row + cols, y, m, DT, INTERPRET)
+
+
+@triton.jit
+def _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, m, DT: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Epilogue of norm-add-norm at `cols`: h (recomputed, stored) and round(w2 * round(h * rstd2))."""
+    h = _vals(a_row, a_row, r_row, w1_ptr, rstd1, cols, m, 2, DT, INTERPRET)
+    store_f32(h_row + cols, h, m, DT, INTERPRET)
+    hn = round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+    y = round_to(mul_rn(w2, hn, INTERPRET), DT, INTERPRET)
+    store_f32(y_row + cols, y, m, DT, INTERPRET)
+
+
 @triton.jit(do_not_specialize=["N", "sx", "sb", "sr", "lanes"])
 def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor, lanes,
                  MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
@@ -187,15 +213,8 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
         tl.store(var_ptr + row + tl.arange(0, 1), var)
     for c0 in range(0, N, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
-        m = cols < N
-        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
-        hn = round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET)         # (h * rstd).to(dtype)
-        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
-        y = round_to(mul_rn(w, hn, INTERPRET), DT, INTERPRET)            # w * h (== h * w)
-        if HAS_R:
-            r = load_f32(r_ptr + row * sr + cols, m, DT, INTERPRET)
-            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)         # residual + y
-        store_f32(out_ptr + row * N + cols, y, m, DT, INTERPRET)
+        _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, cols < N, MODE, HAS_R,
+                  DT, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["N", "sa", "sr", "lanes"])
@@ -216,13 +235,8 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
         tl.store(var_ptr + row * 2 + 1 + tl.arange(0, 1), var2)
     for c0 in range(0, N, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
-        m = cols < N
-        h = _vals(a_row, a_row, r_row, w1_ptr, rstd1, cols, m, 2, DT, INTERPRET)
-        store_f32(h_ptr + row * N + cols, h, m, DT, INTERPRET)
-        hn = round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET)
-        w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
-        y = round_to(mul_rn(w2, hn, INTERPRET), DT, INTERPRET)
-        store_f32(y_ptr + row * N + cols, y, m, DT, INTERPRET)
+        _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
+                       cols < N, DT, INTERPRET)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,6 +289,26 @@ def _launch_args(x: torch.Tensor, eps: float, warp_order: str | None) -> dict[st
     }
 
 
+def _fast_module(width: int, kw: dict[str, Any]) -> Any:
+    """norm_onelaunch_fast when it takes this shape (16-byte aligned rows, 32..512 lanes), else None.
+    Imported lazily: it builds on this module's Triton helpers."""
+    from rltbench.kernels import norm_onelaunch_fast as fast
+
+    if fast.enabled() and fast.supports(width, kw["lanes"], kw["WARP_DOWN"]):
+        return fast
+    return None
+
+
+def kernel_path(width: int, rows: int, device: torch.device, warp_order: str | None = None) -> str:
+    """Which one-launch kernel serves `rows` x `width` ("fast" or "general"), for reports."""
+    from rltbench.kernels import norm_onelaunch_fast as fast
+
+    plan = plan_for(rows, width, device)
+    order = warp_order or default_warp_order(torch.__version__)
+    ok = fast.enabled() and fast.supports(width, plan.lanes, order == WARP_DOWN)
+    return "fast" if ok else "general"
+
+
 def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
                             branch: torch.Tensor | None = None, residual: torch.Tensor | None = None,
                             var_out: torch.Tensor | None = None, warp_order: str | None = None) -> None:
@@ -288,6 +322,13 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
     kw = _launch_args(x, eps, warp_order)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
+    fast = _fast_module(W, kw)
+    if fast is not None:
+        fast.launch_norm(x, b, r, w, out, var_out if var_out is not None else out, W, row_stride(x),
+                         row_stride(b), row_stride(r), kw["eps"], kw["factor"], kw["lanes"],
+                         MODE_X if branch is None else MODE_ADD, residual is not None, var_out is not None,
+                         kw["DT"], kw["INTERPRET"], kw["WARP_DOWN"])
+        return
     _norm_kernel[(R,)](x, b, r, w, out, var_out if var_out is not None else out, W, row_stride(x),
                        row_stride(b), row_stride(r), kw.pop("eps"), kw.pop("factor"), kw.pop("lanes"),
                        MODE=MODE_X if branch is None else MODE_ADD, HAS_R=residual is not None,
@@ -304,6 +345,13 @@ def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.
     if R == 0 or W == 0:
         return
     kw = _launch_args(branch, eps, warp_order)
+    fast = _fast_module(W, kw)
+    if fast is not None:
+        var = var_out if var_out is not None else h_out
+        fast.launch_norm_norm(branch, residual, w1, w2, h_out, y_out, var, W, row_stride(branch),
+                              row_stride(residual), kw["eps"], kw["factor"], kw["lanes"], var_out is not None,
+                              kw["DT"], kw["INTERPRET"], kw["WARP_DOWN"])
+        return
     _norm_norm_kernel[(R,)](branch, residual, w1, w2, h_out, y_out, var_out if var_out is not None else h_out,
                             W, row_stride(branch), row_stride(residual), kw.pop("eps"), kw.pop("factor"),
                             kw.pop("lanes"),

@@ -28,6 +28,19 @@ SCRIPT = textwrap.dedent('''
         ptx = k.asm["ptx"]
         assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (tile, down, mode)
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx
+    from rltbench.kernels import norm_onelaunch_fast as fast
+    fsig = {**{n: "*bf16" for n in ("a_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")},
+            "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
+    for g, iters, tree, nw in ((16, 1, True, 4), (16, 3, False, 1), (1, 16, True, 1)):
+        consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": g, "ITERS": iters, "WARP_DOWN": True,
+                  "TREE_SUM": tree}
+        full = {**fsig, **{c: "constexpr" for c in consts}}
+        k = triton.compile(ASTSource(fn=fast._fast_norm_norm_kernel, signature=full, constexprs=consts),
+                           target=target, options={"num_warps": nw})
+        ptx = k.asm["ptx"]
+        assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (g, iters, tree)
+        assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx
+        assert "ld.local" not in ptx, "register spills"
     print("PTX_OK")
 ''')
 

@@ -1,0 +1,212 @@
+"""Exact one-launch RMSNorm, fast path: the same torch CUDA summation order as norm_onelaunch.py,
+laid out so the order costs (almost) no data movement.
+
+Why a second kernel: the general kernel (norm_onelaunch.py) keeps torch's lanes as one flat
+``[TILE, 4]`` axis and walks the lane tree with nine reshape/sum levels; each level moves data
+between threads through shared memory, and its vector loop issues one load at a time. Measured on
+an H200 in a decode step, its fused norm-add-norm cost 8.1 us per call at batch 1.
+
+Here torch's ``lanes`` (a power of two, 32..512) are the tile ``[G, 32]`` with
+``lane = g * 32 + j``: the shared-memory halving levels of torch's block_x_reduce (offsets
+lanes/2 .. 32) pair lanes with the same ``j`` (g and g + G/2, ...), so they are adds inside a
+thread whenever ``g`` lives in one thread's registers, and only the five warp levels (offsets
+16 .. 1, over ``j``) cross threads. The vector loop is unrolled at compile time (ITERS =
+ceil(vectors / lanes)) so every load of a row is in flight at once; the accumulation order is
+still torch's (vector k = it * lanes + lane added in ``it`` order into accumulator ``k % 4``...).
+
+Restrictions (the caller uses the general kernel otherwise): width % 4 == 0, so every row of
+torch's fp32 temporary starts 16-byte aligned (no head, no tail), and the plan must be supported
+(``ReducePlan.unsupported_reason is None``). ``TREE_SUM`` (GPU only) lets Triton's own warp
+reduction do the five warp levels: its butterfly (xor offsets 16, 8, 4, 2, 1) gives lane 0 the
+same operands, pair by pair, as torch >= 2.10's halving shuffles, and the start-up validation
+(norm_onelaunch.validate) checks that on the GPU before anything is trusted. Under the
+interpreter the explicit size-2 halving is used, and the CPU tests compare it with
+torch_reduce_model bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from rltbench.kernels.norm_onelaunch import MODE_ADD, MODE_X, _norm_norm_out, _norm_out, _rstd, _sq
+from rltbench.kernels.rounding import add_rn
+
+MAX_ITERS = 64          # widths up to 64 * 4 * 32 = 8192 at 32 lanes: the static unroll's bound
+
+
+@triton.jit
+def _halve_g(s, HALF: tl.constexpr):
+    """One shared-memory level over g: v[g] + v[g + HALF] (one fp32 add per pair)."""
+    return tl.sum(tl.reshape(s, [2, HALF, 32]), axis=0)
+
+
+@triton.jit
+def _halve_j(s, HALF: tl.constexpr):
+    """One warp level over j as torch >= 2.10 does it: v[j] + v[j + HALF]."""
+    return tl.sum(tl.reshape(s, [2, HALF]), axis=0)
+
+
+@triton.jit
+def _pairs_j(s, HALF: tl.constexpr):
+    """One warp level of older torch (offsets 1, 2, ..): v[2j] + v[2j + 1]."""
+    return tl.sum(tl.reshape(s, [HALF, 2]), axis=1)
+
+
+@triton.jit
+def _fast_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
+                INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
+                TREE_SUM: tl.constexpr):
+    """Sum of squares of one 16-byte aligned row (width % 4 == 0) in torch's order, lanes = G * 32."""
+    g = tl.arange(0, G)[:, None, None]
+    j = tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    lane = g * 32 + j
+    acc = tl.zeros([G, 32, 4], dtype=tl.float32)
+    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
+        k = it * (G * 32) + lane
+        m = (k < nvec) & (i < 4)
+        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
+                     INTERPRET)
+    p, q = tl.split(tl.reshape(acc, [G, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
+    a0, a2 = tl.split(p)
+    a1, a3 = tl.split(q)
+    s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)   # [G, 32]
+    if G >= 16:
+        s = _halve_g(s, 8)
+    if G >= 8:
+        s = _halve_g(s, 4)
+    if G >= 4:
+        s = _halve_g(s, 2)
+    if G >= 2:
+        s = _halve_g(s, 1)
+    s = tl.reshape(s, [32])
+    if WARP_DOWN:
+        if TREE_SUM:
+            s = tl.sum(tl.reshape(s, [1, 32]), axis=1)
+        else:
+            s = _halve_j(s, 16)
+            s = _halve_j(s, 8)
+            s = _halve_j(s, 4)
+            s = _halve_j(s, 2)
+            s = _halve_j(s, 1)
+    else:
+        s = _pairs_j(s, 16)
+        s = _pairs_j(s, 8)
+        s = _pairs_j(s, 4)
+        s = _pairs_j(s, 2)
+        s = _pairs_j(s, 1)
+    return s                                     # [1]
+
+
+@triton.jit
+def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
+                      MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
+                      INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr,
+                      WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
+    """One row per program; MODE 0 normalises x, MODE 1 round(x + b); HAS_R adds the residual."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * sx
+    b_row = b_ptr + row * sb
+    nvec = N // 4
+    total = _fast_sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                        TREE_SUM)
+    var, rstd = _rstd(total, factor, eps, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row + tl.arange(0, 1), var)
+    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    for it in tl.static_range(ITERS):
+        k = it * (G * 32) + lane
+        cols = k * 4 + i
+        _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, (k < nvec) & (i < 4),
+                  MODE, HAS_R, DT, INTERPRET)
+
+
+@triton.jit
+def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
+                           STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                           G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
+                           TREE_SUM: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2); the second sum recomputes h in its order."""
+    row = tl.program_id(0).to(tl.int64)
+    a_row = a_ptr + row * sa
+    r_row = r_ptr + row * sr
+    nvec = N // 4
+    t1 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                     TREE_SUM)
+    var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
+    t2 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                     TREE_SUM)
+    var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row * 2 + tl.arange(0, 1), var1)
+        tl.store(var_ptr + row * 2 + 1 + tl.arange(0, 1), var2)
+    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    for it in tl.static_range(ITERS):
+        k = it * (G * 32) + lane
+        cols = k * 4 + i
+        _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
+                       (k < nvec) & (i < 4), DT, INTERPRET)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+def enabled() -> bool:
+    """``RLTBENCH_NORM_FAST=0`` keeps the general one-launch kernel (for A/B timing)."""
+    return os.environ.get("RLTBENCH_NORM_FAST", "1") != "0"
+
+
+def tree_sum_default(interpret: bool) -> bool:
+    """Triton's warp reduction for the five warp levels: GPU only (the interpreter's numpy sum has
+    another order). ``RLTBENCH_NORM_TREE_SUM=0`` forces the explicit halving on the GPU too."""
+    return (not interpret) and os.environ.get("RLTBENCH_NORM_TREE_SUM", "1") != "0"
+
+
+def num_warps_for(lanes: int, interpret: bool) -> int:
+    """Warps per program: ``RLTBENCH_NORM_FAST_WARPS`` (tuning), else 1 for 32..128 lanes and
+    lanes / 128 above (tuned on an H200, see docs/onelaunch_norm.md)."""
+    if interpret:
+        return 1
+    env = os.environ.get("RLTBENCH_NORM_FAST_WARPS")
+    if env:   # the warps of the 512-lane plan; narrower plans scale down (at least a warp of lanes)
+        return max(1, min(int(env), lanes // 32))
+    return max(1, lanes // 128)
+
+
+def supports(width: int, lanes: int, warp_down: bool) -> bool:
+    """Shapes the fast kernels take: 16-byte aligned rows, 32..512 lanes, a bounded unroll. The
+    older ``up`` warp order keeps the general kernel (never validated on a GPU here)."""
+    if width % 4 or lanes < 32 or lanes > 512 or lanes & (lanes - 1) or not warp_down:
+        return False
+    return triton.cdiv(width // 4, lanes) <= MAX_ITERS
+
+
+def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps: float, factor: float,
+                lanes: int, mode: int, has_r: bool, store_var: bool, dt: int, interpret: bool,
+                warp_down: bool) -> None:
+    """Launch the fast single norm over x.shape[0] rows (arguments as the general kernel)."""
+    _fast_norm_kernel[(x.shape[0],)](
+        x, b, r, w, out, var, width, sx, sb, sr, eps, factor,
+        MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
+        ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
+        num_warps=num_warps_for(lanes, interpret),
+    )  # fmt: skip
+
+
+def launch_norm_norm(a, r, w1, w2, h, y, var, width: int, sa: int, sr: int, eps: float, factor: float,
+                     lanes: int, store_var: bool, dt: int, interpret: bool, warp_down: bool) -> None:
+    """Launch the fast fused norm-add-norm over a.shape[0] rows."""
+    _fast_norm_norm_kernel[(a.shape[0],)](
+        a, r, w1, w2, h, y, var, width, sa, sr, eps, factor,
+        STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
+        ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
+        num_warps=num_warps_for(lanes, interpret),
+    )  # fmt: skip
+
+
+__all__ = ["MODE_ADD", "MODE_X", "enabled", "launch_norm", "launch_norm_norm", "supports"]
