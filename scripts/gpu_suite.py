@@ -51,12 +51,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
                         "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
                         "'validation': validation_report()}, indent=1, default=str))"]),
-    # rows per program of the approx norm, swept (RLTBENCH_APPROX_NORM_ROWS is recorded in manifests)
-    "norm-tune": (90, ["bash", "-c", " && ".join(
-        f"RLTBENCH_APPROX_NORM_ROWS={r} " + shlex.join(rlt(
-            "kernels --ops rmsnorm,rmsnorm_huginn --tokens 4096 --arms torch,approx --dtypes bf16 "
-            "--mode graph --repeats 30", f"norm-tune/rows{r}"))
-        for r in (1, 2, 4))]),
+    # launch knobs of the fused kernels (exact one-launch norm, approx norm, exact SiLU*up), checked then timed
+    "tune": (300, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--result-dir", str(RESULTS / "tune")]),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     "decode": (240, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--iters", "60",

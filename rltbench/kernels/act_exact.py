@@ -10,6 +10,8 @@ from torch CPU. The GPU path targets torch CUDA and is checked by the gpu tests.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -53,13 +55,23 @@ def _silu_mul_kernel(
     store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
 
 
+def act_block_cap(rows: int) -> int:
+    """GPU column tile: small for a few rows (more programs share the latency of the accurate exp
+    and the IEEE division), larger for many rows (fewer, longer programs stream better).
+    ``RLTBENCH_ACT_BLOCK`` (a power of two) overrides it for tuning."""
+    env = os.environ.get("RLTBENCH_ACT_BLOCK")
+    if env:
+        return int(env)
+    return 512 if rows <= 4 else 2048
+
+
 def silu_mul_exact_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> None:
     """out = silu(gate) * up over 2-D rows (row strides free, last dim contiguous)."""
     R, W = gate.shape
     if R == 0 or W == 0:
         return
     interp = interpret_mode()
-    block_c = col_block(W, interp)
+    block_c = col_block(W, interp, gpu_cap=act_block_cap(R))
     block_r = row_block(R, block_c, interp)
     grid = (triton.cdiv(R, block_r), triton.cdiv(W, block_c))
     _silu_mul_kernel[grid](

@@ -50,11 +50,24 @@ def _rms_norm_approx_kernel(
     store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
 
 
+def _env_pow2(name: str, default: int) -> int:
+    """A power-of-two tuning knob from the environment (recorded in every manifest)."""
+    v = int(os.environ.get(name, str(default)))
+    if v < 1 or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two, got {v}")
+    return v
+
+
 def _rows_per_program() -> int:
-    rows = int(os.environ.get("RLTBENCH_APPROX_NORM_ROWS", "1"))
-    if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"RLTBENCH_APPROX_NORM_ROWS must be a power of two, got {rows}")
-    return rows
+    return _env_pow2("RLTBENCH_APPROX_NORM_ROWS", 1)
+
+
+def _warps(tile: int) -> int:
+    """Warps per program: ``RLTBENCH_APPROX_NORM_WARPS`` (tuning), else as Liger's
+    calculate_settings by tile size."""
+    if os.environ.get("RLTBENCH_APPROX_NORM_WARPS"):
+        return _env_pow2("RLTBENCH_APPROX_NORM_WARPS", 8)
+    return 16 if tile >= 8192 else 8 if tile >= 2048 else 4
 
 
 def rms_norm_approx_rows(
@@ -77,8 +90,7 @@ def rms_norm_approx_rows(
         # rows per program: 1 by default; RLTBENCH_APPROX_NORM_ROWS (a power of two) is the tuning knob
         # the GPU suite's norm-tune stage sweeps. Warps as Liger's calculate_settings, per tile.
         block_r = min(_rows_per_program(), triton.next_power_of_2(R))
-        tile = block_r * block_c
-        nw = 16 if tile >= 8192 else 8 if tile >= 2048 else 4
+        nw = _warps(block_r * block_c)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](

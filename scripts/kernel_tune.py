@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""GPU tuning of the fused kernels' launch knobs, correctness first, in one run directory.
+
+1. Exact one-launch norm: the general kernel and the fast kernel (norm_onelaunch_fast.py) with
+   1/2/4/8 warps and Triton's warp reduction on/off. Every configuration is first compared with
+   torch bit for bit on adversarial rows (all forms, every reduction plan: the validation cases);
+   a configuration with any mismatch is reported and not timed. Then CUDA-graph latency per call
+   (graphs of `calls` calls rotating over input sets; > 3x L2 for large T) of the single norm and
+   the fused norm-add-norm at widths 2048/5280 and T = 1..4096, configurations interleaved.
+2. Approx norm at T=4096 (cold L2): rows per program x warps, GB/s and % of a copy measured in
+   the same run.
+3. Exact SiLU*up: column tile per program (RLTBENCH_ACT_BLOCK) at T = 1, 8, 4096, bitwise checked.
+
+    python scripts/kernel_tune.py --result-dir results/gpu/tune
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from rltbench.kernels import norm_onelaunch as nol
+from rltbench.kernels import reference as ref
+from rltbench.kernels.act_exact import silu_mul_exact_rows
+from rltbench.kernels.norm_approx import rms_norm_approx_rows
+from rltbench.kernels.timing import (
+    GraphCalls,
+    l2_cache_bytes,
+    measure_copy_bandwidth,
+    rotation_sets,
+    summarize,
+    time_interleaved,
+)
+from rltbench.results import RunDir
+
+EPS = 1e-6
+EXACT_CONFIGS: dict[str, dict[str, str]] = {
+    "general": {"RLTBENCH_NORM_FAST": "0"},
+    **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w)} for w in (1, 2, 4)},
+    "fast-w4-halve": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": "4",
+                      "RLTBENCH_NORM_TREE_SUM": "0"},
+}
+KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM",
+         "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_ACT_BLOCK")
+
+
+@contextlib.contextmanager
+def env(values: dict[str, str]) -> Iterator[None]:
+    """Set the knobs for one configuration (the kernels read them at launch)."""
+    old = {k: os.environ.get(k) for k in KNOBS}
+    for k in KNOBS:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_exact(dev: torch.device, widths: list[int], tokens: list[int]) -> dict[str, dict[str, Any]]:
+    """Every exact configuration against torch, bitwise, on adversarial rows (nol._adversarial) at
+    the timed shapes: the plain norm and the norm-add-norm (h and y)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, knobs in EXACT_CONFIGS.items():
+        per = {}
+        with env(knobs):
+            for W in widths:
+                g = torch.Generator(device=dev).manual_seed(W)
+                bad, elems = [], 0
+                for T in tokens:
+                    x, r = (nol._adversarial((T, W), torch.bfloat16, g, dev) for _ in range(2))
+                    w1, w2 = nol._weights(W, torch.bfloat16, g, dev), nol._weights(W, torch.bfloat16, g, dev)
+                    o, h, y = (torch.empty_like(x) for _ in range(3))
+                    nol.rms_norm_onelaunch_rows(x, w1, EPS, o, warp_order="down")
+                    elems += nol._cmp("ouro", T, o, ref.rms_norm(x, w1, EPS), bad)
+                    nol.residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, EPS, h, y, warp_order="down")
+                    rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, EPS)
+                    elems += nol._cmp("nn.h", T, h, rh, bad) + nol._cmp("nn.y", T, y, ry, bad)
+                per[W] = {"elements": elems, "mismatches": len(bad), "first": bad[:3]}
+        out[name] = per
+        print(f"check {name}: " + ", ".join(f"w{W} {p['mismatches']} bad / {p['elements']:.3g}"
+                                            for W, p in per.items()), flush=True)
+    return out
+
+
+def _sets(T: int, W: int, n_arrays: int) -> int:
+    return rotation_sets(T * W * 2 * n_arrays, l2_cache_bytes(), max_sets=64).sets
+
+
+def _call(op: str, torch_ref: bool, xs: list[torch.Tensor], rs: list[torch.Tensor], w1: torch.Tensor,
+          w2: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> Any:
+    """Call i of a captured graph: the op on input set i % len(xs) (torch reference or one-launch)."""
+    n = len(xs)
+    if op == "norm":
+        if torch_ref:
+            return lambda i: ref.rms_norm(xs[i % n], w1, EPS)
+        return lambda i: nol.rms_norm_onelaunch_rows(xs[i % n], w1, EPS, o)
+    if torch_ref:
+        return lambda i: ref.residual_rms_norm_norm(rs[i % n], xs[i % n], w1, w2, EPS)
+    return lambda i: nol.residual_rms_norm_norm_onelaunch_rows(rs[i % n], xs[i % n], w1, w2, EPS, h, o)
+
+
+def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[str], calls: int,
+               rounds: int, reps: int) -> list[dict[str, Any]]:
+    """Latency per call of the single norm and the norm-add-norm for each passing configuration."""
+    rows = []
+    for W in widths:
+        for T in tokens:
+            n_sets = min(calls, _sets(T, W, 3))
+            g = torch.Generator(device=dev).manual_seed(W * 10007 + T)
+            xs = [torch.randn((T, W), generator=g, device=dev).to(torch.bfloat16) for _ in range(n_sets)]
+            rs = [torch.randn((T, W), generator=g, device=dev).to(torch.bfloat16) for _ in range(n_sets)]
+            w1 = torch.randn(W, generator=g, device=dev).to(torch.bfloat16)
+            w2 = torch.randn(W, generator=g, device=dev).to(torch.bfloat16)
+            o, h = torch.empty_like(xs[0]), torch.empty_like(xs[0])
+            for op in ("norm", "norm_norm"):
+                graphs: dict[str, GraphCalls] = {}
+                for name in [c for c in EXACT_CONFIGS if c in ok] + ["torch"]:
+                    fn = _call(op, name == "torch", xs, rs, w1, w2, h, o)
+                    with env(EXACT_CONFIGS.get(name, {})):
+                        graphs[name] = GraphCalls(fn, calls)
+                samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls,
+                                           rounds=rounds, reps=reps)
+                for name, s in samples.items():
+                    st = summarize(s)
+                    rows.append({"width": W, "tokens": T, "op": op, "config": name, "median_us": st.median,
+                                 "p10_us": st.p10, "p90_us": st.p90, "sets": n_sets,
+                                 "path": nol.kernel_path(W, T, dev) if name != "torch" else "torch"})
+                best = min((r for r in rows[-len(samples):] if r["config"] != "torch"),
+                           key=lambda r: r["median_us"], default=None)
+                if best:
+                    print(f"w{W} T{T} {op}: best {best['config']} {best['median_us']:.2f} us", flush=True)
+    return rows
+
+
+def _approx_call(xs: list[torch.Tensor], w: torch.Tensor, outs: list[torch.Tensor]) -> Any:
+    n = len(xs)
+    return lambda i: rms_norm_approx_rows(xs[i % n], w, EPS, outs[i % n])
+
+
+def time_approx(dev: torch.device, copy_gbps: float, calls: int, rounds: int, reps: int
+                ) -> list[dict[str, Any]]:
+    """Approx norm at T=4096 per (rows, warps): % of the measured copy (cold L2)."""
+    rows = []
+    for W, huginn in ((2048, False), (5280, True)):
+        T = 4096
+        n_sets = _sets(T, W, 2)
+        g = torch.Generator(device=dev).manual_seed(W)
+        xs = [torch.randn((T, W), generator=g, device=dev).to(torch.bfloat16) for _ in range(n_sets)]
+        w = torch.randn(W, generator=g, device=dev).to(torch.bfloat16)
+        outs = [torch.empty_like(xs[0]) for _ in range(n_sets)]
+        graphs = {}
+        for r in (1, 2, 4):
+            for nw in (4, 8, 16):
+                name = f"rows{r}-w{nw}"
+                with env({"RLTBENCH_APPROX_NORM_ROWS": str(r), "RLTBENCH_APPROX_NORM_WARPS": str(nw)}):
+                    graphs[name] = GraphCalls(_approx_call(xs, w, outs), calls)
+        samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls, rounds=rounds,
+                                   reps=reps)
+        nbytes = 2 * T * W * 2 + W * 2
+        for name, s in samples.items():
+            st = summarize(s)
+            gb = nbytes / (st.median * 1e-6) / 1e9
+            rows.append({"width": W, "tokens": T, "form": "huginn" if huginn else "ouro", "config": name,
+                         "median_us": st.median, "p10_us": st.p10, "p90_us": st.p90, "gbps": gb,
+                         "pct_copy": 100 * gb / copy_gbps, "sets": n_sets})
+        best = max(rows[-len(samples):], key=lambda r: r["pct_copy"])
+        print(f"approx w{W} T4096: best {best['config']} {best['median_us']:.2f} us "
+              f"{best['pct_copy']:.1f}% of copy", flush=True)
+    return rows
+
+
+def _act_call(gs: list[torch.Tensor], us: list[torch.Tensor], out: torch.Tensor, torch_ref: bool) -> Any:
+    n = len(gs)
+    if torch_ref:
+        return lambda i: ref.silu_mul(gs[i % n], us[i % n])
+    return lambda i: silu_mul_exact_rows(gs[i % n], us[i % n], out)
+
+
+def time_act(dev: torch.device, copy_gbps: float, calls: int, rounds: int, reps: int) -> list[dict[str, Any]]:
+    """Exact SiLU*up per column tile (gate/up are halves of a merged [T, 2W] GEMM output)."""
+    rows = []
+    W = 5632
+    for T in (1, 8, 4096):
+        n_sets = min(calls, rotation_sets(T * W * 2 * 3, l2_cache_bytes(), max_sets=64).sets)
+        g = torch.Generator(device=dev).manual_seed(T)
+        gu = [(torch.randn((T, 2 * W), generator=g, device=dev) * 4).to(torch.bfloat16)
+              for _ in range(n_sets)]
+        gs, us = [t[:, :W] for t in gu], [t[:, W:] for t in gu]
+        out = torch.empty((T, W), device=dev, dtype=torch.bfloat16)
+        graphs, bad = {}, {}
+        for cap in ("default", "512", "1024", "2048", "4096", "torch"):
+            knobs = {} if cap in ("default", "torch") else {"RLTBENCH_ACT_BLOCK": cap}
+            with env(knobs):
+                if cap != "torch":
+                    silu_mul_exact_rows(gs[0], us[0], out)
+                    bad[cap] = int((out != ref.silu_mul(gs[0], us[0])).sum())
+                graphs[cap] = GraphCalls(_act_call(gs, us, out, cap == "torch"), calls)
+        samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls, rounds=rounds,
+                                   reps=reps)
+        nbytes = 3 * T * W * 2
+        for name, smp in samples.items():
+            st = summarize(smp)
+            gb = nbytes / (st.median * 1e-6) / 1e9
+            rows.append({"width": W, "tokens": T, "config": name, "median_us": st.median, "p10_us": st.p10,
+                         "p90_us": st.p90, "gbps": gb, "pct_copy": 100 * gb / copy_gbps,
+                         "mismatches": bad.get(name, 0), "sets": n_sets})
+        print(f"act T{T}: " + ", ".join(f"{r['config']} {r['median_us']:.2f}us/{r['mismatches']}bad"
+                                          for r in rows[-len(samples):]), flush=True)
+    return rows
+
+
+def table(exact: list[dict[str, Any]], approx: list[dict[str, Any]], copy: dict[str, float]) -> str:
+    lines = ["# Norm kernel tuning (bf16, CUDA-graph replay, per call)", "",
+             f"Copy: {copy['gbps']:.0f} GB/s (same run).", "",
+             "| width | T | op | config | median us | p10 | p90 | path |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in exact:
+        lines.append(f"| {r['width']} | {r['tokens']} | {r['op']} | {r['config']} | {r['median_us']:.2f} | "
+                     f"{r['p10_us']:.2f} | {r['p90_us']:.2f} | {r['path']} |")
+    lines += ["", "| width | form | config | median us | GB/s | % copy |", "|---|---|---|---|---|---|"]
+    for r in approx:
+        lines.append(f"| {r['width']} | {r['form']} | {r['config']} | {r['median_us']:.2f} | "
+                     f"{r['gbps']:.0f} | {r['pct_copy']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def act_table(act: list[dict[str, Any]]) -> str:
+    lines = ["", "| SiLU*up T | config | median us | p10 | p90 | % copy | mismatches |",
+             "|---|---|---|---|---|---|---|"]
+    for r in act:
+        lines.append(f"| {r['tokens']} | {r['config']} | {r['median_us']:.2f} | {r['p10_us']:.2f} | "
+                     f"{r['p90_us']:.2f} | {r['pct_copy']:.1f} | {r['mismatches']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--result-dir", required=True)
+    ap.add_argument("--widths", default="2048,5280")
+    ap.add_argument("--tokens", default="1,2,4,8,128,4096")
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=8)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("kernel_tune.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    widths = [int(w) for w in args.widths.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    run = RunDir.create("tune", args.result_dir, argv=sys.argv)
+    checks = check_exact(dev, widths, tokens)
+    run.write_json("exact_checks.json", checks)
+    ok = {n for n, per in checks.items() if all(p["mismatches"] == 0 for p in per.values())}
+    exact = time_exact(dev, widths, tokens, ok, args.calls, args.rounds, args.reps)
+    run.write_json("exact_timing.json", exact)
+    copy = measure_copy_bandwidth(dev)
+    approx = time_approx(dev, copy["gbps"], 20, args.rounds, args.reps)
+    run.write_json("approx_timing.json", {"copy": copy, "rows": approx})
+    act = time_act(dev, copy["gbps"], 20, args.rounds, args.reps)
+    run.write_json("act_timing.json", act)
+    text = table(exact, approx, copy) + act_table(act)
+    run.write_markdown("table.md", text)
+    print(text)
+    return 0 if ok == set(EXACT_CONFIGS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
