@@ -21,10 +21,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from rltbench import tuned
 from rltbench.kernels import norm_onelaunch as nol
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_exact import silu_mul_exact_rows
@@ -40,6 +42,7 @@ from rltbench.kernels.timing import (
 from rltbench.results import RunDir
 
 EPS = 1e-6
+ROOT = Path(__file__).resolve().parent.parent
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w)} for w in (1, 2, 4)},
@@ -244,6 +247,40 @@ def act_table(act: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: list[dict[str, Any]]
+               ) -> dict[str, dict[str, Any]]:
+    """The tuned-file sections: the exact configuration with the least summed latency over the
+    decode-sized cases (T <= 128, both ops and widths), the approx (rows, warps) with the highest
+    mean % of copy at T=4096, and the SiLU tile fastest at T=1 and at T=4096."""
+    out: dict[str, dict[str, Any]] = {}
+    totals: dict[str, float] = {}
+    for r in exact:
+        if r["config"] != "torch" and r["tokens"] <= 128:
+            totals[r["config"]] = totals.get(r["config"], 0.0) + r["median_us"]
+    if totals:
+        best = min(totals, key=totals.__getitem__)
+        knobs = EXACT_CONFIGS[best]
+        out["norm_fast"] = {"enabled": knobs.get("RLTBENCH_NORM_FAST") != "0",
+                            "warps": int(knobs.get("RLTBENCH_NORM_FAST_WARPS", 4)),
+                            "tree_sum": knobs.get("RLTBENCH_NORM_TREE_SUM", "1") != "0",
+                            "summed_us": {k: round(v, 3) for k, v in totals.items()}}
+    pct: dict[str, list[float]] = {}
+    for r in approx:
+        pct.setdefault(r["config"], []).append(r["pct_copy"])
+    if pct:
+        best = max(pct, key=lambda k: sum(pct[k]) / len(pct[k]))
+        rows, warps = best.removeprefix("rows").split("-w")
+        out["norm_approx"] = {"rows": int(rows), "warps": int(warps),
+                              "mean_pct_copy": round(sum(pct[best]) / len(pct[best]), 2)}
+    tiles = [r for r in act if r["config"] not in ("torch", "default") and r["mismatches"] == 0]
+    few = [r for r in tiles if r["tokens"] == 1]
+    many = [r for r in tiles if r["tokens"] == max(t["tokens"] for t in tiles)] if tiles else []
+    if few and many:
+        out["act_exact"] = {"block_few_rows": int(min(few, key=lambda r: r["median_us"])["config"]),
+                            "block_many_rows": int(min(many, key=lambda r: r["median_us"])["config"])}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--result-dir", required=True)
@@ -252,6 +289,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--write-tuned", action="store_true",
+                    help="write the best knobs to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("kernel_tune.py needs a CUDA GPU", file=sys.stderr)
@@ -273,6 +312,16 @@ def main() -> int:
     text = table(exact, approx, copy) + act_table(act)
     run.write_markdown("table.md", text)
     print(text)
+    knobs = best_knobs(exact, approx, act)
+    run.write_json("best_knobs.json", knobs)
+    print("best knobs:", knobs)
+    if args.write_tuned:
+        prov = run.manifest.get("provenance", {})
+        src = {"command": " ".join(sys.argv), "result_dir": str(run.path.relative_to(ROOT)),
+               "date": prov.get("date_utc"), "git_sha": prov.get("git_sha")}
+        for name, value in knobs.items():
+            path = tuned.write_section(torch.cuda.get_device_name(dev), name, value, src)
+        print(f"wrote {path}")
     return 0 if ok == set(EXACT_CONFIGS) else 1
 
 

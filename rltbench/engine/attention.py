@@ -23,6 +23,7 @@ capturable). ``impl="auto"`` picks Triton on CUDA tensors and torch elsewhere; t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from rltbench import tuned
 
 Impl = Literal["auto", "torch", "triton"]
 
@@ -361,6 +364,7 @@ class DecodeConfig:
     num_stages: int = 1
     target_programs: int = _TARGET_PROGRAMS
     single_launch: bool = True
+    partition_size: int | None = None  # fixed split-K partition (tokens); None: the policy above
 
 
 # Default knobs keyed by (max batch, max covered length): the first row whose bounds hold is used.
@@ -370,10 +374,30 @@ _DECODE_DEFAULTS: tuple[tuple[int, int, DecodeConfig], ...] = (
 )
 
 
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodeConfig))
+
+
+def _tuned_rows() -> tuple[tuple[int, int, DecodeConfig], ...] | None:
+    """Rows of this GPU's tuned file (rltbench/tuned.py, written by ``attention_bench --sweep
+    --write-tuned``): [{"max_batch", "max_len", knobs...}, ...] in lookup order."""
+    rows = tuned.section("decode_attention")
+    if not isinstance(rows, list):
+        return None
+    try:
+        return tuple(
+            (int(r["max_batch"]), int(r["max_len"]),
+             DecodeConfig(**{k: r[k] for k in r if k in _CONFIG_FIELDS}))
+            for r in rows
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def decode_config(batch: int, num_heads: int, max_len: int) -> DecodeConfig:
-    """The default knobs for a decode call of this shape (deterministic per shape)."""
+    """The knobs for a decode call of this shape (deterministic per shape): the first row of the
+    GPU's tuned table (else the built-in one) whose bounds hold."""
     del num_heads  # the table is keyed by batch and length only (for now)
-    for max_b, max_l, cfg in _DECODE_DEFAULTS:
+    for max_b, max_l, cfg in _tuned_rows() or _DECODE_DEFAULTS:
         if batch <= max_b and max_len <= max_l:
             return cfg
     return DecodeConfig()
@@ -433,6 +457,8 @@ def _decode_triton(
     for name, val in (("tile_tokens", tile_tokens), ("heads_per_program", heads)):
         if val < 1 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 1, got {val}")
+    if partition_size is None and target_programs is None:
+        partition_size = cfg.partition_size  # a tuned fixed partition, unless the caller set a policy
     if partition_size is None:
         partition_size = choose_partition_size(b, hq, max_len, heads, target)
     if partition_size < 16 or partition_size & (partition_size - 1):

@@ -19,6 +19,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rltbench import tuned
 from rltbench.engine.attention import (
     _decode_torch,
     _decode_triton,
@@ -317,6 +319,32 @@ def bench_decode_attention(
     }
 
 
+_SHORT_LEN = 2048  # rows tuned at context 512 serve decode classes up to this covered length
+_BATCH_BOUNDS = {1: 1, 8: 8, 32: 32, 128: 1 << 30}
+
+
+def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's best variant per case as rows of the tuned table (rltbench/tuned.py section
+    "decode_attention", read by attention.decode_config): context-512 cases serve lengths up to
+    _SHORT_LEN for batches up to their bucket, the 4096 cases everything longer."""
+    rows = []
+    keys = ("tile_tokens", "heads_per_program", "num_warps", "num_stages", "target_programs", "single_launch")
+    for long_ctx in (False, True):
+        cases = sorted((c for c in res["cases"] if (c["context_len"] > _SHORT_LEN) == long_ctx and c["best"]),
+                       key=lambda c: c["batch"])
+        for i, c in enumerate(cases):
+            best = c["best"]
+            fixed = "partition_size" in res["variants"].get(best["name"], {}) or best["name"] == "v1"
+            row = {k: best[k] for k in keys} | {"partition_size": best["partition_size"] if fixed else None}
+            last = i == len(cases) - 1
+            row["max_batch"] = 1 << 30 if last else _BATCH_BOUNDS.get(c["batch"], c["batch"])
+            row["max_len"] = 1 << 30 if long_ctx else _SHORT_LEN
+            row["measured"] = {"batch": c["batch"], "context_len": c["context_len"], "variant": best["name"],
+                               "median_us": best["median_us"], "kv_gbps": best["kv_gbps"]}
+            rows.append(row)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m rltbench.engine.attention_bench", description=__doc__.split("\n")[0]
@@ -328,6 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--min-calls", type=int, default=200, help="attention calls per timing window")
     ap.add_argument("--variants", help="comma-separated subset of the sweep's variant names")
+    ap.add_argument(
+        "--write-tuned", action="store_true",
+        help="write the best variant per case to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.sweep:
@@ -338,8 +370,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 raise UsageError(f"unknown variants {unknown}; known: {list(SWEEP_VARIANTS)}")
             variants = {n: SWEEP_VARIANTS[n] for n in names}
+        os.environ["RLTBENCH_TUNED"] = "0"  # variants are measured against the built-in defaults
         res = sweep_decode_attention(variants=variants, reps=args.reps, min_calls=args.min_calls)
         print(format_table(res))
+        del os.environ["RLTBENCH_TUNED"]
+        if args.write_tuned:
+            rows = tuned_rows(res)
+            src = {"command": "python -m rltbench.engine.attention_bench " + " ".join(argv or sys.argv[1:]),
+                   "result_file": args.out, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "git_sha": os.environ.get("RLTBENCH_GIT_SHA")}
+            path = tuned.write_section(res["device"], "decode_attention", rows, src)
+            print(f"wrote {len(rows)} tuned rows to {path}")
     else:
         res = bench_decode_attention(reps=args.reps, iters=args.min_calls)
         for r in res["results"]:

@@ -10,12 +10,11 @@ from torch CPU. The GPU path targets torch CUDA and is checked by the gpu tests.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from rltbench import tuned
 from rltbench.kernels.layout import col_block, row_block, row_stride, warps_for
 from rltbench.kernels.rounding import (
     add_rn,
@@ -58,11 +57,10 @@ def _silu_mul_kernel(
 def act_block_cap(rows: int) -> int:
     """GPU column tile: small for a few rows (more programs share the latency of the accurate exp
     and the IEEE division), larger for many rows (fewer, longer programs stream better).
-    ``RLTBENCH_ACT_BLOCK`` (a power of two) overrides it for tuning."""
-    env = os.environ.get("RLTBENCH_ACT_BLOCK")
-    if env:
-        return int(env)
-    return 512 if rows <= 4 else 2048
+    ``RLTBENCH_ACT_BLOCK`` overrides both (tuning); the device's tuned file may set each."""
+    if rows <= 4:
+        return int(tuned.knob("RLTBENCH_ACT_BLOCK", "act_exact", "block_few_rows", 512))
+    return int(tuned.knob("RLTBENCH_ACT_BLOCK", "act_exact", "block_many_rows", 2048))
 
 
 def silu_mul_exact_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> None:

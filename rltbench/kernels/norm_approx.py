@@ -4,12 +4,11 @@ fp64 oracle (oracle.py). Rows must fit one tile (width <= MAX_WIDTH; Ops falls b
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from rltbench import tuned
 from rltbench.kernels.layout import row_stride
 from rltbench.kernels.rounding import dtype_code, interpret_mode, load_f32, store_f32
 
@@ -50,24 +49,22 @@ def _rms_norm_approx_kernel(
     store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
 
 
-def _env_pow2(name: str, default: int) -> int:
-    """A power-of-two tuning knob from the environment (recorded in every manifest)."""
-    v = int(os.environ.get(name, str(default)))
+def _pow2_knob(env: str, key: str, default: int) -> int:
+    """A power-of-two launch knob: the environment, else the device's tuned file, else `default`."""
+    v = int(tuned.knob(env, "norm_approx", key, default))
     if v < 1 or v & (v - 1):
-        raise ValueError(f"{name} must be a power of two, got {v}")
+        raise ValueError(f"{env} must be a power of two, got {v}")
     return v
 
 
 def _rows_per_program() -> int:
-    return _env_pow2("RLTBENCH_APPROX_NORM_ROWS", 1)
+    return _pow2_knob("RLTBENCH_APPROX_NORM_ROWS", "rows", 1)
 
 
 def _warps(tile: int) -> int:
-    """Warps per program: ``RLTBENCH_APPROX_NORM_WARPS`` (tuning), else as Liger's
+    """Warps per program: ``RLTBENCH_APPROX_NORM_WARPS`` / the tuned file, else as Liger's
     calculate_settings by tile size."""
-    if os.environ.get("RLTBENCH_APPROX_NORM_WARPS"):
-        return _env_pow2("RLTBENCH_APPROX_NORM_WARPS", 8)
-    return 16 if tile >= 8192 else 8 if tile >= 2048 else 4
+    return _pow2_knob("RLTBENCH_APPROX_NORM_WARPS", "warps", 16 if tile >= 8192 else 8 if tile >= 2048 else 4)
 
 
 def rms_norm_approx_rows(

@@ -26,11 +26,10 @@ torch_reduce_model bit for bit.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
+from rltbench import tuned
 from rltbench.kernels.norm_onelaunch import MODE_ADD, MODE_X, _norm_norm_out, _norm_out, _rstd, _sq
 from rltbench.kernels.rounding import add_rn
 
@@ -158,24 +157,23 @@ def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, 
 # ----------------------------------------------------------------------------------------------
 def enabled() -> bool:
     """``RLTBENCH_NORM_FAST=0`` keeps the general one-launch kernel (for A/B timing)."""
-    return os.environ.get("RLTBENCH_NORM_FAST", "1") != "0"
+    return bool(tuned.knob("RLTBENCH_NORM_FAST", "norm_fast", "enabled", True))
 
 
 def tree_sum_default(interpret: bool) -> bool:
     """Triton's warp reduction for the five warp levels: GPU only (the interpreter's numpy sum has
-    another order). ``RLTBENCH_NORM_TREE_SUM=0`` forces the explicit halving on the GPU too."""
-    return (not interpret) and os.environ.get("RLTBENCH_NORM_TREE_SUM", "1") != "0"
+    another order). ``RLTBENCH_NORM_TREE_SUM=0`` (or the device's tuned file) keeps the explicit
+    halving on the GPU too."""
+    return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_TREE_SUM", "norm_fast", "tree_sum", True))
 
 
 def num_warps_for(lanes: int, interpret: bool) -> int:
-    """Warps per program: ``RLTBENCH_NORM_FAST_WARPS`` (tuning), else 1 for 32..128 lanes and
-    lanes / 128 above (tuned on an H200, see docs/onelaunch_norm.md)."""
+    """Warps per program for the 512-lane plan from ``RLTBENCH_NORM_FAST_WARPS``, else the device's
+    tuned file, else lanes / 128; narrower plans scale down (at least a warp of lanes each)."""
     if interpret:
         return 1
-    env = os.environ.get("RLTBENCH_NORM_FAST_WARPS")
-    if env:   # the warps of the 512-lane plan; narrower plans scale down (at least a warp of lanes)
-        return max(1, min(int(env), lanes // 32))
-    return max(1, lanes // 128)
+    w512 = int(tuned.knob("RLTBENCH_NORM_FAST_WARPS", "norm_fast", "warps", 4))
+    return max(1, min(w512 * lanes // 512, lanes // 32))
 
 
 def supports(width: int, lanes: int, warp_down: bool) -> bool:

@@ -1,0 +1,77 @@
+"""Per-GPU tuned knobs (rltbench/tuned.py): file round trip, precedence env > file > default, the
+off switch, and the two readers that matter most (decode attention rows, fast-norm warps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rltbench import tuned
+from rltbench.engine import attention as attn
+from rltbench.engine import attention_bench as ab
+from rltbench.kernels import norm_onelaunch_fast as fast
+
+DEV = "NVIDIA Test GPU"
+
+
+@pytest.fixture
+def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(tuned, "TUNED_DIR", tmp_path)
+    monkeypatch.setattr(tuned, "_current_device_name", lambda: DEV)
+    monkeypatch.delenv("RLTBENCH_TUNED", raising=False)
+    monkeypatch.delenv("RLTBENCH_NORM_FAST_WARPS", raising=False)
+    tuned._load.cache_clear()
+    yield tmp_path
+    tuned._load.cache_clear()
+
+
+def test_slug_and_round_trip(fake_gpu: Path) -> None:
+    assert tuned.device_slug("NVIDIA H200") == "NVIDIA_H200"
+    assert tuned.section("norm_fast") is None
+    p = tuned.write_section(DEV, "norm_fast", {"warps": 2}, {"command": "x"})
+    assert p == fake_gpu / "NVIDIA_Test_GPU.json"
+    assert tuned.section("norm_fast") == {"warps": 2}
+    tuned.write_section(DEV, "act_exact", {"block_few_rows": 256}, {"command": "y"})
+    assert tuned.section("norm_fast") == {"warps": 2}          # merged, not replaced
+    assert tuned.section("norm_fast", device_name="other") is None
+
+
+def test_precedence_env_file_default(fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tuned.knob("RLTBENCH_NORM_FAST_WARPS", "norm_fast", "warps", 4) == 4
+    tuned.write_section(DEV, "norm_fast", {"warps": 1}, {})
+    assert tuned.knob("RLTBENCH_NORM_FAST_WARPS", "norm_fast", "warps", 4) == 1
+    assert fast.num_warps_for(512, interpret=False) == 1
+    monkeypatch.setenv("RLTBENCH_NORM_FAST_WARPS", "8")
+    assert fast.num_warps_for(512, interpret=False) == 8
+    assert fast.num_warps_for(256, interpret=False) == 4   # scaled to the plan (elements per thread)
+    assert fast.num_warps_for(32, interpret=False) == 1    # at most lanes / 32
+    monkeypatch.delenv("RLTBENCH_NORM_FAST_WARPS")
+    monkeypatch.setenv("RLTBENCH_TUNED", "0")
+    assert tuned.knob("RLTBENCH_NORM_FAST_WARPS", "norm_fast", "warps", 4) == 4
+
+
+def test_decode_attention_rows_from_file(fake_gpu: Path) -> None:
+    assert attn.decode_config(1, 16, 512) == attn.DecodeConfig()   # no file: built-in
+    rows = [{"max_batch": 1, "max_len": 2048, "tile_tokens": 64, "partition_size": 64, "measured": {}},
+            {"max_batch": 1 << 30, "max_len": 1 << 30, "num_warps": 8}]
+    tuned.write_section(DEV, "decode_attention", rows, {})
+    cfg = attn.decode_config(1, 16, 1024)
+    assert (cfg.tile_tokens, cfg.partition_size) == (64, 64)
+    assert attn.decode_config(2, 16, 1024).num_warps == 8
+    tuned.write_section(DEV, "decode_attention", [{"max_batch": "x"}], {})
+    assert attn.decode_config(1, 16, 512) == attn.DecodeConfig()   # a broken file is ignored
+
+
+def test_sweep_best_becomes_rows() -> None:
+    knobs = {"tile_tokens": 32, "heads_per_program": 1, "num_warps": 4, "num_stages": 1,
+             "target_programs": 528,
+             "single_launch": True, "median_us": 1.0, "kv_gbps": 1.0}
+    res = {"variants": ab.SWEEP_VARIANTS, "cases": [
+        {"batch": 1, "context_len": 512, "best": knobs | {"name": "p64t64h1w4", "partition_size": 64}},
+        {"batch": 32, "context_len": 512, "best": knobs | {"name": "t32h1w4", "partition_size": 256}},
+        {"batch": 1, "context_len": 4096, "best": None},
+    ]}
+    rows = ab.tuned_rows(res)
+    assert [(r["max_batch"], r["max_len"], r["partition_size"]) for r in rows] == [
+        (1, ab._SHORT_LEN, 64), (1 << 30, ab._SHORT_LEN, None)]
