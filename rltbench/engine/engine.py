@@ -115,6 +115,30 @@ def prefill_key(rows: Seq[tuple[int, int]], width: int, finishing: Seq[int]) -> 
     return tuple((int(a), int(n)) for a, n in rows), int(width), tuple(int(i) for i in finishing)
 
 
+def _synthetic_prefill(key: PrefillKey) -> _PrefillStep:
+    """A step of shape `key` that touches no KV: token ids 0, slots -1, block tables 0 (warm-up)."""
+    rows, width, finishing = key
+    qsl, seq_lens, ctx_lens = [0], [], []
+    for start, n in rows:
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(start + n)
+        ctx_lens.append(start)
+    last_idx = [qsl[r + 1] - 1 for r in finishing]
+    n_tok = qsl[-1]
+    pos = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in rows])
+    meta = np.asarray(qsl + seq_lens + ctx_lens + last_idx, np.int64)
+    packed = np.concatenate(
+        [
+            np.zeros(n_tok, np.int64),
+            pos,
+            np.full(n_tok, -1, np.int64),
+            meta,
+            np.zeros(len(rows) * width, np.int64),
+        ]
+    )
+    return _PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed)
+
+
 class PrefillGraphSet:
     """One arm's captured prefill graphs (LRU, at most `cap`) and the policy that fills it: a shape is
     captured the second time it is seen, so a repeating burst gets replays while sessions of unique
@@ -718,6 +742,31 @@ class Engine:
             for cls in classes:
                 if (b, cls) not in self._arm.graphs:
                     self._capture(b, cls)
+
+    def warmup_prefill(self, prompt_len: int, max_rows: int | None = None) -> int:
+        """Capture the current arm's prefill graphs for steps of 1..max_rows whole prompts of
+        `prompt_len` tokens (default: as many as one step's token budget and max_num_seqs admit): the
+        steps of a burst of equal-length prompts, so a measured burst never pays a capture. Synthetic
+        metadata (slots -1: no KV is written; block tables 0), like the decode warm-up. Returns the
+        number of graphs captured."""
+        if not self.use_prefill_graphs or prompt_len < 1:
+            return 0
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("warmup_prefill needs an idle engine")
+        cfg = self.config
+        fit = min(cfg.max_num_seqs, cfg.max_num_batched_tokens // prompt_len)
+        rows = fit if max_rows is None else min(max_rows, fit)
+        width = -(-prompt_len // cfg.block_size)
+        pg, captured = self._arm.prefill, 0
+        for r in range(1, rows + 1):
+            key = prefill_key([(0, prompt_len)] * r, width, range(r))
+            if key in pg.graphs or key in pg.bad:
+                continue
+            step = _synthetic_prefill(key)
+            self._upload_prefill(step.packed)
+            pg.should_capture(key)  # counts as seen: an evicted warm shape recaptures on its next step
+            captured += self._capture_prefill(step) is not None
+        return captured
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(

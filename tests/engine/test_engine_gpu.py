@@ -105,3 +105,14 @@ def test_prefill_graphs_equal_eager_prefill(arm):
     assert any(any(start > 0 for start, _ in k[0]) for k in on._arm.prefill.graphs)
     again = _prefill_burst(on, bursts)  # pure replays of the captured shapes
     assert again == ref
+
+
+def test_warmup_prefill_then_burst_is_all_replays():
+    model = _model(torch.bfloat16)
+    ps = prompts(4, [32] * 10)  # 64-token budget: steps of 2, 2, 2, 2, 2 rows
+    off = Engine(model, ["exact"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
+    on = Engine(model, ["exact"], _cfg(enable_prefix_caching=False))
+    assert on.warmup_prefill(32) == 2
+    assert _run(on, ps, n=4) == _run(off, ps, n=4)
+    s = on.stats()
+    assert s["prefill_eager"] == 0 and s["prefill_graph_replays"] == s["prefill_steps"] > 0

@@ -133,6 +133,20 @@ def test_mixed_and_chunked_shapes_match_eager(ouro_tiny, ops):
     assert any(k[2] == (0,) and len(k[0]) == 2 for k in keys), keys  # a row that does not finish
 
 
+def test_warmup_prefill_captures_burst_shapes_without_touching_kv(ouro_tiny, ops):
+    eng = make_engine(ouro_tiny, ops)
+    kv = eng.kv.clone()
+    assert eng.warmup_prefill(8) == 2  # 16-token budget: steps of 1 and 2 whole 8-token prompts
+    assert torch.equal(eng.kv, kv)  # slots -1: the capture runs wrote nothing
+    assert eng.warmup_prefill(8) == 0  # already held
+    ps = prompts(8, [8] * 5)  # steps of 2, 2, 1 rows
+    assert run(eng, ps) == run(make_engine(ouro_tiny, ops, graphs=False), ps)
+    s = eng.stats()
+    assert s["prefill_eager"] == 0 and s["prefill_graph_replays"] == s["prefill_steps"] == 3
+    assert s["prefill_graph_captures"] == 2
+    assert make_engine(ouro_tiny, ops, graphs=False).warmup_prefill(8) == 0  # CPU: graphs off
+
+
 def test_lru_cap_bounds_the_graphs_held(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops, prefill_graph_cap=1, max_num_batched_tokens=64)
     for n in (3, 5, 3, 5, 3, 5):
