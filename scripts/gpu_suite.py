@@ -51,13 +51,14 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
                         "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
                         "'validation': validation_report()}, indent=1, default=str))"]),
-    # launch knobs of the fused kernels (exact one-launch norm, approx norm, exact SiLU*up), checked then timed
-    "tune": (300, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--result-dir",
-                   str(RESULTS / "tune")]),
+    # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
+    "tune": (240, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
+                   "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
     # decode attention knobs per (batch, context), best written to the device's tuned file
     "attention": (150, [PY, "-m", "rltbench.engine.attention_bench", "--sweep", "--write-tuned", "--out",
                         str(RESULTS / "attention" / "sweep.json")]),
-    "prefill": (120, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--result-dir", str(RESULTS / "prefill")]),
+    "prefill": (120, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--result-dir",
+                      str(RESULTS / "prefill")]),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     "decode": (240, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--iters", "60",

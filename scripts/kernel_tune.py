@@ -46,8 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w)} for w in (1, 2, 4)},
-    "fast-w4-halve": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": "4",
-                      "RLTBENCH_NORM_TREE_SUM": "0"},
 }
 KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM",
          "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_ACT_BLOCK")

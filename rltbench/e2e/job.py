@@ -326,6 +326,7 @@ def _make_engine(
         enable_prefix_caching=session is not None,
         use_cuda_graph=not opts["enforce_eager"],
         max_model_len=min(max_len, model_len),
+        prefill_graphs=opts.get("prefill_graphs", True),
         **kw,
     )
     try:
