@@ -136,7 +136,7 @@ def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[
                     st = summarize(s)
                     rows.append({"width": W, "tokens": T, "op": op, "config": name, "median_us": st.median,
                                  "p10_us": st.p10, "p90_us": st.p90, "sets": n_sets,
-                                 "path": nol.kernel_path(W, T, dev) if name != "torch" else "torch"})
+                                 "path": name if name in ("torch", "general") else "fast"})
                 best = min((r for r in rows[-len(samples):] if r["config"] != "torch"),
                            key=lambda r: r["median_us"], default=None)
                 if best:

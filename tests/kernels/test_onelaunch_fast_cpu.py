@@ -94,3 +94,29 @@ def test_fast_norm_norm_differs_when_order_is_wrong() -> None:
     want = trm.mean_rows(_sq(h), warp_order=trm.WARP_DOWN)
     np.testing.assert_array_equal(_bits(var[:, 1].contiguous().numpy()), _bits(want))
     assert (_bits(want) != _bits(trm.sequential_mean_rows(_sq(h)))).any()
+
+
+def test_validation_falls_back_to_general_kernel_when_fast_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast kernel is trusted only on its own record: if its validation shows a mismatch, the
+    general kernel is validated on its own and serves the width (the report says why)."""
+    calls: list[str] = []
+
+    def fake_cases(device, dtype, width, seed, tokens, order):  # noqa: ANN001, ANN202
+        path = nol.kernel_path(width, 1, device, order)
+        calls.append(path)
+        bad = [{"form": "var", "tokens": 1, "n_diff": 1, "first_index": 0}] if path == "fast" else []
+        return 7, 100, bad, {512, 32}
+
+    monkeypatch.setattr(nol, "_run_cases", fake_cases)
+    monkeypatch.setattr(nol, "_device_name", lambda d: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native")
+    monkeypatch.setattr(nol, "gpu_props", lambda d: trm.GpuProps())
+    nol.reset_validation()
+    try:
+        res = nol.validate(torch.device("cuda", 0), torch.bfloat16, 2048)
+        assert calls == ["fast", "general"]
+        assert res.passed and res.fast_path.startswith("refused: 1 mismatching")
+        assert nol.kernel_path(2048, 1, torch.device("cuda", 0), trm.WARP_DOWN) == "general"
+    finally:
+        nol.reset_validation()
+    assert nol.kernel_path(2048, 1, CPU, trm.WARP_DOWN) == "fast"
