@@ -19,6 +19,18 @@ from tests.kernels._util import assert_bitwise
 from tests.kernels.test_onelaunch_cpu import EPS, _adv, _bits, _sq
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fast_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast kernel is opt-in (norm_onelaunch_fast.enabled); these tests exercise it."""
+    monkeypatch.setenv("RLTBENCH_NORM_FAST", "1")
+
+
+def test_fast_kernel_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLTBENCH_NORM_FAST")
+    assert not fast.enabled()
+    assert nol.kernel_path(2048, 1, CPU, trm.WARP_DOWN) == "general"
 # (T, N): every lane count (512/256/128/64/32) and 1 to 42 iterations per lane
 CASES = [(1, 2048), (1, 5280), (2, 2048), (3, 5280), (4, 1000), (6, 2052), (8, 4096), (12, 132),
          (16, 2048), (19, 5280), (33, 260)]
