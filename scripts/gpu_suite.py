@@ -54,6 +54,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
     "tune": (240, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
                    "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
+    # the fast one-launch norm case by case (token count, layout, TREE_SUM) and validate() per dtype/width
+    "fastnorm": (240, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "180",
+                       "--result-dir", str(RESULTS / "fastnorm")]),
+    # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
+    "tune-approx": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "approx", "--write-tuned",
+                          "--result-dir", str(RESULTS / "tune-approx")]),
     # decode attention knobs per (batch, context), best written to the device's tuned file
     "attention": (150, [PY, "-m", "rltbench.engine.attention_bench", "--sweep", "--write-tuned", "--out",
                         str(RESULTS / "attention" / "sweep.json")]),

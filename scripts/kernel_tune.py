@@ -47,8 +47,19 @@ EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w)} for w in (1, 2, 4)},
 }
+# approx norm: one program per row block (rows x warps), or the persistent kernel (programs per SM
+# x software-pipeline stages x warps)
+APPROX_CONFIGS: dict[str, dict[str, str]] = {
+    **{f"rows{r}-w{nw}": {"RLTBENCH_APPROX_NORM_ROWS": str(r), "RLTBENCH_APPROX_NORM_WARPS": str(nw)}
+       for r, nw in ((1, 4), (1, 8), (2, 8), (4, 8))},
+    **{f"persist{p}-s{st}-w{nw}": {"RLTBENCH_APPROX_NORM_PERSIST": str(p),
+                                   "RLTBENCH_APPROX_NORM_STAGES": str(st),
+                                   "RLTBENCH_APPROX_NORM_WARPS": str(nw)}
+       for p in (2, 4, 8) for st in (1, 2, 3) for nw in (4, 8)},
+}
 KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM",
-         "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_ACT_BLOCK")
+         "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_APPROX_NORM_PERSIST",
+         "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_ACT_BLOCK")
 
 
 @contextlib.contextmanager
@@ -161,11 +172,9 @@ def time_approx(dev: torch.device, copy_gbps: float, calls: int, rounds: int, re
         w = torch.randn(W, generator=g, device=dev).to(torch.bfloat16)
         outs = [torch.empty_like(xs[0]) for _ in range(n_sets)]
         graphs = {}
-        for r in (1, 2, 4):
-            for nw in (4, 8, 16):
-                name = f"rows{r}-w{nw}"
-                with env({"RLTBENCH_APPROX_NORM_ROWS": str(r), "RLTBENCH_APPROX_NORM_WARPS": str(nw)}):
-                    graphs[name] = GraphCalls(_approx_call(xs, w, outs), calls)
+        for name, knobs in APPROX_CONFIGS.items():
+            with env(knobs):
+                graphs[name] = GraphCalls(_approx_call(xs, w, outs), calls)
         samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls, rounds=rounds,
                                    reps=reps)
         nbytes = 2 * T * W * 2 + W * 2
@@ -229,10 +238,11 @@ def table(exact: list[dict[str, Any]], approx: list[dict[str, Any]], copy: dict[
     for r in exact:
         lines.append(f"| {r['width']} | {r['tokens']} | {r['op']} | {r['config']} | {r['median_us']:.2f} | "
                      f"{r['p10_us']:.2f} | {r['p90_us']:.2f} | {r['path']} |")
-    lines += ["", "| width | form | config | median us | GB/s | % copy |", "|---|---|---|---|---|---|"]
+    lines += ["", "| width | form | config | median us | p10 | p90 | GB/s | % copy |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in approx:
         lines.append(f"| {r['width']} | {r['form']} | {r['config']} | {r['median_us']:.2f} | "
-                     f"{r['gbps']:.0f} | {r['pct_copy']:.1f} |")
+                     f"{r['p10_us']:.2f} | {r['p90_us']:.2f} | {r['gbps']:.0f} | {r['pct_copy']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -267,9 +277,12 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
         pct.setdefault(r["config"], []).append(r["pct_copy"])
     if pct:
         best = max(pct, key=lambda k: sum(pct[k]) / len(pct[k]))
-        rows, warps = best.removeprefix("rows").split("-w")
-        out["norm_approx"] = {"rows": int(rows), "warps": int(warps),
-                              "mean_pct_copy": round(sum(pct[best]) / len(pct[best]), 2)}
+        knobs = APPROX_CONFIGS[best]
+        out["norm_approx"] = {"rows": int(knobs.get("RLTBENCH_APPROX_NORM_ROWS", 1)),
+                              "warps": int(knobs["RLTBENCH_APPROX_NORM_WARPS"]),
+                              "persist": int(knobs.get("RLTBENCH_APPROX_NORM_PERSIST", 0)),
+                              "stages": int(knobs.get("RLTBENCH_APPROX_NORM_STAGES", 1)),
+                              "config": best, "mean_pct_copy": round(sum(pct[best]) / len(pct[best]), 2)}
     tiles = [r for r in act if r["config"] not in ("torch", "default") and r["mismatches"] == 0]
     few = [r for r in tiles if r["tokens"] == 1]
     many = [r for r in tiles if r["tokens"] == max(t["tokens"] for t in tiles)] if tiles else []
@@ -287,6 +300,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--parts", default="exact,approx,act",
+                    help="comma list of exact (one-launch norm), approx (approx norm), act (exact SiLU*up)")
     ap.add_argument("--write-tuned", action="store_true",
                     help="write the best knobs to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)")
     args = ap.parse_args()
@@ -296,17 +311,28 @@ def main() -> int:
     dev = torch.device("cuda", torch.cuda.current_device())
     widths = [int(w) for w in args.widths.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
+    parts = set(args.parts.split(","))
+    if parts - {"exact", "approx", "act"}:
+        print(f"--parts: unknown {sorted(parts - {'exact', 'approx', 'act'})}", file=sys.stderr)
+        return 2
     run = RunDir.create("tune", args.result_dir, argv=sys.argv)
-    checks = check_exact(dev, widths, tokens)
-    run.write_json("exact_checks.json", checks)
-    ok = {n for n, per in checks.items() if all(p["mismatches"] == 0 for p in per.values())}
-    exact = time_exact(dev, widths, tokens, ok, args.calls, args.rounds, args.reps)
-    run.write_json("exact_timing.json", exact)
+    exact: list[dict[str, Any]] = []
+    approx: list[dict[str, Any]] = []
+    act: list[dict[str, Any]] = []
+    ok = set(EXACT_CONFIGS)
+    if "exact" in parts:
+        checks = check_exact(dev, widths, tokens)
+        run.write_json("exact_checks.json", checks)
+        ok = {n for n, per in checks.items() if all(p["mismatches"] == 0 for p in per.values())}
+        exact = time_exact(dev, widths, tokens, ok, args.calls, args.rounds, args.reps)
+        run.write_json("exact_timing.json", exact)
     copy = measure_copy_bandwidth(dev)
-    approx = time_approx(dev, copy["gbps"], 20, args.rounds, args.reps)
-    run.write_json("approx_timing.json", {"copy": copy, "rows": approx})
-    act = time_act(dev, copy["gbps"], 20, args.rounds, args.reps)
-    run.write_json("act_timing.json", act)
+    if "approx" in parts:
+        approx = time_approx(dev, copy["gbps"], 20, args.rounds, args.reps)
+        run.write_json("approx_timing.json", {"copy": copy, "rows": approx})
+    if "act" in parts:
+        act = time_act(dev, copy["gbps"], 20, args.rounds, args.reps)
+        run.write_json("act_timing.json", act)
     text = table(exact, approx, copy) + act_table(act)
     run.write_markdown("table.md", text)
     print(text)

@@ -4,6 +4,8 @@ fp64 oracle (oracle.py). Rows must fit one tile (width <= MAX_WIDTH; Ops falls b
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +51,44 @@ def _rms_norm_approx_kernel(
     store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
 
 
+@triton.jit
+def _rms_norm_approx_persistent_kernel(
+    x_ptr,
+    b_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    R,
+    W,
+    sx,
+    sb,
+    sr,
+    eps,
+    HAS_B: tl.constexpr,
+    HAS_R: tl.constexpr,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Persistent variant: a grid of a few programs per SM, each striding over rows, so the weight
+    row is loaded once per program and the loop's loads can be software-pipelined (``STAGES``):
+    the next row is in flight while this one is reduced. Same math as the one-row kernel."""
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < W
+    w = load_f32(w_ptr + cols, cmask, DT, INTERPRET)
+    # an int64 start makes the loop variable int64 (row * stride cannot overflow)
+    for r64 in tl.range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0), num_stages=STAGES):
+        v = load_f32(x_ptr + r64 * sx + cols, cmask, DT, INTERPRET)
+        if HAS_B:
+            v += load_f32(b_ptr + r64 * sb + cols, cmask, DT, INTERPRET)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=0) / W + eps)
+        y = v * rstd * w
+        if HAS_R:
+            y += load_f32(r_ptr + r64 * sr + cols, cmask, DT, INTERPRET)
+        store_f32(out_ptr + r64 * W + cols, y, cmask, DT, INTERPRET)
+
+
 def _pow2_knob(env: str, key: str, default: int) -> int:
     """A power-of-two launch knob: the environment, else the device's tuned file, else `default`."""
     v = int(tuned.knob(env, "norm_approx", key, default))
@@ -59,6 +99,26 @@ def _pow2_knob(env: str, key: str, default: int) -> int:
 
 def _rows_per_program() -> int:
     return _pow2_knob("RLTBENCH_APPROX_NORM_ROWS", "rows", 1)
+
+
+def _persist() -> int:
+    """Programs per SM of the persistent kernel (0: one program per row block, the default)."""
+    v = int(tuned.knob("RLTBENCH_APPROX_NORM_PERSIST", "norm_approx", "persist", 0))
+    if v < 0:
+        raise ValueError(f"RLTBENCH_APPROX_NORM_PERSIST must be >= 0, got {v}")
+    return v
+
+
+def _stages() -> int:
+    v = int(tuned.knob("RLTBENCH_APPROX_NORM_STAGES", "norm_approx", "stages", 1))
+    if v < 1:
+        raise ValueError(f"RLTBENCH_APPROX_NORM_STAGES must be >= 1, got {v}")
+    return v
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def _warps(tile: int) -> int:
@@ -90,6 +150,16 @@ def rms_norm_approx_rows(
         nw = _warps(block_r * block_c)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
+    persist = _persist()
+    if persist and (interp or x.is_cuda):
+        sms = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+            if x.is_cuda else 2
+        _rms_norm_approx_persistent_kernel[(max(1, min(R, persist * sms)),)](
+            x, b, r, w, out, R, W, row_stride(x), row_stride(b), row_stride(r), float(eps),
+            HAS_B=branch is not None, HAS_R=residual is not None, DT=dtype_code(x.dtype), INTERPRET=interp,
+            BLOCK_C=block_c, STAGES=_stages(), num_warps=1 if interp else _warps(block_c),
+        )  # fmt: skip
+        return
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](
         x,
         b,

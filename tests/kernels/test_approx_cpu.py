@@ -40,3 +40,33 @@ def test_ulp_distance_counts_one_ulp() -> None:
     out = torch.tensor([1.0, 1.0078125, -3.0, 0.0, float("inf"), float("nan")], dtype=torch.bfloat16)
     assert ulp_distance(out, y).tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert ulp_distance(out[:1], torch.tensor([float("nan")], dtype=torch.float64)).item() == float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("residual", [False, True])
+def test_approx_norm_persistent_variant_within_bound(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                                      residual: bool) -> None:
+    """The persistent kernel (RLTBENCH_APPROX_NORM_PERSIST > 0: programs stride over rows) keeps the
+    one-row kernel's bound; 2 programs over 7 strided rows so every program runs several rows."""
+    from rltbench.kernels import norm_approx
+    from rltbench.kernels.norm_approx import rms_norm_approx_rows
+    from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
+
+    g = torch.Generator().manual_seed(11)
+    big = torch.randn(7, 1013, generator=g).to(dtype)
+    x = big[:, 4:1004]                      # row stride 1013, width 1000
+    w = torch.randn(1000, generator=g).to(dtype)
+    r = torch.randn(7, 1000, generator=g).to(dtype) if residual else None
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PERSIST", "1")
+    one_row = norm_approx._rms_norm_approx_kernel
+    monkeypatch.setattr(norm_approx, "_rms_norm_approx_kernel", None)   # must not be used now
+    out = torch.empty(7, 1000, dtype=dtype)
+    rms_norm_approx_rows(x, w, 1e-6, out, residual=r)
+    monkeypatch.setattr(norm_approx, "_rms_norm_approx_kernel", one_row)
+    err = error_summary(out, rms_norm_oracle(x, w, 1e-6, residual=r))
+    if dtype != torch.float32 or not residual:   # fp32 + residual: cancellation, no stated bound
+        assert err["max_ulp"] <= (8.0 if dtype == torch.float32 else 0.6), err
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PERSIST", "0")
+    ref_out = torch.empty_like(out)
+    rms_norm_approx_rows(x, w, 1e-6, ref_out, residual=r)
+    assert (out.float() - ref_out.float()).abs().max() <= (ref_out.float().abs().max() * 2 ** -6)

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Why does the start-up validation refuse the fast one-launch norm on a GPU?
+
+The fast kernel (rltbench/kernels/norm_onelaunch_fast.py) was bitwise equal to torch in
+scripts/kernel_tune.py's checks (width 2048, T 1/8/128, contiguous rows) but the full validation
+(norm_onelaunch.validate: 18 token counts, strided rows, five forms and the variance) took it off.
+This script runs the validation's cases one (token count, layout) at a time on the fast kernel,
+with Triton's warp reduction (TREE_SUM) on and off, records every mismatch or exception with the
+reduction plan (lanes) that served it, then runs the real validate() per dtype/width and keeps its
+report. Results are written as they come (an interrupted run keeps what it finished).
+
+    python scripts/diagnose_fast_norm.py --result-dir results/gpu/fastnorm
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+os.environ["RLTBENCH_NORM_FAST"] = "1"
+
+import torch  # noqa: E402
+
+from rltbench.kernels import norm_onelaunch as nol  # noqa: E402
+from rltbench.kernels import reference as ref  # noqa: E402
+from rltbench.results import RunDir  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def one_case(
+    dev: torch.device, dtype: torch.dtype, W: int, T: int, strided: bool, seed: int
+) -> dict[str, Any]:
+    """Every form of the validation for one token count and layout, on whatever kernel_path picks."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    eps = 1e-6
+    plan = nol.plan_for(T, W, dev)
+    row: dict[str, Any] = {
+        "width": W,
+        "tokens": T,
+        "strided": strided,
+        "lanes": plan.lanes,
+        "unsupported": plan.unsupported_reason,
+        "path": nol.kernel_path(W, T, dev, "down"),
+        "mismatches": [],
+        "error": None,
+    }
+    if plan.unsupported_reason is not None:
+        return row
+    x, r, b = (nol._adversarial((T, W), dtype, gen, dev) for _ in range(3))
+    w1, w2 = nol._weights(W, dtype, gen, dev), nol._weights(W, dtype, gen, dev)
+    if strided:
+        big = torch.empty((T, W + 5), dtype=dtype, device=dev)
+        big[:, 3 : 3 + W] = x
+        x = big[:, 3 : 3 + W]
+    bad: list[dict[str, Any]] = []
+    try:
+        out = torch.empty((T, W), dtype=dtype, device=dev)
+        var = torch.empty(T, dtype=torch.float32, device=dev)
+        nol.rms_norm_onelaunch_rows(x, w1, eps, out, var_out=var, warp_order="down")
+        nol._cmp("var", T, var, x.float().pow(2).mean(-1), bad)
+        nol._cmp("ouro", T, out, ref.rms_norm(x, w1, eps), bad)
+        nol.rms_norm_onelaunch_rows(x, w1, eps, out, residual=r, warp_order="down")
+        nol._cmp("residual", T, out, ref.residual_rms_norm(r, x, w1, eps), bad)
+        nol.rms_norm_onelaunch_rows(x, w1, eps, out, branch=b, warp_order="down")
+        nol._cmp("add_huginn", T, out, ref.add_rms_norm_huginn(x, b, w1, eps), bad)
+        h, y = torch.empty_like(out), torch.empty_like(out)
+        nol.residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, eps, h, y, warp_order="down")
+        rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, eps)
+        nol._cmp("norm_norm.h", T, h, rh, bad)
+        nol._cmp("norm_norm.y", T, y, ry, bad)
+        torch.cuda.synchronize(dev)
+    except Exception as exc:  # record and go on: the point is to see every failure
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        row["traceback"] = traceback.format_exc()[-1500:]
+    row["mismatches"] = bad
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--result-dir", required=True)
+    ap.add_argument("--widths", default="2048,5280")
+    ap.add_argument("--dtypes", default="bf16,fp16,fp32")
+    ap.add_argument("--deadline", type=float, default=300.0, help="seconds; stops starting new work after it")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("diagnose_fast_norm.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    widths = [int(w) for w in args.widths.split(",")]
+    run = RunDir.create("fastnorm", args.result_dir, argv=sys.argv)
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"cases": [], "validate": {}, "seconds": {}}
+    # 1. case by case on bf16, TREE_SUM on then off
+    for tree in ("1", "0"):
+        os.environ["RLTBENCH_NORM_TREE_SUM"] = tree
+        for W in widths:
+            t1 = time.perf_counter()
+            for i, T in enumerate(nol.VALIDATION_TOKENS):
+                for strided in (False, True):
+                    if time.perf_counter() - t0 > args.deadline:
+                        break
+                    row = one_case(dev, torch.bfloat16, W, T, strided, seed=1000 * i + strided)
+                    row["tree_sum"] = tree == "1"
+                    report["cases"].append(row)
+                    if row["mismatches"] or row["error"]:
+                        print(
+                            f"tree{tree} w{W} T{T} strided={strided} lanes={row['lanes']} {row['path']}: "
+                            f"{row['error'] or row['mismatches'][:3]}",
+                            flush=True,
+                        )
+            report["seconds"][f"cases tree{tree} w{W}"] = round(time.perf_counter() - t1, 1)
+            print(f"tree{tree} w{W}: {report['seconds'][f'cases tree{tree} w{W}']} s", flush=True)
+            run.write_json("diagnosis.json", report)
+    # 2. the real start-up validation, fast kernel enabled, default TREE_SUM
+    os.environ.pop("RLTBENCH_NORM_TREE_SUM", None)
+    for name in args.dtypes.split(","):
+        for W in widths:
+            if time.perf_counter() - t0 > args.deadline:
+                break
+            nol.reset_validation()
+            res = nol.validate(dev, DTYPES[name], W)
+            d = res.to_dict()
+            report["validate"][f"{name} w{W}"] = d
+            print(
+                f"validate {name} w{W}: passed={d['passed']} fast_path={d['fast_path'] or 'ok'} "
+                f"reason={d['reason']} {d['seconds']:.1f}s",
+                flush=True,
+            )
+            run.write_json("diagnosis.json", report)
+    failing = [c for c in report["cases"] if c["mismatches"] or c["error"]]
+    summary = {
+        "cases": len(report["cases"]),
+        "failing": len(failing),
+        "failing_by_tree_sum": {t: sum(1 for c in failing if c["tree_sum"] == t) for t in (True, False)},
+        "failing_lanes": sorted({c["lanes"] for c in failing}),
+        "failing_forms": sorted({m["form"] for c in failing for m in c["mismatches"]}),
+        "errors": sorted({c["error"] for c in failing if c["error"]})[:5],
+    }
+    report["summary"] = summary
+    run.write_json("diagnosis.json", report)
+    print(summary, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
