@@ -86,6 +86,7 @@ def main() -> int:
     ap.add_argument("--result-dir", required=True)
     ap.add_argument("--widths", default="2048,5280")
     ap.add_argument("--dtypes", default="bf16,fp16,fp32")
+    ap.add_argument("--tree-sums", default="0", help="TREE_SUM settings to run case by case (0,1)")
     ap.add_argument("--deadline", type=float, default=300.0, help="seconds; stops starting new work after it")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -96,10 +97,31 @@ def main() -> int:
     run = RunDir.create("fastnorm", args.result_dir, argv=sys.argv)
     t0 = time.perf_counter()
     report: dict[str, Any] = {"cases": [], "validate": {}, "seconds": {}}
-    # 1. case by case on bf16, TREE_SUM on then off
-    for tree in ("1", "0"):
-        os.environ["RLTBENCH_NORM_TREE_SUM"] = tree
+    # 1. the real start-up validation, fast kernel enabled, default TREE_SUM
+    for name in args.dtypes.split(","):
         for W in widths:
+            if time.perf_counter() - t0 > args.deadline:
+                break
+            nol.reset_validation()
+            res = nol.validate(dev, DTYPES[name], W)
+            d = res.to_dict()
+            report["validate"][f"{name} w{W}"] = d
+            print(
+                f"validate {name} w{W}: passed={d['passed']} fast_path={d['fast_path'] or 'ok'} "
+                f"reason={d['reason']} {d['seconds']:.1f}s",
+                flush=True,
+            )
+            run.write_json("diagnosis.json", report)
+
+    def refused(w: int) -> bool:
+        return any(v["width"] == w and (v["fast_path"] or not v["passed"]) for v in report["validate"].values())
+
+    # 2. case by case on bf16 for the widths whose validation refused the fast kernel
+    todo = [w for w in widths if refused(w)]
+    nol.reset_validation()   # forget the refusals, so the cases below run on the fast kernel
+    for tree in args.tree_sums.split(","):
+        os.environ["RLTBENCH_NORM_TREE_SUM"] = tree
+        for W in todo:
             t1 = time.perf_counter()
             for i, T in enumerate(nol.VALIDATION_TOKENS):
                 for strided in (False, True):
@@ -116,22 +138,6 @@ def main() -> int:
                         )
             report["seconds"][f"cases tree{tree} w{W}"] = round(time.perf_counter() - t1, 1)
             print(f"tree{tree} w{W}: {report['seconds'][f'cases tree{tree} w{W}']} s", flush=True)
-            run.write_json("diagnosis.json", report)
-    # 2. the real start-up validation, fast kernel enabled, default TREE_SUM
-    os.environ.pop("RLTBENCH_NORM_TREE_SUM", None)
-    for name in args.dtypes.split(","):
-        for W in widths:
-            if time.perf_counter() - t0 > args.deadline:
-                break
-            nol.reset_validation()
-            res = nol.validate(dev, DTYPES[name], W)
-            d = res.to_dict()
-            report["validate"][f"{name} w{W}"] = d
-            print(
-                f"validate {name} w{W}: passed={d['passed']} fast_path={d['fast_path'] or 'ok'} "
-                f"reason={d['reason']} {d['seconds']:.1f}s",
-                flush=True,
-            )
             run.write_json("diagnosis.json", report)
     failing = [c for c in report["cases"] if c["mismatches"] or c["error"]]
     summary = {

@@ -52,11 +52,16 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
                         "'validation': validation_report()}, indent=1, default=str))"]),
     # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
-    "tune": (240, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
+    "tune": (300, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
                    "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
     # the fast one-launch norm case by case (token count, layout, TREE_SUM) and validate() per dtype/width
-    "fastnorm": (240, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "180",
+    "fastnorm": (180, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "130",
                        "--result-dir", str(RESULTS / "fastnorm")]),
+    # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
+    "tests-norm": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+                         "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
+                         "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py",
+                         "tests/engine/test_engine_gpu.py"]),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
     "tune-approx": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "approx", "--write-tuned",
                           "--result-dir", str(RESULTS / "tune-approx")]),

@@ -249,14 +249,59 @@ def _decode_torch(
 
 
 @triton.jit
+def _combine_splits(
+    m_ptr, l_ptr, acc_ptr, o_ptr, b, hq, hmask, n_live, num_heads, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, HEADS: tl.constexpr, SPLIT_TILE: tl.constexpr,
+):  # fmt: skip
+    """Combine the first ``n_live`` split partials of q heads ``hq`` (``[HEADS]``) of row b with weights
+    2^(m_s - max m) and store the normalised output; a row with no live split gives 0.
+
+    Shared by the reduce kernel (one head per program) and the fused last-program tail (a group of
+    heads), so both give the same bits: the max is exact in any order, and the sums run split by split
+    in a fixed order with elementwise ops only (``tl.sum`` would reduce in a layout-dependent tree that
+    can differ between the two kernels' warp counts). The inner ``static_range`` unrolls SPLIT_TILE
+    independent loads so they are in flight together. Splits past ``n_live`` start at or after seq_len:
+    they hold no partials and are never read. Loads use ``.cg`` (L2): in the fused tail the partials
+    were written by other programs, possibly on other SMs.
+    """
+    d = tl.arange(0, D_PAD)
+    base = (b * num_heads + hq) * num_splits  # [HEADS]
+    offs = tl.arange(0, SPLIT_TILE)
+    m_tile = tl.full([HEADS, SPLIT_TILE], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, n_live, SPLIT_TILE):
+        sm = hmask[:, None] & (s0 + offs < n_live)[None, :]
+        m_s = tl.load(m_ptr + base[:, None] + s0 + offs[None, :], mask=sm, other=float("-inf"),
+                      cache_modifier=".cg")  # fmt: skip
+        m_tile = tl.maximum(m_tile, m_s)
+    m_g = tl.max(m_tile, axis=1)
+    m_g = tl.where(m_g == float("-inf"), 0.0, m_g)  # [HEADS]
+    l_tot = tl.zeros([HEADS], dtype=tl.float32)
+    o = tl.zeros([HEADS, D_PAD], dtype=tl.float32)
+    for s0 in range(0, n_live, SPLIT_TILE):
+        for j in tl.static_range(SPLIT_TILE):
+            s = s0 + j
+            sm = hq < tl.where(s < n_live, num_heads, 0)  # no scalar & tensor (interpreter)
+            m_s = tl.load(m_ptr + base + s, mask=sm, other=float("-inf"), cache_modifier=".cg")
+            l_s = tl.load(l_ptr + base + s, mask=sm, other=0.0, cache_modifier=".cg")
+            a_s = tl.load(acc_ptr + (base + s)[:, None] * D_PAD + d[None, :], mask=sm[:, None], other=0.0,
+                          cache_modifier=".cg")  # fmt: skip
+            w = tl.exp2(m_s - m_g)
+            l_tot += l_s * w
+            o += a_s * w[:, None]
+    o = o / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
+    o_offs = b * stride_ob + hq[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=hmask[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, cnt_ptr,
     qk_scale, max_len, partition, num_splits,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_btb,
     stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, TILE: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SINGLE: tl.constexpr,
+    SINGLE: tl.constexpr, FUSED: tl.constexpr, SPLIT_TILE: tl.constexpr,
 ):  # fmt: skip
     """Program (b, head group g, split s): online softmax of q heads [g*HEADS, (g+1)*HEADS) of row b over
     positions [s*partition, (s+1)*partition) (clipped to seq_len), TILE tokens per iteration.
@@ -265,7 +310,19 @@ def _decode_partial_kernel(
     to valid positions, so entries past seq_len are never read) and the K and V tiles
     ``[TILE, HEADS, D]`` are both issued before the math. With SINGLE (one split) the normalised output
     is stored directly; otherwise the running max (log2 domain), the sum and the unnormalised fp32
-    accumulator go to the partial buffers for the reduce kernel; an empty partition writes (-inf, 0, 0).
+    accumulator go to the partial buffers. An empty split (start >= seq_len: most of them when max_len
+    is the graph's capacity) loads no q and stores no partials (the combine reads live splits only).
+
+    Without FUSED the reduce kernel combines the partials. With FUSED each live split of (b, g) then
+    takes a ticket from the group's counter (``cnt_ptr[b * groups + g]``, zero at launch); every
+    program derives the number of live splits from the same seq_len, so the one that draws the last
+    ticket knows all partials are stored: it combines them and puts the counter back to 0 for the next
+    launch (or graph replay). Empty splits take no ticket and exit at once (with max_len the graph's
+    capacity most programs are empty, and an atomic round trip each cost more than the reduce launch
+    saved at batch 8+); a row with seq_len 0 lets split 0 take the one ticket and write its zeros.
+    The barrier makes every thread's partial stores precede the releasing atomic (issued by one
+    thread); the atomic's acquire side plus the barrier that broadcasts its result order the last
+    program's loads after the other programs' stores (the threadfence-reduction pattern).
     """
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -275,11 +332,13 @@ def _decode_partial_kernel(
     dmask = d < HEAD_DIM
     hq = g * HEADS + tl.arange(0, HEADS)
     hmask = hq < NUM_HEADS
+    start = s * partition
+    live = hq < tl.where(start < seq_len, NUM_HEADS, 0)  # hmask, empty for an empty split
     kvh = (hq // GROUP).to(tl.int64)
     qmask = hmask[:, None] & dmask[None, :]
-    q = tl.load(q_ptr + b * stride_qb + hq[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
+    q_offs = b * stride_qb + hq[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=live[:, None] & dmask[None, :], other=0.0)
     q = q.to(tl.float32) * qk_scale  # [HEADS, D_PAD]
-    start = s * partition
     end = tl.minimum(start + partition, seq_len)
     m_i = tl.full([HEADS], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([HEADS], dtype=tl.float32)
@@ -312,42 +371,40 @@ def _decode_partial_kernel(
         tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=qmask)
     else:
         idx = (b * NUM_HEADS + hq) * num_splits + s  # [HEADS]
-        tl.store(m_ptr + idx, m_i, mask=hmask)
-        tl.store(l_ptr + idx, l_i, mask=hmask)
-        tl.store(acc_ptr + idx[:, None] * D_PAD + d[None, :], acc, mask=hmask[:, None])
+        tl.store(m_ptr + idx, m_i, mask=live)
+        tl.store(l_ptr + idx, l_i, mask=live)
+        tl.store(acc_ptr + idx[:, None] * D_PAD + d[None, :], acc, mask=live[:, None])
+        # live splits take tickets; so does split 0 of a row with none (seq_len 0), to write its zeros
+        n_live = (seq_len + partition - 1) // partition
+        n_tickets = tl.maximum(n_live, 1)
+        if FUSED and s < n_tickets:
+            cnt = cnt_ptr + b * tl.num_programs(1) + g
+            tl.debug_barrier()  # all threads' partial stores before the (single-thread) release
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == n_tickets - 1:  # every other live split of (b, g) has stored its partials
+                _combine_splits(
+                    m_ptr, l_ptr, acc_ptr, o_ptr, b, hq, hmask, n_live, NUM_HEADS, num_splits,
+                    stride_ob, stride_oh, HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, HEADS=HEADS, SPLIT_TILE=SPLIT_TILE,
+                )  # fmt: skip
+                tl.store(cnt, 0)  # ready for the next launch: no other program of (b, g) is left
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    m_ptr, l_ptr, acc_ptr, o_ptr, stride_ob, stride_oh, num_splits,
+    m_ptr, l_ptr, acc_ptr, o_ptr, lens_ptr, max_len, partition, num_splits, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLIT_TILE: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, h): combine the split partials with weights 2^(m_s - max m); empty rows give 0."""
+    """Program (b, h): combine the live split partials of head h (``_combine_splits``); empty rows give 0."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    seq_len = tl.minimum(tl.load(lens_ptr + b), max_len)
+    n_live = (seq_len + partition - 1) // partition
+    hq = h + tl.arange(0, 1)
     num_heads = tl.num_programs(1)
-    base = (b * num_heads + h) * num_splits
-    offs = tl.arange(0, SPLIT_TILE)
-    d = tl.arange(0, D_PAD)
-    m_tile = tl.full([SPLIT_TILE], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, SPLIT_TILE):
-        sm = s0 + offs < num_splits
-        m_tile = tl.maximum(m_tile, tl.load(m_ptr + base + s0 + offs, mask=sm, other=float("-inf")))
-    m_g = tl.max(m_tile, axis=0)
-    m_g = tl.where(m_g == float("-inf"), 0.0, m_g)
-    l_tot = tl.zeros([SPLIT_TILE], dtype=tl.float32)
-    o = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(0, num_splits, SPLIT_TILE):
-        sm = s0 + offs < num_splits
-        m_s = tl.load(m_ptr + base + s0 + offs, mask=sm, other=float("-inf"))
-        l_s = tl.load(l_ptr + base + s0 + offs, mask=sm, other=0.0)
-        w = tl.exp2(m_s - m_g)
-        l_tot += l_s * w
-        a = tl.load(acc_ptr + (base + s0 + offs[:, None]) * D_PAD + d[None, :], mask=sm[:, None], other=0.0)
-        o += tl.sum(a * w[:, None], axis=0)
-    denom = tl.sum(l_tot, axis=0)
-    o = o / tl.where(denom > 0, denom, 1.0)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    _combine_splits(
+        m_ptr, l_ptr, acc_ptr, o_ptr, b, hq, hq < num_heads, n_live, num_heads, num_splits,
+        stride_ob, stride_oh, HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, HEADS=1, SPLIT_TILE=SPLIT_TILE,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -356,6 +413,9 @@ class DecodeConfig:
 
     ``target_programs``: the partition policy; the partition (tokens per split) is the largest power of
     two in ``_PARTITIONS`` that still gives about this many programs (0: always one split).
+    ``fused_reduce``: with several splits, combine them in the partial kernel's last program per head
+    group instead of a second (reduce) launch; same output bits, one launch less (see
+    ``_decode_partial_kernel``). Off by default so tuned files written before it keep their meaning.
     """
 
     tile_tokens: int = 32
@@ -365,6 +425,7 @@ class DecodeConfig:
     target_programs: int = _TARGET_PROGRAMS
     single_launch: bool = True
     partition_size: int | None = None  # fixed split-K partition (tokens); None: the policy above
+    fused_reduce: bool = False  # several splits: the last program of each head group reduces (one launch)
 
 
 # Default knobs keyed by (max batch, max covered length): the first row whose bounds hold is used.
@@ -437,13 +498,16 @@ def _decode_triton(
     num_stages: int | None = None,
     target_programs: int | None = None,
     single_launch: bool | None = None,
+    fused_reduce: bool | None = None,
 ) -> torch.Tensor:
-    """Launch the partial kernel (+ the reduce kernel when there is more than one split).
+    """Launch the partial kernel (+ the reduce kernel when there is more than one split, unless fused).
 
     Knobs left as None come from ``decode_config(B, Hq, max_len)``; the benchmark sweep
     (attention_bench) sets them explicitly. ``partition_size`` (power of two >= 16) overrides the
     partition policy (``target_programs``); a partition >= ``max_len`` gives one split, and with
-    ``single_launch`` that split writes the output itself (no reduce kernel).
+    ``single_launch`` that split writes the output itself (no reduce kernel). With ``fused_reduce`` and
+    several splits, the last program of each head group combines the splits (same bits as the reduce
+    kernel) using the device's split counters (``_split_counters``).
     """
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -454,6 +518,7 @@ def _decode_triton(
     num_stages = cfg.num_stages if num_stages is None else num_stages
     target = cfg.target_programs if target_programs is None else target_programs
     single_launch = cfg.single_launch if single_launch is None else single_launch
+    fused_reduce = cfg.fused_reduce if fused_reduce is None else fused_reduce
     for name, val in (("tile_tokens", tile_tokens), ("heads_per_program", heads)):
         if val < 1 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 1, got {val}")
@@ -475,6 +540,8 @@ def _decode_triton(
     tile = min(tile_tokens, partition_size)
     num_splits = max(1, -(-max_len // partition_size))
     single = single_launch and num_splits == 1
+    groups = -(-hq // heads)
+    fused = bool(fused_reduce) and not single
     out = torch.empty_like(q)
     if single:
         m = l_ = acc = out  # unused by the kernel
@@ -482,21 +549,55 @@ def _decode_triton(
         m = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
         l_ = torch.empty_like(m)
         acc = torch.empty((b, hq, num_splits, d_pad), dtype=torch.float32, device=q.device)
-    _decode_partial_kernel[(b, -(-hq // heads), num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc, out,
+    cnt = _split_counters(q.device, b * groups) if fused else out  # unused unless fused
+    _decode_partial_kernel[(b, groups, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc, out, cnt,
         float(scale) * _LOG2E, max_len, partition_size, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1),
         NUM_HEADS=hq, GROUP=hq // hkv, BLOCK_SIZE=bs, HEAD_DIM=d, D_PAD=d_pad, TILE=tile, HEADS=heads,
-        NUM_STAGES=num_stages, SINGLE=single, num_warps=num_warps,
+        NUM_STAGES=num_stages, SINGLE=single, FUSED=fused, SPLIT_TILE=_REDUCE_SPLIT_TILE,
+        num_warps=num_warps,
     )  # fmt: skip
-    if not single:
+    if not (single or fused):
         _decode_reduce_kernel[(b, hq)](
-            m, l_, acc, out, out.stride(0), out.stride(1), num_splits,
+            m, l_, acc, out, seq_lens, max_len, partition_size, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=d, D_PAD=d_pad, SPLIT_TILE=_REDUCE_SPLIT_TILE, num_warps=4,
         )  # fmt: skip
     return out
+
+
+# Split counters of the fused reduce, per device: int32 zeros that every fused launch leaves zero.
+# Smaller buffers are kept (never freed) when one grows: a captured CUDA graph may still point at them.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+_MIN_COUNTERS = 1 << 14
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 counters on ``device``, all zero between fused decode launches.
+
+    Cached rather than ``torch.zeros`` per call (a memset launch would cost what fusing saves): each
+    launch's last programs put their counters back to 0, so the buffer is clean at every call and
+    graph replay. Keyed by device only, because capture runs on its own stream: two fused decode
+    launches running *concurrently* on different streams of one device would share counters and give
+    wrong results; the engine runs its decode on one stream, so launches never overlap. A launch that
+    dies mid-way (e.g. a device fault) leaves the counters dirty; ``reset_split_counters`` clears them.
+    Allocate (first call per device, or growth) before capture if possible: during capture the
+    zeroing memset becomes part of the graph (still correct, one node more).
+    """
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        size = max(_MIN_COUNTERS, triton.next_power_of_2(n))
+        bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
+def reset_split_counters() -> None:
+    """Zero every cached split counter (only needed after a fused decode launch was aborted)."""
+    for bufs in _COUNTERS.values():
+        for buf in bufs:
+            buf.zero_()
 
 
 # --------------------------------------------------------------------------------------------------

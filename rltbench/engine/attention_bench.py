@@ -6,9 +6,9 @@ as in a long-running engine, and the graph cycles over several KV pools (as the 
 24 layers x 4 loops of planes) so a small batch does not time an L2-resident cache.
 
 The sweep (``--sweep``) times the Triton kernel's knobs (tile tokens, heads per program, warps,
-pipeline stages, partition policy / single launch) at batch 1/8/32/128 x context 512 and batch 1/32 x
-context 4096, checks every variant against the torch reference first, prints the best variant per case
-and writes everything as JSON::
+pipeline stages, partition policy / single launch / fused reduce) at batch 1/8/32/128 x context 512
+and batch 1/32 x context 4096, checks every variant against the torch reference first, prints the best
+variant per case and writes everything as JSON::
 
     python -m rltbench.engine.attention_bench --sweep --out results/gpu/attention_sweep.json
 """
@@ -38,6 +38,12 @@ from rltbench.engine.attention import (
 )
 from rltbench.errors import UsageError
 
+
+def _fused(**knobs: Any) -> dict[str, Any]:
+    """A sweep variant with the fused reduce (several splits combined in one launch)."""
+    return knobs | {"fused_reduce": True}
+
+
 # (batch, context) cases of the sweep
 SWEEP_CASES = ((1, 512), (8, 512), (32, 512), (128, 512), (1, 4096), (32, 4096))
 # name -> knobs for _decode_triton; "default" is the engine's choice, "v1" approximates the kernel before
@@ -66,6 +72,12 @@ SWEEP_VARIANTS: dict[str, dict[str, Any]] = {
     "p16t16h1w4": {"tile_tokens": 16, "heads_per_program": 1, "num_warps": 4, "partition_size": 16},
     "p64t64h1w4": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 4, "partition_size": 64},
     "p128t64h1w8": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 8, "partition_size": 128},
+    # fused reduce: the last program of each head group combines the splits (one launch, no reduce kernel)
+    "p64t64h1w4-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=4, partition_size=64),
+    "p128t64h1w8-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=8, partition_size=128),
+    "p256t64h1w8-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=8, partition_size=256),
+    "p128t32h2w4-fused": _fused(tile_tokens=32, heads_per_program=2, num_warps=4, partition_size=128),
+    "t32h1w4-fused": _fused(tile_tokens=32, heads_per_program=1, num_warps=4),
 }
 _V1_PARTITIONS = (256, 128, 64, 32)
 _COLD_BYTES = 256 << 20  # KV read per graph replay at least this (H200 L2: 50 MB)
@@ -147,6 +159,7 @@ def _resolve(name: str, knobs: dict[str, Any], batch: int, hq: int, max_len: int
         "num_stages": knobs.get("num_stages", cfg.num_stages),
         "target_programs": knobs.get("target_programs", cfg.target_programs),
         "single_launch": knobs.get("single_launch", cfg.single_launch),
+        "fused_reduce": knobs.get("fused_reduce", cfg.fused_reduce),
     }
     if "partition_size" in knobs:
         part = knobs["partition_size"]
@@ -155,7 +168,7 @@ def _resolve(name: str, knobs: dict[str, Any], batch: int, hq: int, max_len: int
     else:
         part = choose_partition_size(batch, hq, max_len, full["heads_per_program"], full["target_programs"])
     splits = max(1, -(-max_len // part))
-    launches = 1 if splits == 1 and full["single_launch"] else 2
+    launches = 1 if (splits == 1 and full["single_launch"]) or full["fused_reduce"] else 2
     return full | {"partition_size": part, "num_splits": splits, "launches": launches}
 
 
@@ -329,13 +342,15 @@ def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     _SHORT_LEN for batches up to their bucket, the 4096 cases everything longer."""
     rows = []
     keys = ("tile_tokens", "heads_per_program", "num_warps", "num_stages", "target_programs", "single_launch")
+    optional = {"fused_reduce": False}  # knobs newer than some result files: their default when absent
     for long_ctx in (False, True):
         cases = sorted((c for c in res["cases"] if (c["context_len"] > _SHORT_LEN) == long_ctx and c["best"]),
                        key=lambda c: c["batch"])
         for i, c in enumerate(cases):
             best = c["best"]
             fixed = "partition_size" in res["variants"].get(best["name"], {}) or best["name"] == "v1"
-            row = {k: best[k] for k in keys} | {"partition_size": best["partition_size"] if fixed else None}
+            row = {k: best[k] for k in keys} | {k: best.get(k, v) for k, v in optional.items()}
+            row["partition_size"] = best["partition_size"] if fixed else None
             last = i == len(cases) - 1
             row["max_batch"] = 1 << 30 if last else _BATCH_BOUNDS.get(c["batch"], c["batch"])
             row["max_len"] = 1 << 30 if long_ctx else _SHORT_LEN

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from rltbench import tuned
 from rltbench.kernels.norm_onelaunch import MODE_ADD, MODE_X, _norm_norm_out, _norm_out, _rstd, _sq
-from rltbench.kernels.rounding import add_rn
+from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
 
 MAX_ITERS = 64          # widths up to 64 * 4 * 32 = 8192 at 32 lanes: the static unroll's bound
 
@@ -55,20 +55,10 @@ def _pairs_j(s, HALF: tl.constexpr):
 
 
 @triton.jit
-def _fast_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
-                INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
-                TREE_SUM: tl.constexpr):
-    """Sum of squares of one 16-byte aligned row (width % 4 == 0) in torch's order, lanes = G * 32."""
-    g = tl.arange(0, G)[:, None, None]
-    j = tl.arange(0, 32)[None, :, None]
-    i = tl.arange(0, 4)[None, None, :]
-    lane = g * 32 + j
-    acc = tl.zeros([G, 32, 4], dtype=tl.float32)
-    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
-        k = it * (G * 32) + lane
-        m = (k < nvec) & (i < 4)
-        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
-                     INTERPRET)
+def _fast_tree(acc, G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """torch's combination of the per-lane accumulators acc [G, 32, 4] (lane = g * 32 + j): each lane
+    ((a0 + a1) + a2) + a3, the shared-memory halvings over g, then the five warp levels over j."""
     p, q = tl.split(tl.reshape(acc, [G, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
     a0, a2 = tl.split(p)
     a1, a3 = tl.split(q)
@@ -98,6 +88,61 @@ def _fast_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT
         s = _pairs_j(s, 2)
         s = _pairs_j(s, 1)
     return s                                     # [1]
+
+
+@triton.jit
+def _fast_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
+                INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
+                TREE_SUM: tl.constexpr):
+    """Sum of squares of one 16-byte aligned row (width % 4 == 0) in torch's order, lanes = G * 32."""
+    g = tl.arange(0, G)[:, None, None]
+    j = tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    lane = g * 32 + j
+    acc = tl.zeros([G, 32, 4], dtype=tl.float32)
+    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
+        k = it * (G * 32) + lane
+        m = (k < nvec) & (i < 4)
+        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
+                     INTERPRET)
+    return _fast_tree(acc, G, WARP_DOWN, TREE_SUM, INTERPRET)
+
+
+@triton.jit
+def _sq_of(v, m, INTERPRET: tl.constexpr):
+    """Squares of values already in registers; exactly 0 where masked (0 + s == s: with one
+    iteration a lane's accumulator is its square)."""
+    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
+
+
+@triton.jit
+def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nvec, eps, factor,
+                         STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, G: tl.constexpr,
+                         WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
+    """Norm-add-norm of a row that one pass of the lanes covers (ITERS == 1, e.g. width 2048 at 512
+    lanes: Ouro's decode rows): a, r, w1 and w2 are loaded once, up front, so no load waits behind
+    the two reductions (w2 was a cold-cache load after both in the looped form), and h never
+    leaves registers before it is stored. Same operations, same order as the looped kernel."""
+    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    cols = lane * 4 + i
+    m = (lane < nvec) & (i < 4)
+    a = load_f32(a_row + cols, m, DT, INTERPRET)
+    r = load_f32(r_row + cols, m, DT, INTERPRET)
+    w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+    var1, rstd1 = _rstd(_fast_tree(_sq_of(a, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
+                        INTERPRET)
+    y1 = round_to(mul_rn(w1, round_to(mul_rn(a, rstd1, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    h = round_to(add_rn(r, y1, INTERPRET), DT, INTERPRET)
+    var2, rstd2 = _rstd(_fast_tree(_sq_of(h, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
+                        INTERPRET)
+    if STORE_VAR:
+        tl.store(var_row + tl.arange(0, 1), var1)
+        tl.store(var_row + 1 + tl.arange(0, 1), var2)
+    store_f32(h_row + cols, h, m, DT, INTERPRET)
+    y = round_to(mul_rn(w2, round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    store_f32(y_row + cols, y, m, DT, INTERPRET)
 
 
 @triton.jit
@@ -134,22 +179,27 @@ def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, 
     a_row = a_ptr + row * sa
     r_row = r_ptr + row * sr
     nvec = N // 4
-    t1 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, G, ITERS, WARP_DOWN,
-                     TREE_SUM)
-    var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
-    t2 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, G, ITERS, WARP_DOWN,
-                     TREE_SUM)
-    var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
-    if STORE_VAR:
-        tl.store(var_ptr + row * 2 + tl.arange(0, 1), var1)
-        tl.store(var_ptr + row * 2 + 1 + tl.arange(0, 1), var2)
-    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
-    i = tl.arange(0, 4)[None, None, :]
-    for it in tl.static_range(ITERS):
-        k = it * (G * 32) + lane
-        cols = k * 4 + i
-        _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
-                       (k < nvec) & (i < 4), DT, INTERPRET)
+    if ITERS == 1:
+        _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N,
+                             var_ptr + row * 2, nvec, eps, factor, STORE_VAR, DT, INTERPRET, G, WARP_DOWN,
+                             TREE_SUM)
+    else:
+        t1 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                         TREE_SUM)
+        var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
+        t2 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                         TREE_SUM)
+        var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
+        if STORE_VAR:
+            tl.store(var_ptr + row * 2 + tl.arange(0, 1), var1)
+            tl.store(var_ptr + row * 2 + 1 + tl.arange(0, 1), var2)
+        lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+        i = tl.arange(0, 4)[None, None, :]
+        for it in tl.static_range(ITERS):
+            k = it * (G * 32) + lane
+            cols = k * 4 + i
+            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
+                           (k < nvec) & (i < 4), DT, INTERPRET)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,10 +214,12 @@ def enabled() -> bool:
 
 
 def tree_sum_default(interpret: bool) -> bool:
-    """Triton's warp reduction for the five warp levels: GPU only (the interpreter's numpy sum has
-    another order). ``RLTBENCH_NORM_TREE_SUM=0`` (or the device's tuned file) keeps the explicit
-    halving on the GPU too."""
-    return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_TREE_SUM", "norm_fast", "tree_sum", True))
+    """Triton's own warp reduction for the five warp levels (GPU only; ``RLTBENCH_NORM_TREE_SUM=1``
+    or the device's tuned file). Off by default: on the H200 (Triton 3.6) it changed the variance
+    in a few validation rows (results/gpu/fastnorm: 'var' mismatches at 128..512 lanes, outputs
+    equal), i.e. its combination order is not the halving order for the layout Triton picks; the
+    explicit size-2 halvings are one add per pair whatever the layout."""
+    return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_TREE_SUM", "norm_fast", "tree_sum", False))
 
 
 def num_warps_for(lanes: int, interpret: bool) -> int:

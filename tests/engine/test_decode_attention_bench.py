@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rltbench.engine import attention_bench as ab
+from rltbench.engine.attention import _CONFIG_FIELDS, DecodeConfig
 
 
 @pytest.fixture
@@ -26,7 +27,8 @@ def cpu_bench(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest.CaptureFixture) -> None:
-    variants = {k: ab.SWEEP_VARIANTS[k] for k in ("default", "v1", "t64h2w8s2", "t64h2w8-1split")}
+    names = ("default", "v1", "t64h2w8s2", "t64h2w8-1split", "t32h1w4-fused")
+    variants = {k: ab.SWEEP_VARIANTS[k] for k in names}
     variants["broken"] = {"tile_tokens": 24}  # not a power of two: reported as an error, never best
     res = ab.sweep_decode_attention(
         cases=((1, 40), (3, 70)), variants=variants, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
@@ -37,10 +39,12 @@ def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest
         by = {r["name"]: r for r in case["results"]}
         assert set(by) == set(variants)
         assert not by["broken"]["ok"] and "error" in by["broken"]
-        for name in ("default", "v1", "t64h2w8s2", "t64h2w8-1split"):
+        for name in names:
             assert by[name]["ok"] and by[name]["max_abs_err"] < 1e-5, by[name]
         assert by["v1"]["launches"] == 2 and by["t64h2w8-1split"]["num_splits"] == 1
         assert by["t64h2w8-1split"]["launches"] == 1
+        assert by["t32h1w4-fused"]["fused_reduce"] and by["t32h1w4-fused"]["num_splits"] > 1
+        assert by["t32h1w4-fused"]["launches"] == 1 and not by["default"]["fused_reduce"]
         assert case["best"]["name"] == "default"  # the fake timer gives the first variant the least time
     table = ab.format_table(res)
     assert "broken" in table and "error" in table and "*" in table
@@ -51,3 +55,17 @@ def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest
 def test_cli_rejects_unknown_variants(cpu_bench: None) -> None:
     with pytest.raises(ab.UsageError):
         ab.main(["--sweep", "--variants", "nope"])
+
+
+def test_fused_variants_round_trip_through_tuned_rows() -> None:
+    """A fused best variant becomes a tuned row whose knobs rebuild the same DecodeConfig."""
+    fused = [n for n, k in ab.SWEEP_VARIANTS.items() if k.get("fused_reduce")]
+    assert {64, 128, 256} <= {ab.SWEEP_VARIANTS[n].get("partition_size") for n in fused}
+    name = "p128t64h1w8-fused"
+    best = {"name": name, **ab._resolve(name, ab.SWEEP_VARIANTS[name], 1, 16, 512)}
+    best |= {"median_us": 3.0, "kv_gbps": 1.0}
+    res = {"variants": ab.SWEEP_VARIANTS, "cases": [{"batch": 1, "context_len": 512, "best": best}]}
+    (row,) = ab.tuned_rows(res)
+    cfg = DecodeConfig(**{k: v for k, v in row.items() if k in _CONFIG_FIELDS})
+    assert cfg.fused_reduce and cfg.partition_size == 128 and cfg.num_warps == 8 and best["launches"] == 1
+    json.dumps(row)

@@ -1,6 +1,7 @@
 """Decode-attention Triton kernel: every tuning knob against the torch reference, and an sm_90 compile.
 
-The knobs (tile tokens, heads per program, warps, pipeline stages, partition policy, single launch)
+The knobs (tile tokens, heads per program, warps, pipeline stages, partition policy, single launch,
+fused reduce)
 change only speed, never the result beyond float rounding, so each setting is checked against
 ``_decode_torch`` on a paged cache whose unused slots hold NaN (a wrong slot read shows up as NaN).
 CPU runs the kernels under TRITON_INTERPRET=1; the compile test builds them for sm_90 with Triton's
@@ -30,6 +31,9 @@ KNOBS = [
     pytest.param({"tile_tokens": 128, "partition_size": 4096}, id="t128-one-split"),
     pytest.param({"partition_size": 4096, "single_launch": False}, id="one-split-with-reduce"),
     pytest.param({"target_programs": 0, "heads_per_program": 8}, id="single-launch-h8"),
+    pytest.param({"tile_tokens": 8, "partition_size": 16, "fused_reduce": True}, id="t8-p16-fused"),
+    pytest.param({"heads_per_program": 4, "partition_size": 32, "fused_reduce": True}, id="h4-p32-fused"),
+    pytest.param({"partition_size": 4096, "single_launch": False, "fused_reduce": True}, id="1split-fused"),
 ]
 
 # (Hq, Hkv, D, block_size, seq_lens): tiles spanning blocks, ragged lengths, padding rows, odd D, GQA
@@ -102,15 +106,17 @@ SCRIPT = textwrap.dedent('''
     from rltbench.engine import attention as A
     target = GPUTarget("cuda", 90, 32)
     ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bt_ptr": "*i32", "lens_ptr": "*i32",
-            "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16"}
+            "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16", "cnt_ptr": "*i32"}
     ints = ["max_len", "partition", "num_splits", "stride_qb", "stride_qh", "stride_kb", "stride_kt",
             "stride_kh", "stride_vb", "stride_vt", "stride_vh", "stride_btb", "stride_ob", "stride_oh"]
     sig = {**ptrs, "qk_scale": "fp32", **{n: "i32" for n in ints}}
+    ATOM = r"bar\\.sync[^@]*@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add"
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     report = []
-    for tile, heads, warps, stages, single, group in __VARIANTS__:
+    for tile, heads, warps, stages, single, group, fused in __VARIANTS__:
         consts = {"NUM_HEADS": 16, "GROUP": group, "BLOCK_SIZE": 16, "HEAD_DIM": 128, "D_PAD": 128,
-                  "TILE": tile, "HEADS": heads, "NUM_STAGES": stages, "SINGLE": single}
+                  "TILE": tile, "HEADS": heads, "NUM_STAGES": stages, "SINGLE": single, "FUSED": fused,
+                  "SPLIT_TILE": 16}
         full = {**sig, **{c: "constexpr" for c in consts}}
         k = triton.compile(ASTSource(fn=A._decode_partial_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": warps})
@@ -120,20 +126,26 @@ SCRIPT = textwrap.dedent('''
         os.unlink(f.name)
         regs = re.search(r"REG:(\\d+)", res.stdout)
         spill = re.search(r"LOCAL:(\\d+)", res.stdout)
-        report.append([tile, heads, warps, stages, single, group, int(regs.group(1)) if regs else -1,
+        if fused:  # the release/acquire pattern: a CTA barrier, then one acq_rel atomic at gpu scope
+            assert re.search(ATOM, k.asm["ptx"]), "no bar.sync before the acq_rel ticket atomic"
+        report.append([tile, heads, warps, stages, single, group, fused, int(regs.group(1)) if regs else -1,
                        int(spill.group(1)) if spill else -1])
     consts = {"HEAD_DIM": 128, "D_PAD": 128, "SPLIT_TILE": 16}
-    rsig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16", "stride_ob": "i32",
-            "stride_oh": "i32", "num_splits": "i32", **{c: "constexpr" for c in consts}}
+    rsig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16", "lens_ptr": "*i32",
+            "max_len": "i32", "partition": "i32", "num_splits": "i32", "stride_ob": "i32", "stride_oh": "i32",
+            **{c: "constexpr" for c in consts}}
     triton.compile(ASTSource(fn=A._decode_reduce_kernel, signature=rsig, constexprs=consts), target=target)
     print("COMPILE_OK", json.dumps(report))
 ''')
 
-# (tile, heads, warps, stages, single, group): the defaults and the corners of the benchmark sweep
+# (tile, heads, warps, stages, single, group, fused): the defaults and the corners of the benchmark sweep
 VARIANTS = [
-    (32, 1, 4, 1, False, 1), (32, 1, 4, 1, True, 1), (16, 1, 4, 1, False, 1), (64, 1, 4, 1, True, 1),
-    (128, 1, 8, 1, True, 1), (32, 2, 4, 1, False, 1), (32, 4, 8, 1, True, 1), (16, 4, 4, 1, False, 1),
-    (32, 1, 4, 2, False, 1), (64, 2, 8, 2, True, 1), (32, 4, 4, 1, False, 2),
+    (32, 1, 4, 1, False, 1, False), (32, 1, 4, 1, True, 1, False), (16, 1, 4, 1, False, 1, False),
+    (64, 1, 4, 1, True, 1, False), (128, 1, 8, 1, True, 1, False), (32, 2, 4, 1, False, 1, False),
+    (32, 4, 8, 1, True, 1, False), (16, 4, 4, 1, False, 1, False), (32, 1, 4, 2, False, 1, False),
+    (64, 2, 8, 2, True, 1, False), (32, 4, 4, 1, False, 2, False),
+    (64, 1, 4, 1, False, 1, True), (64, 1, 8, 1, False, 1, True), (32, 2, 4, 1, False, 1, True),
+    (32, 4, 8, 1, False, 2, True),
 ]
 
 
@@ -151,5 +163,5 @@ def test_decode_kernels_compile_for_sm90() -> None:
         pytest.skip("ptxas unavailable")
     assert proc.returncode == 0 and "COMPILE_OK" in proc.stdout, proc.stderr[-3000:]
     report = json.loads(proc.stdout.split("COMPILE_OK", 1)[1])
-    print("sm_90 [tile, heads, warps, stages, single, group, registers, local bytes]:", report)
-    assert all(r[6] > 0 for r in report), report  # cuobjdump read every cubin
+    print("sm_90 [tile, heads, warps, stages, single, group, fused, registers, local bytes]:", report)
+    assert all(r[7] > 0 for r in report), report  # cuobjdump read every cubin

@@ -149,3 +149,34 @@ def test_bench_onelaunch_runs(dev: torch.device) -> None:
     assert all(r["equal_torch"] for r in rows)
     one = [r for r in rows if r["arm"] == "onelaunch"]
     assert all(r["kernels_per_call"] in (None, 1.0) for r in one), one
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_norm_norm_bulk(dev: torch.device, dtype: torch.dtype) -> None:
+    """The decode-sized plans (1..128 rows: 512 down to 32 lanes, the fast kernel when it is on) of
+    the fused norm-add-norm that Ouro runs twice per layer: h, y and both variances bitwise, over
+    >= 1e8 elements per dtype at width 2048 (plus 5280 at a few row counts)."""
+    gen = torch.Generator(device=dev).manual_seed(4)
+    plans = ((2048, (1, 2, 4, 8, 16, 32, 64, 128), 12_500_000), (5280, (1, 3, 8), 2_000_000))
+    for W, counts, budget in plans:
+        order = _order(dev, dtype, W)
+        w1, w2 = nol._weights(W, dtype, gen, dev), nol._weights(W, dtype, gen, dev)
+        for T in counts:
+            path = nol.kernel_path(W, T, dev, order)
+            done = 0
+            while done < budget:
+                reps = max(1, min(64, (budget - done) // (T * W)))
+                a, r = _adv((reps * T, W), dtype, gen, dev), _adv((reps * T, W), dtype, gen, dev)
+                for i in range(reps):   # T rows per launch: the plan of a T-row step
+                    sl = slice(i * T, (i + 1) * T)
+                    h, y = torch.empty_like(a[sl]), torch.empty_like(a[sl])
+                    var = torch.empty(T, 2, device=dev)
+                    nol.residual_rms_norm_norm_onelaunch_rows(r[sl], a[sl], w1, w2, EPS, h, y, var_out=var,
+                                                              warp_order=order)
+                    rh, ry = ref.residual_rms_norm_norm(r[sl], a[sl], w1, w2, EPS)
+                    v1 = a[sl].float().pow(2).mean(-1)
+                    v2 = rh.float().pow(2).mean(-1)
+                    ok = (torch.equal(h, rh), torch.equal(y, ry), torch.equal(var[:, 0], v1),
+                          torch.equal(var[:, 1], v2))
+                    assert all(ok), f"{dtype} width {W} T={T} ({path} kernel): h, y, var1, var2 equal {ok}"
+                done += reps * T * W
