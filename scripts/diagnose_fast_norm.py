@@ -114,7 +114,8 @@ def main() -> int:
             run.write_json("diagnosis.json", report)
 
     def refused(w: int) -> bool:
-        return any(v["width"] == w and (v["fast_path"] or not v["passed"]) for v in report["validate"].values())
+        rows = report["validate"].values()
+        return any(v["width"] == w and (v["fast_path"] or not v["passed"]) for v in rows)
 
     # 2. case by case on bf16 for the widths whose validation refused the fast kernel
     todo = [w for w in widths if refused(w)]
