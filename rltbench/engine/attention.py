@@ -16,8 +16,9 @@ KV layout (fixed contract with the engine):
 
 Implementations: a torch reference (CPU, oracle, any device) and Triton kernels for CUDA
 (flash-decoding: split-K partial softmax in fp32 + a reduce kernel, or one launch when a single split
-covers the context; fixed grid for a given batch, table width and knobs, so it is CUDA-graph
-capturable). ``impl="auto"`` picks Triton on CUDA tensors and torch elsewhere; tests force
+covers the context or with ``fused_reduce`` (the last split program of each head group combines the
+splits); fixed grid for a given batch, table width and knobs, so it is CUDA-graph capturable).
+``impl="auto"`` picks Triton on CUDA tensors and torch elsewhere; tests force
 ``impl="triton"`` on CPU under ``TRITON_INTERPRET=1``.
 """
 
