@@ -75,6 +75,15 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                      "--result-dir", str(RESULTS / "decode")]),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),
+    # the exact arm with the K/V write folded into its RoPE launch (opt-in, RLTBENCH_FUSE_KV_WRITE=1):
+    # its GPU tests, then the same profile as above for the before/after figure
+    "fusekv-tests": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1", PY, "-m", "pytest", "-q", "--run-gpu", "-m",
+                           "gpu", "-p", "no:cacheprovider", "-rfE", "--junitxml",
+                           str(RESULTS / "fusekv-tests" / "junit.xml"), "tests/engine/test_rope_kv_fused.py",
+                           "tests/engine/test_engine_gpu.py"]),
+    "profile-fusekv": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1"]
+                       + rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact "
+                             "--iters 100", "profile-fusekv")),
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "

@@ -4,10 +4,11 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/memcheck_kernels.py
 
 Covers the exact and approx arm of every op (row offsets, strided rows, odd widths, T = 1, 3
-and 130), the one-launch exact norm kernels, and the engine's paged attention
-kernels (padding rows with length 0 included). Each output is also compared with torch, so a
-sanitizer-clean run is a correct one too. Without a GPU it runs the same calls through the
-Triton interpreter (a smoke test of this script; memcheck needs CUDA).
+and 130), the one-launch exact norm kernels, the engine's paged attention kernels (padding rows
+with length 0 included) and the exact rope with the KV write fused in (a padding slot -1). Each
+output is also compared with torch, so a sanitizer-clean run is a correct one too. Without a GPU
+it runs the same calls through the Triton interpreter (a smoke test of this script; memcheck
+needs CUDA).
 """
 
 from __future__ import annotations
@@ -100,6 +101,30 @@ def check_attention(device: torch.device) -> int:
     return 2
 
 
+def check_rope_kv_store(device: torch.device) -> int:
+    """The exact NeoX RoPE with the KV write fused in (merged-qkv views, a padding row with slot -1),
+    against the exact rope followed by the engine's write_kv."""
+    from rltbench.engine import attention as attn
+    from rltbench.kernels.rope_exact import rope_neox_store_exact
+
+    gen = torch.Generator(device=device).manual_seed(3)
+    nb, bs, hq, hkv, d = 8, 16, 4, 2, 128
+    qkv = torch.randn(3, (hq + 2 * hkv) * d, device=device, generator=gen).to(torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(3, hq, d), k.view(3, hkv, d), v.view(3, hkv, d)
+    cos, sin = (torch.randn(3, d, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+    slots = torch.tensor([nb * bs - 1, -1, 17], dtype=torch.int64, device=device)
+    kc, vc = (torch.randn(nb, bs, hkv, d, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+    kr, vr = kc.clone(), vc.clone()
+    qo = torch.empty_like(q, memory_format=torch.contiguous_format)
+    rope_neox_store_exact(q, k, v, cos, sin, qo, kc, vc, slots)
+    q_ref, k_ref = make_ops(OpSelection(rope="exact", scope="all")).rope_neox(q, k, cos, sin)
+    attn.write_kv(kr, vr, k_ref, v, slots)
+    if not (torch.equal(qo, q_ref) and torch.equal(kc, kr) and torch.equal(vc, vr)):
+        raise SystemExit("fused rope + KV store differs from rope then write_kv")
+    return 2
+
+
 def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
@@ -107,6 +132,7 @@ def main() -> int:
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if on_gpu else (torch.bfloat16,)
     with torch.inference_mode():
         n = check_ops(device, tokens, dtypes) + check_onelaunch(device) + check_attention(device)
+        n += check_rope_kv_store(device)
     if on_gpu:
         torch.cuda.synchronize()
     print(f"memcheck workload: {n} kernel calls on {device}, exact outputs equal to torch")

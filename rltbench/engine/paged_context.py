@@ -5,12 +5,16 @@ the step's metadata (slot mapping, block tables, seq lens), so the model's per-p
 do no host work: decode metadata lives in static device tensors that a CUDA graph can capture.
 Prefill rows need a host-side plan (row bounds, block lists, causal masks); the engine builds it from
 its host copy of the metadata (`prefill_plan_from_host`), so prefill steps can be captured too.
+
+`attend_rope_neox` (used by NeoX-RoPE models when present) lets the arm's ops fold the K/V write into
+their RoPE launch (`ops.rope_neox_store`, opt-in); decode and prefill steps both take it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,9 +42,26 @@ class PagedAttentionContext:
 
     def attend(self, plane: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         """Write the new tokens' k/v into `plane`, then attend causally over each row's cache."""
-        k_cache = self.kv[plane, 0]
-        v_cache = self.kv[plane, 1]
+        k_cache, v_cache = self.kv[plane, 0], self.kv[plane, 1]
         _attn.write_kv(k_cache, v_cache, k, v, self.slot_mapping)
+        return self._attend_cached(q, k_cache, v_cache, scale)
+
+    def attend_rope_neox(
+        self, plane: int, q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, ops: Any, scale: float
+    ) -> Tensor:
+        """`ops.rope_neox(q, k, cos, sin)` then `attend`, with the same bits. Where the arm's
+        `rope_neox_store` fuses, one launch rotates q and k and stores the rotated k and v into the
+        plane's caches, so the separate K/V-write launch disappears; otherwise the unfused path runs."""
+        k_cache, v_cache = self.kv[plane, 0], self.kv[plane, 1]
+        fused = getattr(ops, "rope_neox_store", None)
+        q_rot = fused(q, k, v, cos, sin, k_cache, v_cache, self.slot_mapping) if fused is not None else None
+        if q_rot is None:
+            q_rot, k_rot = ops.rope_neox(q, k, cos, sin)
+            _attn.write_kv(k_cache, v_cache, k_rot, v, self.slot_mapping)
+        return self._attend_cached(q_rot, k_cache, v_cache, scale)
+
+    def _attend_cached(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:
+        """Causal attention of the new tokens over one plane's cache (their own K/V already written)."""
         if self.query_start_loc is None:
             return _attn.paged_decode_attention(
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, scale, self.max_seq_len_hint

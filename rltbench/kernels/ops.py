@@ -6,6 +6,8 @@ Routing per call (see docs/DESIGN.md section 1):
 3. input the kernels do not support (see ``_check_*``)      -> torch reference, counted as a
    fallback with its reason; a wrong answer is never an option
 4. otherwise the fused kernel                               -> counted "fused"
+``rope_neox_store`` (opt-in, exact arm) is an optional capability rather than an op: it returns None
+where it does not fuse, and its caller then runs ``rope_neox`` and its own KV write.
 Counts are host-side: inside a captured graph they count captures, not replays. Kernels need
 grad disabled when any input requires grad (run models under torch.inference_mode()).
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from rltbench import tuned
 from rltbench.kernels import norm_onelaunch
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_approx import silu_mul_approx_rows
@@ -30,7 +33,7 @@ from rltbench.kernels.norm_onelaunch import (
     rms_norm_onelaunch_rows,
 )
 from rltbench.kernels.rope_approx import rope_approx
-from rltbench.kernels.rope_exact import rope_exact
+from rltbench.kernels.rope_exact import rope_exact, rope_neox_store_exact
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
 from rltbench.kernels.selection import OpSelection
 
@@ -102,6 +105,49 @@ def _common_reason(tensors: list[Tensor]) -> str | None:
     else:
         return "device"
     return None
+
+
+def _rope_reason(kind: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> str | None:
+    """Reason the RoPE kernels cannot take these shapes/layouts (beyond _common_reason), or None."""
+    if q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
+        return "shape"
+    T, _, D = q.shape
+    cw = D if kind == "neox" else D // 2
+    if D % 2 or k.shape[0] != T or k.shape[2] != D or cos.shape != (T, cw) or sin.shape != (T, cw):
+        return "shape"
+    if kind == "interleaved":  # fp32 tables: not covered by the common dtype/device check
+        if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            return "mixed_dtype"
+        if cos.device != q.device or sin.device != q.device:
+            return "device"
+    if any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (q, k, cos, sin)):
+        return "layout"
+    return None
+
+
+def _kv_store_reason(
+    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> str | None:
+    """Reason the fused KV store cannot take these (the unfused write then runs and validates), or None."""
+    if v.shape != k.shape or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        return "shape"
+    if tuple(k_cache.shape[2:]) != tuple(k.shape[1:]) or k_cache.shape[1] < 1:
+        return "shape"
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
+        return "shape"
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        return "slot_dtype"
+    if slot_mapping.device != k.device:
+        return "device"
+    if any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (v, k_cache, v_cache)):
+        return "layout"
+    return None
+
+
+def fuse_kv_write_enabled() -> bool:
+    """Whether ``Ops.rope_neox_store`` may fuse (read at every call): ``RLTBENCH_FUSE_KV_WRITE``, else
+    the GPU's tuned ``rope_kv.enabled``, else off (not yet measured on a GPU)."""
+    return bool(tuned.knob("RLTBENCH_FUSE_KV_WRITE", "rope_kv", "enabled", False))
 
 
 # Widths above this use the one-launch exact norm only from this many rows (see _use_onelaunch).
@@ -267,25 +313,8 @@ class Ops:
         self, op: str, kind: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor
     ) -> tuple[Tensor, Tensor]:
         reference = ref.rope_neox if kind == "neox" else ref.rope_interleaved
-
-        def check() -> str | None:
-            if q.dim() != 3 or k.dim() != 3 or cos.dim() != 2 or sin.dim() != 2:
-                return "shape"
-            T, _, D = q.shape
-            cw = D if kind == "neox" else D // 2
-            if D % 2 or k.shape[0] != T or k.shape[2] != D or cos.shape != (T, cw) or sin.shape != (T, cw):
-                return "shape"
-            if kind == "interleaved":  # fp32 tables: not covered by the common dtype/device check
-                if cos.dtype != torch.float32 or sin.dtype != torch.float32:
-                    return "mixed_dtype"
-                if cos.device != q.device or sin.device != q.device:
-                    return "device"
-            if any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (q, k, cos, sin)):
-                return "layout"
-            return None
-
         tensors = [q, k] + ([cos, sin] if kind == "neox" else [])
-        impl = self._impl(op, "rope", tensors, check)
+        impl = self._impl(op, "rope", tensors, lambda: _rope_reason(kind, q, k, cos, sin))
         if impl is None:
             return reference(q, k, cos, sin)
         qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -300,6 +329,44 @@ class Ops:
     def rope_interleaved(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """Huginn interleaved RoPE; cos/sin [T, D/2] fp32."""
         return self._rope("rope_interleaved", "interleaved", q, k, cos, sin)
+
+    def rope_neox_store(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+    ) -> Tensor | None:
+        """``rope_neox`` whose launch also stores the rotated k and the raw v rows into one plane's
+        paged KV cache (``[num_blocks, block_size, Hk, D]``) at ``slot_mapping`` (slot < 0 skips a
+        row): the engine's separate KV-write launch disappears. Returns the rotated q, or None where
+        this arm does not fuse here; the caller then runs ``rope_neox`` and its own write.
+
+        Why a capability and not an op: only the exact arm fuses (the cache must hold exactly the
+        bits of rope-then-write), and only when enabled (``fuse_kv_write_enabled``: opt-in until
+        measured on a GPU) and in the exact rope's scope. Inputs the kernel cannot take count as
+        fallbacks of "rope_neox_store"; the unfused path that follows counts as "rope_neox"."""
+        sel = self.selection
+        if sel.rope != "exact" or not fuse_kv_write_enabled():
+            return None
+        if sel.scope == "graph" and not _capturing(q):
+            return None
+        reason = (
+            _common_reason([q, k, v, cos, sin, k_cache, v_cache])
+            or _rope_reason("neox", q, k, cos, sin)
+            or _kv_store_reason(k, v, k_cache, v_cache, slot_mapping)
+        )
+        if reason is not None:
+            self.stats.fallbacks[("rope_neox_store", reason)] += 1
+            return None
+        qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        rope_neox_store_exact(q, k, v, cos, sin, qo, k_cache, v_cache, slot_mapping)
+        self.stats.fused["rope_neox_store"] += 1
+        return qo
 
     # -- activation ----------------------------------------------------------------------------------------
     def silu_mul(self, gate: Tensor, up: Tensor) -> Tensor:

@@ -12,6 +12,10 @@ cos/sin [T, D/2] fp32, each fp32 op rounded, then one cast back::
     out[2j]   = round(x0*c - x1*s)        out[2j+1] = round(x1*c + x0*s)
 
 Grid: (token blocks, Hq + Hk); programs with head index >= Hq rotate k.
+
+``rope_neox_store_exact`` is the NeoX kernel with the engine's KV write folded in: its k programs
+store the rotated k and the unrotated v rows straight into one plane's paged cache (no rotated-k
+tensor, no separate write launch), bitwise what rope followed by a slot copy stores.
 """
 
 from __future__ import annotations
@@ -33,6 +37,44 @@ from rltbench.kernels.rounding import (
 
 
 @triton.jit
+def _neox_rotate(
+    x_ptr,
+    c_ptr,
+    s_ptr,
+    head,
+    T,
+    sxt,
+    sxh,
+    sct,
+    sst,
+    HALF,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """One head of a token tile rotated, rounded where torch rounds: (t, j, mask, o1, o2). Shared by
+    the plain and the cache-storing kernels so both give the same bits by construction."""
+    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None].to(tl.int64)
+    j = tl.arange(0, BLOCK_H)[None, :]
+    mask = (t < T) & (j < HALF)
+    xb = x_ptr + t * sxt + head * sxh
+    x1 = load_f32(xb + j, mask, DT, INTERPRET)
+    x2 = load_f32(xb + j + HALF, mask, DT, INTERPRET)
+    c1 = load_f32(c_ptr + t * sct + j, mask, DT, INTERPRET)
+    c2 = load_f32(c_ptr + t * sct + j + HALF, mask, DT, INTERPRET)
+    s1 = load_f32(s_ptr + t * sst + j, mask, DT, INTERPRET)
+    s2 = load_f32(s_ptr + t * sst + j + HALF, mask, DT, INTERPRET)
+    a1 = round_to(mul_rn(x1, c1, INTERPRET), DT, INTERPRET)  # q * cos
+    b1 = round_to(mul_rn(-x2, s1, INTERPRET), DT, INTERPRET)  # rotate_half(q) * sin
+    o1 = round_to(add_rn(a1, b1, INTERPRET), DT, INTERPRET)
+    a2 = round_to(mul_rn(x2, c2, INTERPRET), DT, INTERPRET)
+    b2 = round_to(mul_rn(x1, s2, INTERPRET), DT, INTERPRET)
+    o2 = round_to(add_rn(a2, b2, INTERPRET), DT, INTERPRET)
+    return t, j, mask, o1, o2
+
+
+@triton.jit
 def _neox_tile(
     x_ptr,
     o_ptr,
@@ -51,22 +93,9 @@ def _neox_tile(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None].to(tl.int64)
-    j = tl.arange(0, BLOCK_H)[None, :]
-    mask = (t < T) & (j < HALF)
-    xb = x_ptr + t * sxt + head * sxh
-    x1 = load_f32(xb + j, mask, DT, INTERPRET)
-    x2 = load_f32(xb + j + HALF, mask, DT, INTERPRET)
-    c1 = load_f32(c_ptr + t * sct + j, mask, DT, INTERPRET)
-    c2 = load_f32(c_ptr + t * sct + j + HALF, mask, DT, INTERPRET)
-    s1 = load_f32(s_ptr + t * sst + j, mask, DT, INTERPRET)
-    s2 = load_f32(s_ptr + t * sst + j + HALF, mask, DT, INTERPRET)
-    a1 = round_to(mul_rn(x1, c1, INTERPRET), DT, INTERPRET)  # q * cos
-    b1 = round_to(mul_rn(-x2, s1, INTERPRET), DT, INTERPRET)  # rotate_half(q) * sin
-    o1 = round_to(add_rn(a1, b1, INTERPRET), DT, INTERPRET)
-    a2 = round_to(mul_rn(x2, c2, INTERPRET), DT, INTERPRET)
-    b2 = round_to(mul_rn(x1, s2, INTERPRET), DT, INTERPRET)
-    o2 = round_to(add_rn(a2, b2, INTERPRET), DT, INTERPRET)
+    t, j, mask, o1, o2 = _neox_rotate(
+        x_ptr, c_ptr, s_ptr, head, T, sxt, sxh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
+    )
     ob = o_ptr + (t * H + head) * (2 * HALF)
     store_f32(ob + j, o1, mask, DT, INTERPRET)
     store_f32(ob + j + HALF, o2, mask, DT, INTERPRET)
@@ -119,6 +148,70 @@ def _rope_neox_kernel(
             BLOCK_T,
             BLOCK_H,
         )
+
+
+@triton.jit
+def _copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Copy DT elements unchanged. A native load/store is a bit copy on the GPU; the interpreter
+    converts bf16 through fp32 (losing subnormals), so there they move as unsigned integers."""
+    if INTERPRET:
+        if DT == 0:
+            x = tl.load(src.to(tl.pointer_type(tl.uint32), bitcast=True), mask=mask)
+            tl.store(dst.to(tl.pointer_type(tl.uint32), bitcast=True), x, mask=mask)
+        else:
+            x = tl.load(src.to(tl.pointer_type(tl.uint16), bitcast=True), mask=mask)
+            tl.store(dst.to(tl.pointer_type(tl.uint16), bitcast=True), x, mask=mask)
+    else:
+        tl.store(dst, tl.load(src, mask=mask), mask=mask)
+
+
+@triton.jit
+def _neox_cache_tile(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, c_ptr, s_ptr, slot_ptr, head, T,
+    skt, skh, svt, svh, sct, sst, s_slot,
+    skcb, skct, skch, svcb, svct, svch, HALF,
+    BLOCK_SIZE: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """One kv head of a token tile: the rotated k (same rounding as ``_neox_tile``) and the raw v
+    rows go to each token's cache slot; a row whose slot is < 0 (padding) stores nothing."""
+    t, j, mask, o1, o2 = _neox_rotate(
+        k_ptr, c_ptr, s_ptr, head, T, skt, skh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
+    )
+    slot = tl.load(slot_ptr + t * s_slot, mask=t < T, other=-1).to(tl.int64)
+    keep = mask & (slot >= 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    kb = kc_ptr + blk * skcb + off * skct + head * skch
+    store_f32(kb + j, o1, keep, DT, INTERPRET)
+    store_f32(kb + j + HALF, o2, keep, DT, INTERPRET)
+    vb = v_ptr + t * svt + head * svh
+    vcb = vc_ptr + blk * svcb + off * svct + head * svch
+    _copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
+    _copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
+
+
+@triton.jit
+def _rope_neox_store_kernel(
+    q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, c_ptr, s_ptr, slot_ptr,
+    T, HQ, sqt, sqh, skt, skh, svt, svh, sct, sst, s_slot,
+    skcb, skct, skch, svcb, svct, svch, HALF,
+    BLOCK_SIZE: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """Grid (token blocks, Hq + Hk): q heads as ``_rope_neox_kernel``; kv heads into the caches."""
+    h = tl.program_id(1)
+    if h < HQ:
+        _neox_tile(
+            q_ptr, qo_ptr, c_ptr, s_ptr, h, T, HQ, sqt, sqh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
+        )
+    else:
+        _neox_cache_tile(
+            k_ptr, v_ptr, kc_ptr, vc_ptr, c_ptr, s_ptr, slot_ptr, h - HQ, T,
+            skt, skh, svt, svh, sct, sst, s_slot,
+            skcb, skct, skch, svcb, svct, svch, HALF,
+            BLOCK_SIZE, DT, INTERPRET, BLOCK_T, BLOCK_H,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -214,6 +307,24 @@ def _stride1(t: torch.Tensor) -> int:
     return t.stride(1) if t.shape[1] > 1 else t.shape[2]
 
 
+def _tiling(T: int, D: int) -> tuple[bool, int, int, int, int]:
+    """(interpret, half, BLOCK_H, BLOCK_T, num_warps) for T tokens of head dim D (shared launch shape)."""
+    interp = interpret_mode()
+    half = D // 2
+    block_h = triton.next_power_of_2(half)
+    block_t = (
+        max(1, min(triton.next_power_of_2(T), 8192 // block_h))
+        if interp
+        else max(1, min(triton.next_power_of_2(T), 512 // block_h))
+    )
+    nw = 1 if interp else max(1, min(4, block_t * block_h // 128))
+    return interp, half, block_h, block_t, nw
+
+
+def _table_stride(t: torch.Tensor, T: int) -> int:
+    return t.stride(0) if T > 1 else t.shape[1]
+
+
 def launch_rope(
     kind: str,
     q: torch.Tensor,
@@ -230,15 +341,7 @@ def launch_rope(
     HK = k.shape[1]
     if T == 0 or HQ + HK == 0 or D == 0:
         return
-    interp = interpret_mode()
-    half = D // 2
-    block_h = triton.next_power_of_2(half)
-    block_t = (
-        max(1, min(triton.next_power_of_2(T), 8192 // block_h))
-        if interp
-        else max(1, min(triton.next_power_of_2(T), 512 // block_h))
-    )
-    nw = 1 if interp else max(1, min(4, block_t * block_h // 128))
+    interp, half, block_h, block_t, nw = _tiling(T, D)
     grid = (triton.cdiv(T, block_t), HQ + HK)
     kernels[kind][grid](
         q,
@@ -254,8 +357,8 @@ def launch_rope(
         _stride1(q),
         _stride0(k),
         _stride1(k),
-        cos.stride(0) if T > 1 else cos.shape[1],
-        sin.stride(0) if T > 1 else sin.shape[1],
+        _table_stride(cos, T),
+        _table_stride(sin, T),
         half,
         DT=dtype_code(q.dtype),
         INTERPRET=interp,
@@ -263,6 +366,42 @@ def launch_rope(
         BLOCK_H=block_h,
         num_warps=nw,
     )
+
+
+def rope_neox_store_exact(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    qo: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Exact NeoX RoPE of q into qo and of k into ``k_cache``, plus v into ``v_cache``, one launch.
+
+    q [T, Hq, D], k/v [T, Hk, D] (token/head strides free, last dim contiguous), cos/sin [T, D];
+    k_cache/v_cache ``[num_blocks, block_size, Hk, D]`` (last dim contiguous), slot_mapping integer
+    [T] with ``slot = block * block_size + offset``; rows with ``slot < 0`` store nothing. The caller
+    checks shapes and dtypes (Ops.rope_neox_store)."""
+    T, HQ, D = q.shape
+    HK = k.shape[1]
+    if T == 0 or HQ + HK == 0 or D == 0:
+        return
+    interp, half, block_h, block_t, nw = _tiling(T, D)
+    grid = (triton.cdiv(T, block_t), HQ + HK)
+    _rope_neox_store_kernel[grid](
+        q, k, v, qo, k_cache, v_cache, cos, sin, slot_mapping,
+        T, HQ,
+        _stride0(q), _stride1(q), _stride0(k), _stride1(k), _stride0(v), _stride1(v),
+        _table_stride(cos, T), _table_stride(sin, T), slot_mapping.stride(0) if T > 1 else 1,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        half,
+        BLOCK_SIZE=k_cache.shape[1], DT=dtype_code(q.dtype), INTERPRET=interp,
+        BLOCK_T=block_t, BLOCK_H=block_h, num_warps=nw,
+    )  # fmt: skip
 
 
 EXACT_KERNELS = {"neox": _rope_neox_kernel, "interleaved": _rope_interleaved_kernel}

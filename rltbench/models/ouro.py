@@ -12,7 +12,9 @@ Forward over flattened tokens (vLLM style): `forward(input_ids [N], positions [N
   saves launches; its result is not guaranteed to be bitwise equal to three separate HF GEMMs, which is
   why it is fixed for all arms rather than being an arm option. Loading concatenates the HF rows.
 * RoPE (NeoX, theta 1e6): cos/sin computed once per forward in fp32 from the positions, cast to the
-  activation dtype, shared by all loops and layers.
+  activation dtype, shared by all loops and layers. A context with `attend_rope_neox` (the engine's
+  paged KV) gets the RoPE with the attention call, so an arm may fuse the K/V write into its RoPE
+  launch; other contexts (DenseKVCache) get `ops.rope_neox` then `attend`.
 * KV plane of (loop, layer) = loop * num_layers + layer: every loop of every token writes its own K/V and
   attends to the same loop's K/V of the earlier tokens (HF `UniversalTransformerCache`, vLLM layout).
 * Exit gate (spec 1.7): with `exit_threshold=None` (default, fixed depth) the last loop's output is
@@ -124,6 +126,7 @@ class OuroForCausalLM(LoopedModel):
         h = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope_cos_sin(positions, h.dtype)
         use_gate = self.exit_threshold is not None
+        attend_rope = getattr(attn, "attend_rope_neox", None)
         hs: list[Tensor] = []
         gates: list[Tensor] = []
         x = ops.rms_norm(h, layers[0].input_layernorm, eps)
@@ -133,8 +136,12 @@ class OuroForCausalLM(LoopedModel):
                 q = q.view(n, c.num_heads, c.head_dim)
                 k = k.view(n, c.num_kv_heads, c.head_dim)
                 v = v.view(n, c.num_kv_heads, c.head_dim)
-                q, k = ops.rope_neox(q, k, cos, sin)
-                a = attn.attend(loop * num_layers + i, q, k, v, self._scale)
+                plane = loop * num_layers + i
+                if attend_rope is not None:
+                    a = attend_rope(plane, q, k, v, cos, sin, ops, self._scale)
+                else:
+                    q, k = ops.rope_neox(q, k, cos, sin)
+                    a = attn.attend(plane, q, k, v, self._scale)
                 o = F.linear(a.reshape(n, self._q), layer.o_proj)
                 h, x = ops.residual_rms_norm_norm(h, o, layer.input_layernorm_2,
                                                   layer.post_attention_layernorm, eps)
