@@ -26,7 +26,6 @@ os.environ["RLTBENCH_NORM_FAST"] = "1"
 import torch  # noqa: E402
 
 from rltbench.kernels import norm_onelaunch as nol  # noqa: E402
-from rltbench.kernels import reference as ref  # noqa: E402
 from rltbench.results import RunDir  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -37,7 +36,6 @@ def one_case(
 ) -> dict[str, Any]:
     """Every form of the validation for one token count and layout, on whatever kernel_path picks."""
     gen = torch.Generator(device=dev).manual_seed(seed)
-    eps = 1e-6
     plan = nol.plan_for(T, W, dev)
     row: dict[str, Any] = {
         "width": W,
@@ -51,28 +49,9 @@ def one_case(
     }
     if plan.unsupported_reason is not None:
         return row
-    x, r, b = (nol._adversarial((T, W), dtype, gen, dev) for _ in range(3))
-    w1, w2 = nol._weights(W, dtype, gen, dev), nol._weights(W, dtype, gen, dev)
-    if strided:
-        big = torch.empty((T, W + 5), dtype=dtype, device=dev)
-        big[:, 3 : 3 + W] = x
-        x = big[:, 3 : 3 + W]
     bad: list[dict[str, Any]] = []
     try:
-        out = torch.empty((T, W), dtype=dtype, device=dev)
-        var = torch.empty(T, dtype=torch.float32, device=dev)
-        nol.rms_norm_onelaunch_rows(x, w1, eps, out, var_out=var, warp_order="down")
-        nol._cmp("var", T, var, x.float().pow(2).mean(-1), bad)
-        nol._cmp("ouro", T, out, ref.rms_norm(x, w1, eps), bad)
-        nol.rms_norm_onelaunch_rows(x, w1, eps, out, residual=r, warp_order="down")
-        nol._cmp("residual", T, out, ref.residual_rms_norm(r, x, w1, eps), bad)
-        nol.rms_norm_onelaunch_rows(x, w1, eps, out, branch=b, warp_order="down")
-        nol._cmp("add_huginn", T, out, ref.add_rms_norm_huginn(x, b, w1, eps), bad)
-        h, y = torch.empty_like(out), torch.empty_like(out)
-        nol.residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, eps, h, y, warp_order="down")
-        rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, eps)
-        nol._cmp("norm_norm.h", T, h, rh, bad)
-        nol._cmp("norm_norm.y", T, y, ry, bad)
+        nol.validation_case(dev, dtype, W, T, gen, strided, "down", bad)
         torch.cuda.synchronize(dev)
     except Exception as exc:  # record and go on: the point is to see every failure
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"

@@ -83,8 +83,9 @@ def env(values: dict[str, str]) -> Iterator[None]:
 
 
 def check_exact(dev: torch.device, widths: list[int], tokens: list[int]) -> dict[str, dict[str, Any]]:
-    """Every exact configuration against torch, bitwise, on adversarial rows (nol._adversarial) at
-    the timed shapes: the plain norm and the norm-add-norm (h and y)."""
+    """Every exact configuration against torch, bitwise, at the timed shapes: the start-up
+    validation's case (nol.validation_case: every form and the variance, contiguous and strided rows).
+    The variance matters: a 1-ulp order slip often leaves the bf16 outputs equal."""
     out: dict[str, dict[str, Any]] = {}
     for name, knobs in EXACT_CONFIGS.items():
         per = {}
@@ -93,20 +94,8 @@ def check_exact(dev: torch.device, widths: list[int], tokens: list[int]) -> dict
                 g = torch.Generator(device=dev).manual_seed(W)
                 bad, elems = [], 0
                 for T in tokens:
-                    for strided in (False, True):   # rows that start mid-buffer, as the validation's
-                        x, r = (nol._adversarial((T, W), torch.bfloat16, g, dev) for _ in range(2))
-                        if strided:
-                            x = torch.cat([torch.zeros_like(x[:, :3]), x, x[:, :2]], dim=1)[:, 3:3 + W]
-                        w1, w2 = (nol._weights(W, torch.bfloat16, g, dev) for _ in range(2))
-                        o, h, y = (torch.empty(T, W, dtype=torch.bfloat16, device=dev) for _ in range(3))
-                        var = torch.empty(T, dtype=torch.float32, device=dev)
-                        # the variance is compared too: a 1-ulp order slip often leaves bf16 outputs equal
-                        nol.rms_norm_onelaunch_rows(x, w1, EPS, o, var_out=var, warp_order="down")
-                        elems += nol._cmp("var", T, var, x.float().pow(2).mean(-1), bad)
-                        elems += nol._cmp("ouro", T, o, ref.rms_norm(x, w1, EPS), bad)
-                        nol.residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, EPS, h, y, warp_order="down")
-                        rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, EPS)
-                        elems += nol._cmp("nn.h", T, h, rh, bad) + nol._cmp("nn.y", T, y, ry, bad)
+                    for strided in (False, True):   # every form and the variance, as the validation
+                        elems += nol.validation_case(dev, torch.bfloat16, W, T, g, strided, "down", bad)
                 per[W] = {"elements": elems, "mismatches": len(bad), "first": bad[:3]}
         out[name] = per
         print(f"check {name}: " + ", ".join(f"w{W} {p['mismatches']} bad / {p['elements']:.3g}"

@@ -510,41 +510,53 @@ def _cmp(name: str, tokens: int, out: torch.Tensor, ref: torch.Tensor, bad: list
     return out.numel()
 
 
+def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int, gen: torch.Generator,
+                    strided: bool, order: str, bad: list[dict[str, Any]]) -> int:
+    """One validation case: T adversarial rows (``strided``: starting mid-buffer with a row stride
+    > width), every one-launch form and the stored variance against the torch expressions, bitwise.
+    Mismatches are appended to `bad`; returns the number of elements compared. Shared by validate(),
+    scripts/kernel_tune.py and scripts/diagnose_fast_norm.py so all three check the same things."""
+    from rltbench.kernels import reference as ref
+
+    eps = 1e-6
+    x, r, b = (_adversarial((T, width), dtype, gen, device) for _ in range(3))
+    w1, w2 = _weights(width, dtype, gen, device), _weights(width, dtype, gen, device)
+    if strided:
+        big = torch.empty((T, width + 5), dtype=dtype, device=device)
+        big[:, 3:3 + width] = x
+        x = big[:, 3:3 + width]
+    out = torch.empty((T, width), dtype=dtype, device=device)
+    var = torch.empty(T, dtype=torch.float32, device=device)
+    rms_norm_onelaunch_rows(x, w1, eps, out, var_out=var, warp_order=order)
+    elems = _cmp("var", T, var, x.float().pow(2).mean(-1), bad)
+    elems += _cmp("ouro", T, out, ref.rms_norm(x, w1, eps), bad)
+    rms_norm_onelaunch_rows(x, w1, eps, out, warp_order=order)
+    elems += _cmp("huginn", T, out, ref.rms_norm_huginn(x, w1, eps), bad)
+    rms_norm_onelaunch_rows(x, w1, eps, out, residual=r, warp_order=order)
+    elems += _cmp("residual", T, out, ref.residual_rms_norm(r, x, w1, eps), bad)
+    rms_norm_onelaunch_rows(x, w1, eps, out, branch=b, warp_order=order)
+    elems += _cmp("add_huginn", T, out, ref.add_rms_norm_huginn(x, b, w1, eps), bad)
+    h, y = torch.empty_like(out), torch.empty_like(out)
+    residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, eps, h, y, warp_order=order)
+    rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, eps)
+    return elems + _cmp("norm_norm.h", T, h, rh, bad) + _cmp("norm_norm.y", T, y, ry, bad)
+
+
+VALIDATION_FORMS = 7   # comparisons per validation_case
+
+
 def _run_cases(device: torch.device, dtype: torch.dtype, width: int, seed: int, tokens: tuple[int, ...],
                order: str) -> tuple[int, int, list[dict[str, Any]], set[int]]:
     """Every form against torch for every token count: (cases, elements, mismatches, lanes)."""
-    from rltbench.kernels import reference as ref
-
     gen = torch.Generator(device=device).manual_seed(seed)
-    eps = 1e-6
     cases, elems, bad, lanes = 0, 0, [], set()
     for i, T in enumerate(tokens):
         plan = plan_for(T, width, device)
         if plan.unsupported_reason is not None:
             continue
         lanes.add(plan.lanes)
-        x, r, b = (_adversarial((T, width), dtype, gen, device) for _ in range(3))
-        w1, w2 = _weights(width, dtype, gen, device), _weights(width, dtype, gen, device)
-        if i % 3 == 1:  # rows start mid-buffer with row stride > width
-            big = torch.empty((T, width + 5), dtype=dtype, device=device)
-            big[:, 3:3 + width] = x
-            x = big[:, 3:3 + width]
-        out = torch.empty((T, width), dtype=dtype, device=device)
-        var = torch.empty(T, dtype=torch.float32, device=device)
-        rms_norm_onelaunch_rows(x, w1, eps, out, var_out=var, warp_order=order)
-        elems += _cmp("var", T, var, x.float().pow(2).mean(-1), bad)
-        elems += _cmp("ouro", T, out, ref.rms_norm(x, w1, eps), bad)
-        rms_norm_onelaunch_rows(x, w1, eps, out, warp_order=order)
-        elems += _cmp("huginn", T, out, ref.rms_norm_huginn(x, w1, eps), bad)
-        rms_norm_onelaunch_rows(x, w1, eps, out, residual=r, warp_order=order)
-        elems += _cmp("residual", T, out, ref.residual_rms_norm(r, x, w1, eps), bad)
-        rms_norm_onelaunch_rows(x, w1, eps, out, branch=b, warp_order=order)
-        elems += _cmp("add_huginn", T, out, ref.add_rms_norm_huginn(x, b, w1, eps), bad)
-        h, y = torch.empty_like(out), torch.empty_like(out)
-        residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, eps, h, y, warp_order=order)
-        rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, eps)
-        elems += _cmp("norm_norm.h", T, h, rh, bad) + _cmp("norm_norm.y", T, y, ry, bad)
-        cases += 7
+        elems += validation_case(device, dtype, width, T, gen, i % 3 == 1, order, bad)
+        cases += VALIDATION_FORMS
     torch.cuda.synchronize(device)
     return cases, elems, bad, lanes
 
