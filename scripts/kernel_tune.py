@@ -59,10 +59,18 @@ APPROX_CONFIGS: dict[str, dict[str, str]] = {
                                    "RLTBENCH_APPROX_NORM_WARPS": str(nw)}
        for p, st, nw in [(p, st, 4) for p in (4, 8, 12, 16) for st in (3, 4, 5)]
        + [(8, st, nw) for st in (3, 4) for nw in (2, 8)]},
+    # evict-first loads + streaming stores on the best plain and persistent settings
+    **{f"{name}-stream": {**knobs, "RLTBENCH_APPROX_NORM_STREAM": "1"} for name, knobs in (
+        ("rows1-w4", {"RLTBENCH_APPROX_NORM_ROWS": "1", "RLTBENCH_APPROX_NORM_WARPS": "4"}),
+        ("rows1-w8", {"RLTBENCH_APPROX_NORM_ROWS": "1", "RLTBENCH_APPROX_NORM_WARPS": "8"}),
+        ("persist8-s3-w2", {"RLTBENCH_APPROX_NORM_PERSIST": "8", "RLTBENCH_APPROX_NORM_STAGES": "3",
+                            "RLTBENCH_APPROX_NORM_WARPS": "2"}),
+        ("persist4-s5-w4", {"RLTBENCH_APPROX_NORM_PERSIST": "4", "RLTBENCH_APPROX_NORM_STAGES": "5",
+                            "RLTBENCH_APPROX_NORM_WARPS": "4"}))},
 }
 KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM",
          "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_APPROX_NORM_PERSIST",
-         "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_ACT_BLOCK")
+         "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_APPROX_NORM_STREAM", "RLTBENCH_ACT_BLOCK")
 
 
 @contextlib.contextmanager
@@ -297,6 +305,7 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
                               "warps": int(knobs["RLTBENCH_APPROX_NORM_WARPS"]),
                               "persist": int(knobs.get("RLTBENCH_APPROX_NORM_PERSIST", 0)),
                               "stages": int(knobs.get("RLTBENCH_APPROX_NORM_STAGES", 1)),
+                              "stream": int(knobs.get("RLTBENCH_APPROX_NORM_STREAM", 0)),
                               "config": best, "mean_pct_copy": round(sum(pct[best]) / len(pct[best]), 2)}
     tiles = [r for r in act if r["config"] not in ("torch", "default") and r["mismatches"] == 0]
     few = [r for r in tiles if r["tokens"] == 1]

@@ -18,6 +18,25 @@ MAX_WIDTH = 65536
 
 
 @triton.jit
+def _ld(ptrs, mask, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
+    """load_f32, or (STREAM, GPU) a load marked evict-first: each row is read once, so it should
+    not displace the weight row or the output's pending writes in L2."""
+    if STREAM and not INTERPRET:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        return load_f32(ptrs, mask, DT, INTERPRET)
+
+
+@triton.jit
+def _st(ptrs, x, mask, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
+    """store_f32, or (STREAM, GPU) a streaming store (st.global.cs: written once, not re-read)."""
+    if STREAM and not INTERPRET:
+        tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask, cache_modifier=".cs")
+    else:
+        store_f32(ptrs, x, mask, DT, INTERPRET)
+
+
+@triton.jit
 def _rms_norm_approx_kernel(
     x_ptr,
     b_ptr,
@@ -36,19 +55,20 @@ def _rms_norm_approx_kernel(
     INTERPRET: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
     cols = tl.arange(0, BLOCK_C)[None, :]
     mask = (rows < R) & (cols < W)
-    v = load_f32(x_ptr + rows * sx + cols, mask, DT, INTERPRET)
+    v = _ld(x_ptr + rows * sx + cols, mask, DT, INTERPRET, STREAM)
     if HAS_B:
-        v += load_f32(b_ptr + rows * sb + cols, mask, DT, INTERPRET)
+        v += _ld(b_ptr + rows * sb + cols, mask, DT, INTERPRET, STREAM)
     rstd = tl.rsqrt(tl.sum(v * v, axis=1) / W + eps)
     w = load_f32(w_ptr + cols, cols < W, DT, INTERPRET)
     y = v * rstd[:, None] * w
     if HAS_R:
-        y += load_f32(r_ptr + rows * sr + cols, mask, DT, INTERPRET)
-    store_f32(out_ptr + rows * W + cols, y, mask, DT, INTERPRET)
+        y += _ld(r_ptr + rows * sr + cols, mask, DT, INTERPRET, STREAM)
+    _st(out_ptr + rows * W + cols, y, mask, DT, INTERPRET, STREAM)
 
 
 @triton.jit
@@ -70,6 +90,7 @@ def _rms_norm_approx_persistent_kernel(
     INTERPRET: tl.constexpr,
     BLOCK_C: tl.constexpr,
     STAGES: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     """Persistent variant: a grid of a few programs per SM, each striding over rows, so the weight
     row is loaded once per program and the loop's loads can be software-pipelined (``STAGES``):
@@ -79,14 +100,14 @@ def _rms_norm_approx_persistent_kernel(
     w = load_f32(w_ptr + cols, cmask, DT, INTERPRET)
     # an int64 start makes the loop variable int64 (row * stride cannot overflow)
     for r64 in tl.range(tl.program_id(0).to(tl.int64), R, tl.num_programs(0), num_stages=STAGES):
-        v = load_f32(x_ptr + r64 * sx + cols, cmask, DT, INTERPRET)
+        v = _ld(x_ptr + r64 * sx + cols, cmask, DT, INTERPRET, STREAM)
         if HAS_B:
-            v += load_f32(b_ptr + r64 * sb + cols, cmask, DT, INTERPRET)
+            v += _ld(b_ptr + r64 * sb + cols, cmask, DT, INTERPRET, STREAM)
         rstd = tl.rsqrt(tl.sum(v * v, axis=0) / W + eps)
         y = v * rstd * w
         if HAS_R:
-            y += load_f32(r_ptr + r64 * sr + cols, cmask, DT, INTERPRET)
-        store_f32(out_ptr + r64 * W + cols, y, cmask, DT, INTERPRET)
+            y += _ld(r_ptr + r64 * sr + cols, cmask, DT, INTERPRET, STREAM)
+        _st(out_ptr + r64 * W + cols, y, cmask, DT, INTERPRET, STREAM)
 
 
 def _pow2_knob(env: str, key: str, default: int) -> int:
@@ -114,6 +135,11 @@ def _stages() -> int:
     if v < 1:
         raise ValueError(f"RLTBENCH_APPROX_NORM_STAGES must be >= 1, got {v}")
     return v
+
+
+def _stream() -> bool:
+    """Evict-first loads and streaming stores (``RLTBENCH_APPROX_NORM_STREAM`` / tuned ``stream``)."""
+    return bool(int(tuned.knob("RLTBENCH_APPROX_NORM_STREAM", "norm_approx", "stream", 0)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -157,7 +183,7 @@ def rms_norm_approx_rows(
         _rms_norm_approx_persistent_kernel[(max(1, min(R, persist * sms)),)](
             x, b, r, w, out, R, W, row_stride(x), row_stride(b), row_stride(r), float(eps),
             HAS_B=branch is not None, HAS_R=residual is not None, DT=dtype_code(x.dtype), INTERPRET=interp,
-            BLOCK_C=block_c, STAGES=_stages(), num_warps=1 if interp else _warps(block_c),
+            BLOCK_C=block_c, STAGES=_stages(), STREAM=_stream(), num_warps=1 if interp else _warps(block_c),
         )  # fmt: skip
         return
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](
@@ -178,5 +204,6 @@ def rms_norm_approx_rows(
         INTERPRET=interp,
         BLOCK_R=block_r,
         BLOCK_C=block_c,
+        STREAM=_stream(),
         num_warps=nw,
     )

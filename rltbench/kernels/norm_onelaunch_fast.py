@@ -30,7 +30,15 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
-from rltbench.kernels.norm_onelaunch import MODE_ADD, MODE_X, _norm_norm_out, _norm_out, _rstd, _sq
+from rltbench.kernels.norm_onelaunch import (
+    MODE_ADD,
+    MODE_X,
+    _norm_norm_out,
+    _norm_out,
+    _rstd,
+    _sq,
+    _vals,
+)
 from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
 
 MAX_ITERS = 16          # the static unroll bound: width 2048 at every plan, 5280 down to 128 lanes
@@ -146,6 +154,32 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
 
 
 @triton.jit
+def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, factor, MODE: tl.constexpr,
+                    HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                    G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
+    """Single norm of a row one pass of the lanes covers (ITERS == 1: Ouro's and Huginn's decode
+    rows at 512 lanes): x (b), w and r are all loaded before the reduction, so the weight and
+    residual loads overlap it instead of following it, and x is not read twice. Same operations in
+    the same order as the looped kernel (_vals MODE 0/1, _fast_tree, _norm_out)."""
+    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    cols = lane * 4 + i
+    m = (lane < nvec) & (i < 4)
+    v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+    if HAS_R:
+        r = load_f32(r_row + cols, m, DT, INTERPRET)
+    var, rstd = _rstd(_fast_tree(_sq_of(v, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
+                      INTERPRET)
+    if STORE_VAR:
+        tl.store(var_row + tl.arange(0, 1), var)
+    y = round_to(mul_rn(w, round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    if HAS_R:
+        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+    store_f32(out_row + cols, y, m, DT, INTERPRET)
+
+
+@triton.jit
 def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                       MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                       INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr,
@@ -155,18 +189,22 @@ def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, s
     x_row = x_ptr + row * sx
     b_row = b_ptr + row * sb
     nvec = N // 4
-    total = _fast_sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, G, ITERS, WARP_DOWN,
-                        TREE_SUM)
-    var, rstd = _rstd(total, factor, eps, INTERPRET)
-    if STORE_VAR:
-        tl.store(var_ptr + row + tl.arange(0, 1), var)
-    lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
-    i = tl.arange(0, 4)[None, None, :]
-    for it in tl.static_range(ITERS):
-        k = it * (G * 32) + lane
-        cols = k * 4 + i
-        _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, (k < nvec) & (i < 4),
-                  MODE, HAS_R, DT, INTERPRET)
+    if ITERS == 1:
+        _fast_norm_row1(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, var_ptr + row, nvec, eps,
+                        factor, MODE, HAS_R, STORE_VAR, DT, INTERPRET, G, WARP_DOWN, TREE_SUM)
+    else:
+        total = _fast_sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, G, ITERS, WARP_DOWN,
+                            TREE_SUM)
+        var, rstd = _rstd(total, factor, eps, INTERPRET)
+        if STORE_VAR:
+            tl.store(var_ptr + row + tl.arange(0, 1), var)
+        lane = tl.arange(0, G)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]
+        i = tl.arange(0, 4)[None, None, :]
+        for it in tl.static_range(ITERS):
+            k = it * (G * 32) + lane
+            cols = k * 4 + i
+            _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols,
+                      (k < nvec) & (i < 4), MODE, HAS_R, DT, INTERPRET)
 
 
 @triton.jit

@@ -144,3 +144,34 @@ def test_graph_capture_replay_bitwise_with_new_inputs() -> None:
             for name, c in cases.items():
                 for a, b in zip(outs[name], c.run(rf, static[name]), strict=True):
                     assert_bitwise(a, b, f"graph replay {name}")
+
+
+APPROX_NORM_SETTINGS = {
+    "rows1": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "0"},
+    "rows1-stream": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "1"},
+    "persist4-s3": {"RLTBENCH_APPROX_NORM_PERSIST": "4", "RLTBENCH_APPROX_NORM_STAGES": "3",
+                    "RLTBENCH_APPROX_NORM_STREAM": "0"},
+    "persist8-s3-stream": {"RLTBENCH_APPROX_NORM_PERSIST": "8", "RLTBENCH_APPROX_NORM_STAGES": "3",
+                           "RLTBENCH_APPROX_NORM_STREAM": "1"},
+}
+
+
+@pytest.mark.parametrize("setting", list(APPROX_NORM_SETTINGS))
+@pytest.mark.parametrize("name", ["rmsnorm", "rmsnorm_huginn", "add_rmsnorm_huginn", "rmsnorm_residual"])
+def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every launch setting the tuner may pick for the approx norm (one row per program, the
+    persistent kernel, evict-first/streaming memory ops) keeps the approx arm's stated bound on the
+    GPU: bf16 <= 0.6 ulp against the fp64 oracle, on strided rows with more rows than programs."""
+    from rltbench.kernels.oracle import error_summary
+
+    for k, v in APPROX_NORM_SETTINGS[setting].items():
+        monkeypatch.setenv(k, v)
+    case = op_case(name)
+    ops = make_ops(OpSelection.approx(scope="all"))
+    d = case.make_inputs(3000, 2048, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(5))
+    inputs = {k: (strided_rows(v) if v.dim() == 2 else v) for k, v in d.items()}
+    outs, oracle = case.run(ops, inputs), case.oracle(inputs)
+    for out, o in zip(outs, oracle, strict=True):
+        err = error_summary(out, o)
+        assert err["max_ulp"] <= 0.6, (name, setting, err)
+    assert ops.stats.fused and ops.stats.fallback_count() == 0

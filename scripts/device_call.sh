@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on a lent GPU box (no network, results fetched from $OUT): run the given gpu_suite.py
+# stages under an overall time budget, then pack what they wrote so it comes back.
+#
+#   RLTBENCH_GIT_SHA=$(git rev-parse HEAD) bash scripts/device_call.sh BUDGET_S stage [stage ...]
+#
+# Triton's compile cache lives in .tcache/ (TRITON_CACHE_DIR) and is packed too: carried into the
+# next call it saves the fast exact norm's start-up compiles (about a minute per dtype and width on
+# a cold cache). Results: $OUT/gpu.tgz (results/gpu/<stage>, suite.json, the tuned files),
+# $OUT/tcache.tgz when it fits the 16 MiB a returned file may have.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+budget=$1; shift
+export TRITON_CACHE_DIR="$PWD/.tcache" PYTHONUNBUFFERED=1
+mkdir -p "$TRITON_CACHE_DIR"
+timeout --signal=INT --kill-after=20 "$budget" python3 scripts/gpu_suite.py "$@"
+echo "suite rc=$?"
+dirs=()
+for s in "$@"; do [ -d "results/gpu/$s" ] && dirs+=("results/gpu/$s"); done
+tar czf "$OUT/gpu.tgz" "${dirs[@]}" results/gpu/suite.json rltbench/tuned_configs
+tar czf "$OUT/tcache.tgz" .tcache
+size=$(stat -c %s "$OUT/tcache.tgz")
+if [ "$size" -gt 16000000 ]; then echo "tcache.tgz $size bytes: too big to return"; rm -f "$OUT/tcache.tgz"; fi
+ls -l "$OUT"
