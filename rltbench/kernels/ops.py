@@ -146,7 +146,7 @@ def _kv_store_reason(
 
 def fuse_kv_write_enabled() -> bool:
     """Whether ``Ops.rope_neox_store`` may fuse (read at every call): ``RLTBENCH_FUSE_KV_WRITE``, else
-    the GPU's tuned ``rope_kv.enabled``, else off (not yet measured on a GPU)."""
+    the GPU's tuned ``rope_kv.enabled``, else off (on for the H200 after results/gpu/profile-fusekv)."""
     return bool(tuned.knob("RLTBENCH_FUSE_KV_WRITE", "rope_kv", "enabled", False))
 
 
