@@ -82,6 +82,18 @@ def write_section(device_name: str, name: str, value: Any, source: dict[str, Any
     return p
 
 
+def in_use() -> dict[str, Any] | None:
+    """For manifests: the current device's tuned file (path and launch sections, provenance left
+    out) as the kernels read it, or None when none applies."""
+    if os.environ.get("RLTBENCH_TUNED", "1") == "0":
+        return None
+    dev = _current_device_name()
+    if dev is None or not path_for(dev).is_file():
+        return None
+    data = {k: v for k, v in _load(dev).items() if k != "sources"}
+    return {"file": f"rltbench/tuned_configs/{path_for(dev).name}", "sections": data}
+
+
 def knob(env: str, section_name: str, key: str, default: Any) -> Any:
     """One scalar knob: the environment variable, else the device's tuned value, else `default`."""
     v = os.environ.get(env)

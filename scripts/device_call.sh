@@ -4,15 +4,17 @@
 #
 #   RLTBENCH_GIT_SHA=$(git rev-parse HEAD) bash scripts/device_call.sh BUDGET_S stage [stage ...]
 #
-# Triton's compile cache lives in .tcache/ (TRITON_CACHE_DIR) and is packed too: carried into the
-# next call it saves the fast exact norm's start-up compiles (about a minute per dtype and width on
-# a cold cache). Results: $OUT/gpu.tgz (results/gpu/<stage>, suite.json, the tuned files),
+# Triton's compile cache lives in .tcache/ (TRITON_CACHE_DIR) and is packed too: copied to
+# .tcache.tgz and carried into the next call, it saves the fast exact norm's start-up compiles
+# (about a minute per dtype and width on a cold cache). Results: $OUT/gpu.tgz (results/gpu/<stage>, suite.json, the tuned files),
 # $OUT/tcache.tgz when it fits the 16 MiB a returned file may have.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=$1; shift
 export TRITON_CACHE_DIR="$PWD/.tcache" PYTHONUNBUFFERED=1
 mkdir -p "$TRITON_CACHE_DIR"
+# a cache packed by an earlier call (carry .tcache.tgz): same GPU kind, same Triton, so it hits
+if [ -f .tcache.tgz ]; then tar xzf .tcache.tgz && echo "triton cache: $(du -sh .tcache | cut -f1) from .tcache.tgz"; fi
 timeout --signal=INT --kill-after=20 "$budget" python3 scripts/gpu_suite.py "$@"
 echo "suite rc=$?"
 dirs=()

@@ -84,6 +84,15 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "profile-fusekv": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1"]
                        + rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact "
                              "--iters 100", "profile-fusekv")),
+    # programmatic dependent launch (rltbench/kernels/pdl.py): GPU tests (PDL kernels after a GEMM and
+    # after each other inside a graph; the engine's arms with PDL on), then the decode-step profile
+    # with each mode, for the tuned ``pdl`` section
+    "pdl-tests": (200, ["env", "RLTBENCH_PDL=2", PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
+                        "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "pdl-tests" / "junit.xml"),
+                        "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
+    **{f"profile-pdl{m}": (200, ["env", f"RLTBENCH_PDL={m}"]
+                           + rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact "
+                                 "--iters 100", f"profile-pdl{m}")) for m in (1, 2)},
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "

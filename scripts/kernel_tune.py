@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from rltbench import tuned
 from rltbench.kernels import norm_onelaunch as nol
@@ -46,8 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w),
-                      "RLTBENCH_NORM_TREE_SUM": "0"} for w in (4, 8)},
+                      "RLTBENCH_NORM_TREE_SUM": "0", "RLTBENCH_PDL": "0"} for w in (4, 8)},
+    # programmatic dependent launch (pdl.py): back-to-back calls overlap launch and weight loads;
+    # informational here (the decode-step profile decides the tuned ``pdl`` section)
+    **{f"fast-w8-pdl{m}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": "8",
+                           "RLTBENCH_NORM_TREE_SUM": "0", "RLTBENCH_PDL": str(m)} for m in (1, 2)},
 }
+# per-call cost of the smallest possible kernel in the same harness (one program loads and stores one
+# element): the floor under any T=1 latency measured here
+FLOOR = "floor (1-element kernel)"
 SAME_SIZE_COPY = "same-size copy"   # reference row of the approx table, not a kernel configuration
 # approx norm: one program per row block (rows x warps), or the persistent kernel (programs per SM
 # x software-pipeline stages x warps)
@@ -70,7 +79,7 @@ APPROX_CONFIGS: dict[str, dict[str, str]] = {
 }
 KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM",
          "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_APPROX_NORM_PERSIST",
-         "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_APPROX_NORM_STREAM", "RLTBENCH_ACT_BLOCK")
+         "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_APPROX_NORM_STREAM", "RLTBENCH_ACT_BLOCK", "RLTBENCH_PDL")
 
 
 @contextlib.contextmanager
@@ -128,6 +137,16 @@ def _call(op: str, torch_ref: bool, xs: list[torch.Tensor], rs: list[torch.Tenso
     return lambda i: nol.residual_rms_norm_norm_onelaunch_rows(rs[i % n], xs[i % n], w1, w2, EPS, h, o)
 
 
+@triton.jit
+def _one_element_kernel(x_ptr, o_ptr):
+    tl.store(o_ptr + tl.arange(0, 1), tl.load(x_ptr + tl.arange(0, 1)))
+
+
+def _floor_call(xs: list[torch.Tensor], o: torch.Tensor) -> Any:
+    n = len(xs)
+    return lambda i: _one_element_kernel[(1,)](xs[i % n], o, num_warps=1)
+
+
 def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[str], calls: int,
                rounds: int, reps: int) -> list[dict[str, Any]]:
     """Latency per call of the single norm and the norm-add-norm for each passing configuration."""
@@ -147,14 +166,16 @@ def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[
                     fn = _call(op, name == "torch", xs, rs, w1, w2, h, o)
                     with env(EXACT_CONFIGS.get(name, {})):
                         graphs[name] = GraphCalls(fn, calls)
+                if T == 1 and op == "norm":
+                    graphs[FLOOR] = GraphCalls(_floor_call(xs, o), calls)
                 samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls,
                                            rounds=rounds, reps=reps)
                 for name, s in samples.items():
                     st = summarize(s)
                     rows.append({"width": W, "tokens": T, "op": op, "config": name, "median_us": st.median,
                                  "p10_us": st.p10, "p90_us": st.p90, "sets": n_sets,
-                                 "path": name if name in ("torch", "general") else "fast"})
-                best = min((r for r in rows[-len(samples):] if r["config"] != "torch"),
+                                 "path": name if name in ("torch", "general", FLOOR) else "fast"})
+                best = min((r for r in rows[-len(samples):] if r["config"] not in ("torch", FLOOR)),
                            key=lambda r: r["median_us"], default=None)
                 if best:
                     print(f"w{W} T{T} {op}: best {best['config']} {best['median_us']:.2f} us", flush=True)
@@ -284,7 +305,7 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
     out: dict[str, dict[str, Any]] = {}
     totals: dict[str, float] = {}
     for r in exact:
-        if r["config"] != "torch" and r["tokens"] <= 128:
+        if r["config"] not in ("torch", FLOOR) and "-pdl" not in r["config"] and r["tokens"] <= 128:
             totals[r["config"]] = totals.get(r["config"], 0.0) + r["median_us"]
     if totals:
         best = min(totals, key=totals.__getitem__)

@@ -75,3 +75,33 @@ def test_sweep_best_becomes_rows() -> None:
     rows = ab.tuned_rows(res)
     assert [(r["max_batch"], r["max_len"], r["partition_size"]) for r in rows] == [
         (1, ab._SHORT_LEN, 64), (1 << 30, ab._SHORT_LEN, None)]
+
+
+def test_manifest_records_the_tuned_file_in_use(fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tuned.in_use() is None
+    tuned.write_section(DEV, "pdl", {"mode": 1}, {"command": "test"})
+    got = tuned.in_use()
+    assert got == {"file": "rltbench/tuned_configs/NVIDIA_Test_GPU.json",
+                   "sections": {"device": DEV, "pdl": {"mode": 1}}}
+    monkeypatch.setenv("RLTBENCH_TUNED", "0")
+    assert tuned.in_use() is None
+
+
+def test_pdl_mode_precedence_and_cpu_off(fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PDL: env > tuned file > off; never on for CPU tensors or the interpreter; bad values refused."""
+    import torch
+
+    from rltbench.kernels import pdl
+
+    monkeypatch.delenv("RLTBENCH_PDL", raising=False)
+    assert pdl.requested_mode() == 0
+    tuned.write_section(DEV, "pdl", {"mode": 2}, {"command": "test"})
+    assert pdl.requested_mode() == 2
+    monkeypatch.setenv("RLTBENCH_PDL", "1")
+    assert pdl.requested_mode() == 1
+    assert pdl.mode_for(torch.zeros(1), interpret=False) == 0
+    assert pdl.launch_kwargs(0) == {"PDL": 0}
+    assert pdl.launch_kwargs(2) == {"PDL": 2, "launch_pdl": True}
+    monkeypatch.setenv("RLTBENCH_PDL", "3")
+    with pytest.raises(ValueError, match="RLTBENCH_PDL"):
+        pdl.requested_mode()

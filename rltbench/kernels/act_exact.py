@@ -16,6 +16,8 @@ import triton.language as tl
 
 from rltbench import tuned
 from rltbench.kernels.layout import col_block, row_block, row_stride, warps_for
+from rltbench.kernels.pdl import launch_kwargs, mode_for
+from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import (
     add_rn,
     div_rn,
@@ -42,7 +44,9 @@ def _silu_mul_kernel(
     INTERPRET: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_wait(PDL)   # gate and up come from the previous GEMM
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
     mask = (rows < R) & (cols < W)
@@ -85,4 +89,5 @@ def silu_mul_exact_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor)
         BLOCK_R=block_r,
         BLOCK_C=block_c,
         num_warps=warps_for(block_r * block_c),
+        **launch_kwargs(mode_for(gate, interp)),
     )

@@ -39,6 +39,8 @@ from rltbench.kernels.norm_onelaunch import (
     _sq,
     _vals,
 )
+from rltbench.kernels.pdl import launch_kwargs, mode_for
+from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
 
 MAX_ITERS = 16          # the static unroll bound: width 2048 at every plan, 5280 down to 128 lanes
@@ -126,7 +128,7 @@ def _sq_of(v, m, INTERPRET: tl.constexpr):
 @triton.jit
 def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nvec, eps, factor,
                          STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, G: tl.constexpr,
-                         WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
+                         WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """Norm-add-norm of a row that one pass of the lanes covers (ITERS == 1, e.g. width 2048 at 512
     lanes: Ouro's decode rows): a, r, w1 and w2 are loaded once, up front, so no load waits behind
     the two reductions (w2 was a cold-cache load after both in the looped form), and h never
@@ -135,10 +137,11 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
     i = tl.arange(0, 4)[None, None, :]
     cols = lane * 4 + i
     m = (lane < nvec) & (i < 4)
+    w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)   # weights: written by no kernel, read before the wait
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+    pdl_wait(PDL)
     a = load_f32(a_row + cols, m, DT, INTERPRET)
     r = load_f32(r_row + cols, m, DT, INTERPRET)
-    w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
-    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
     var1, rstd1 = _rstd(_fast_tree(_sq_of(a, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
                         INTERPRET)
     y1 = round_to(mul_rn(w1, round_to(mul_rn(a, rstd1, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
@@ -156,7 +159,7 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
 @triton.jit
 def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, factor, MODE: tl.constexpr,
                     HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
-                    G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
+                    G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """Single norm of a row one pass of the lanes covers (ITERS == 1: Ouro's and Huginn's decode
     rows at 512 lanes): x (b), w and r are all loaded before the reduction, so the weight and
     residual loads overlap it instead of following it, and x is not read twice. Same operations in
@@ -165,8 +168,9 @@ def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, fac
     i = tl.arange(0, 4)[None, None, :]
     cols = lane * 4 + i
     m = (lane < nvec) & (i < 4)
+    w = load_f32(w_ptr + cols, m, DT, INTERPRET)     # the weight is read before the wait
+    pdl_wait(PDL)
     v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
-    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
     if HAS_R:
         r = load_f32(r_row + cols, m, DT, INTERPRET)
     var, rstd = _rstd(_fast_tree(_sq_of(v, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
@@ -183,16 +187,18 @@ def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, fac
 def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                       MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                       INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr,
-                      WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr):
-    """One row per program; MODE 0 normalises x, MODE 1 round(x + b); HAS_R adds the residual."""
+                      WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
+    """One row per program; MODE 0 normalises x, MODE 1 round(x + b); HAS_R adds the residual.
+    PDL (pdl.py): reads of x, b, r wait for the previous kernels; one-pass rows load w first."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
     b_row = b_ptr + row * sb
     nvec = N // 4
     if ITERS == 1:
         _fast_norm_row1(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, var_ptr + row, nvec, eps,
-                        factor, MODE, HAS_R, STORE_VAR, DT, INTERPRET, G, WARP_DOWN, TREE_SUM)
+                        factor, MODE, HAS_R, STORE_VAR, DT, INTERPRET, G, WARP_DOWN, TREE_SUM, PDL)
     else:
+        pdl_wait(PDL)
         total = _fast_sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, G, ITERS, WARP_DOWN,
                             TREE_SUM)
         var, rstd = _rstd(total, factor, eps, INTERPRET)
@@ -211,7 +217,7 @@ def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, s
 def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                            STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                            G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
-                           TREE_SUM: tl.constexpr):
+                           TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """h = r + rms_norm(a, w1); y = rms_norm(h, w2); the second sum recomputes h in its order."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
@@ -220,8 +226,9 @@ def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, 
     if ITERS == 1:
         _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N,
                              var_ptr + row * 2, nvec, eps, factor, STORE_VAR, DT, INTERPRET, G, WARP_DOWN,
-                             TREE_SUM)
+                             TREE_SUM, PDL)
     else:
+        pdl_wait(PDL)
         t1 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, G, ITERS, WARP_DOWN,
                          TREE_SUM)
         var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
@@ -285,7 +292,7 @@ def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps
         x, b, r, w, out, var, width, sx, sb, sr, eps, factor,
         MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
         ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
-        num_warps=num_warps_for(lanes, interpret),
+        num_warps=num_warps_for(lanes, interpret), **launch_kwargs(mode_for(x, interpret)),
     )  # fmt: skip
 
 
@@ -296,7 +303,7 @@ def launch_norm_norm(a, r, w1, w2, h, y, var, width: int, sa: int, sr: int, eps:
         a, r, w1, w2, h, y, var, width, sa, sr, eps, factor,
         STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
         ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
-        num_warps=num_warps_for(lanes, interpret),
+        num_warps=num_warps_for(lanes, interpret), **launch_kwargs(mode_for(a, interpret)),
     )  # fmt: skip
 
 

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rltbench.kernels.pdl import launch_kwargs, mode_for
+from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import (
     add_rn,
     dtype_code,
@@ -123,7 +125,9 @@ def _rope_neox_kernel(
     INTERPRET: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_wait(PDL)   # q, k, cos, sin may come from the previous kernels: nothing is read before
     h = tl.program_id(1)
     if h < HQ:
         _neox_tile(
@@ -197,9 +201,10 @@ def _rope_neox_store_kernel(
     T, HQ, sqt, sqh, skt, skh, svt, svh, sct, sst, s_slot,
     skcb, skct, skch, svcb, svct, svch, HALF,
     BLOCK_SIZE: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Grid (token blocks, Hq + Hk): q heads as ``_rope_neox_kernel``; kv heads into the caches."""
+    pdl_wait(PDL)
     h = tl.program_id(1)
     if h < HQ:
         _neox_tile(
@@ -272,7 +277,9 @@ def _rope_interleaved_kernel(
     INTERPRET: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_wait(PDL)   # q, k, cos, sin may come from the previous kernels: nothing is read before
     h = tl.program_id(1)
     if h < HQ:
         _interleaved_tile(
@@ -334,6 +341,7 @@ def launch_rope(
     qo: torch.Tensor,
     ko: torch.Tensor,
     kernels: dict,
+    pdl_ok: bool = False,
 ) -> None:
     """Shared launcher (exact and approx): q [T, Hq, D], k [T, Hk, D] (head/token strides free,
     last dim contiguous), cos/sin 2-D with contiguous last dim; qo/ko contiguous outputs."""
@@ -365,6 +373,7 @@ def launch_rope(
         BLOCK_T=block_t,
         BLOCK_H=block_h,
         num_warps=nw,
+        **(launch_kwargs(mode_for(q, interp)) if pdl_ok else {}),
     )
 
 
@@ -400,7 +409,7 @@ def rope_neox_store_exact(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         half,
         BLOCK_SIZE=k_cache.shape[1], DT=dtype_code(q.dtype), INTERPRET=interp,
-        BLOCK_T=block_t, BLOCK_H=block_h, num_warps=nw,
+        BLOCK_T=block_t, BLOCK_H=block_h, num_warps=nw, **launch_kwargs(mode_for(q, interp)),
     )  # fmt: skip
 
 
@@ -409,4 +418,4 @@ EXACT_KERNELS = {"neox": _rope_neox_kernel, "interleaved": _rope_interleaved_ker
 
 def rope_exact(kind: str, q, k, cos, sin, qo, ko) -> None:
     """Exact RoPE ("neox" or "interleaved") of q and k into qo/ko, one launch."""
-    launch_rope(kind, q, k, cos, sin, qo, ko, EXACT_KERNELS)
+    launch_rope(kind, q, k, cos, sin, qo, ko, EXACT_KERNELS, pdl_ok=True)

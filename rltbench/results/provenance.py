@@ -89,4 +89,15 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         **git_info(),
         **gpu_info(),
         "versions": software_info(),
+        # per-GPU launch knobs (rltbench/tuned_configs): fast norm, PDL, fused K/V write, attention
+        "tuned": _tuned_in_use(),
     }
+
+
+def _tuned_in_use() -> dict[str, Any] | None:
+    from rltbench import tuned
+
+    try:
+        return tuned.in_use()
+    except Exception:  # noqa: BLE001 - provenance must never stop a run
+        return None

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent('''
             "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
     for g, iters, tree, nw in ((16, 1, True, 4), (16, 3, False, 1), (1, 16, True, 1)):
         consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": g, "ITERS": iters, "WARP_DOWN": True,
-                  "TREE_SUM": tree}
+                  "TREE_SUM": tree, "PDL": 0}
         full = {**fsig, **{c: "constexpr" for c in consts}}
         k = triton.compile(ASTSource(fn=fast._fast_norm_norm_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": nw})
@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent('''
         assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (g, iters, tree)
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx
         assert "ld.local" not in ptx, "register spills"
+        assert "griddepcontrol" not in ptx
     print("PTX_OK")
 ''')
 
@@ -58,3 +59,75 @@ def test_kernels_compile_for_sm90_without_fma() -> None:
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("ptxas unavailable")
     assert proc.returncode == 0 and "PTX_OK" in proc.stdout, proc.stderr[-3000:]
+
+
+PDL_SCRIPT = textwrap.dedent('''
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from rltbench.kernels import norm_onelaunch_fast as fast
+    from rltbench.kernels.act_exact import _silu_mul_kernel
+    from rltbench.kernels.rope_exact import _rope_neox_store_kernel
+    target = GPUTarget("cuda", 90, 32)
+
+    def ptx_of(fn, sig, consts, nw=4):
+        full = {**sig, **{c: "constexpr" for c in consts}}
+        return triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts), target=target,
+                              options={"num_warps": nw}).asm["ptx"]
+
+    def loads_before_wait(ptx):
+        head = ptx.split("griddepcontrol.wait")[0]
+        return len(re.findall(r"ld\\.global", head))
+
+    fsig = {**{n: "*bf16" for n in ("a_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")},
+            "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
+    for iters in (1, 3):
+        for mode in (0, 1, 2):
+            consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": 16, "ITERS": iters,
+                      "WARP_DOWN": True, "TREE_SUM": False, "PDL": mode}
+            ptx = ptx_of(fast._fast_norm_norm_kernel, fsig, consts)
+            assert ("griddepcontrol.wait" in ptx) == (mode >= 1), (iters, mode)
+            assert ("griddepcontrol.launch_dependents" in ptx) == (mode == 2), (iters, mode)
+            if mode:
+                # one-pass rows read the two weight rows (and nothing else) before the wait
+                n = loads_before_wait(ptx)
+                assert (n > 0) if iters == 1 else (n == 0), (iters, mode, n)
+    nsig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
+            "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
+    consts = {"MODE": 0, "HAS_R": True, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": 16, "ITERS": 1,
+              "WARP_DOWN": True, "TREE_SUM": False, "PDL": 1}
+    ptx = ptx_of(fast._fast_norm_kernel, nsig, consts)
+    assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) > 0
+    ssig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32", "W": "i32", "sg": "i32",
+            "su": "i32"}
+    ptx = ptx_of(_silu_mul_kernel, ssig,
+                 {"DT": 1, "INTERPRET": False, "BLOCK_R": 1, "BLOCK_C": 512, "PDL": 1})
+    assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) == 0
+    ptrs = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr", "c_ptr", "s_ptr")
+    ints = ("T", "HQ", "sqt", "sqh", "skt", "skh", "svt", "svh", "sct", "sst", "s_slot", "skcb", "skct",
+            "skch", "svcb", "svct", "svch", "HALF")
+    rsig = {**{n: "*bf16" for n in ptrs}, "slot_ptr": "*i64", **{n: "i32" for n in ints}}
+    ptx = ptx_of(_rope_neox_store_kernel, rsig, {"BLOCK_SIZE": 16, "DT": 1, "INTERPRET": False, "BLOCK_T": 1,
+                                                 "BLOCK_H": 64, "PDL": 2})
+    assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) == 0
+    assert "griddepcontrol.launch_dependents" in ptx
+    print("PDL_OK")
+''')
+
+
+def test_pdl_kernels_wait_before_reading_what_earlier_kernels_wrote() -> None:
+    """PDL (pdl.py) compiled for sm_90 without a GPU: PDL 0 emits no grid-dependency instruction,
+    1 the wait, 2 the wait and the early trigger; the one-pass norm rows load their weights (only)
+    before the wait, every other kernel loads nothing before it."""
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton without the NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", PDL_SCRIPT], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("ptxas unavailable")
+    assert proc.returncode == 0 and "PDL_OK" in proc.stdout, proc.stderr[-3000:]

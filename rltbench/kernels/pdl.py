@@ -1,0 +1,114 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the exact arm's small kernels.
+
+Why: at batch 1 every exact kernel is a few microseconds long and follows a cuBLAS GEMM or the
+attention kernel. A normal launch starts only after the previous kernel has completed and flushed;
+a PDL launch lets the driver start our grid as soon as the previous grid's blocks have exited (or
+triggered), so our launch and the loads that do not depend on the previous kernel (weights) overlap
+its tail. The data the previous kernel wrote is read only after ``griddepcontrol.wait``, which
+returns when every prerequisite grid has completed and its memory is visible: the arithmetic is
+unchanged, so the exact arm stays bitwise identical (tested on the GPU with a producer kernel
+writing the input inside the same graph).
+
+Rules every PDL kernel here follows (``wait`` below):
+- before ``wait``: read only tensors no kernel of the step writes (weights), write nothing;
+- every program calls ``wait`` (so a grid's completion implies its predecessors' completion);
+- mode 2 also triggers its own dependents right after ``wait`` (``griddepcontrol.launch_dependents``):
+  a following PDL kernel may then start while this one runs (it still waits for this one's
+  completion before it reads anything).
+
+Selection: ``RLTBENCH_PDL`` (0 off, 1 wait, 2 wait + early trigger), else the device's tuned
+``pdl.mode``, else off. Needs a CUDA device of compute capability >= 9.0, Triton with
+``launch_pdl`` and ``gdc_wait``, and no interpreter; anything else means off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from rltbench import tuned
+
+try:  # Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAVE_GDC = True
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    _HAVE_GDC = False
+
+    @triton.jit
+    def gdc_wait():  # type: ignore[no-redef]
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():  # type: ignore[no-redef]
+        pass
+
+
+MODES = (0, 1, 2)
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """The point after which a PDL kernel may read what earlier kernels wrote (no-op when off)."""
+    if PDL >= 1:
+        gdc_wait()
+    if PDL >= 2:
+        gdc_launch_dependents()
+
+
+@functools.lru_cache(maxsize=1)
+def triton_supports() -> bool:
+    """Triton can compile the wait and launch with the programmatic-serialization attribute."""
+    if not _HAVE_GDC:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover
+        return False
+    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)}
+
+
+@functools.lru_cache(maxsize=8)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def requested_mode() -> int:
+    """The configured mode (environment, else tuned file, else 0), validated."""
+    m = int(tuned.knob("RLTBENCH_PDL", "pdl", "mode", 0))
+    if m not in MODES:
+        raise ValueError(f"RLTBENCH_PDL must be one of {MODES}, got {m}")
+    return m
+
+
+def mode_for(t: torch.Tensor, interpret: bool) -> int:
+    """The PDL mode a launch on t's device uses (0 where PDL cannot run)."""
+    if interpret or not t.is_cuda:
+        return 0
+    m = requested_mode()
+    if m == 0 or not triton_supports():
+        return 0
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return m if _capability(idx) >= (9, 0) else 0
+
+
+def launch_kwargs(mode: int) -> dict[str, Any]:
+    """Extra launch arguments: the kernel's PDL constexpr, and Triton's launch option when on."""
+    return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": 0}
+
+
+def describe() -> dict[str, Any]:
+    """What the manifests record: requested mode and whether this Triton can do it."""
+    try:
+        m = requested_mode()
+    except ValueError as e:
+        return {"mode": None, "error": str(e)}
+    return {"mode": m, "triton_supports": triton_supports()}
+
+
+__all__ = ["MODES", "describe", "launch_kwargs", "mode_for", "requested_mode", "triton_supports", "wait"]
