@@ -42,7 +42,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
     "tests": (260, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
-    "kernels": (200, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode both "
+    "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode both "
                          "--repeats 50", "kernels")),
     "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
                                 "--mode graph --repeats 30", "kernels-dtypes")),
@@ -58,8 +58,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "fastnorm": (180, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "130",
                        "--result-dir", str(RESULTS / "fastnorm")]),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
-    "tests-norm": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
-                         "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
+    # (-n 8: pytest-xdist, carried as a wheel; spreads the Triton compiles of the validations over cores)
+    "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p",
+                         "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
                          "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py"]),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
     "tune-approx": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "approx", "--write-tuned",

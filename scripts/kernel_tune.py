@@ -249,7 +249,7 @@ def time_act(dev: torch.device, copy_gbps: float, calls: int, rounds: int, reps:
         gs, us = [t[:, :W] for t in gu], [t[:, W:] for t in gu]
         out = torch.empty((T, W), device=dev, dtype=torch.bfloat16)
         graphs, bad = {}, {}
-        for cap in ("default", "512", "1024", "2048", "4096", "torch"):
+        for cap in ("default", "128", "256", "512", "1024", "2048", "4096", "torch"):
             knobs = {} if cap in ("default", "torch") else {"RLTBENCH_ACT_BLOCK": cap}
             with env(knobs):
                 if cap != "torch":

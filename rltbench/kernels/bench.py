@@ -69,6 +69,9 @@ class BenchConfig:
     cpu_max_tokens: int = CPU_MAX_TOKENS
     cpu_max_width: int = CPU_MAX_WIDTH
     max_sets: int = 256  # input sets per timed replay (beyond it: L2 flush before each sample)
+    # calls per captured graph, cycling over the rotation sets (> 3x L2, so still cold): a replay's
+    # fixed launch cost is spread over this many calls instead of inflating few big ones
+    min_graph_calls: int = 32
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -369,7 +372,10 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     before = ctx.flusher.flush if plan.needs_flush else None
     rounds = max(1, min(10, cfg.repeats))
     reps = max(1, math.ceil(cfg.repeats / rounds))
-    base = {"rotation_sets": plan.sets, "rotated_mb": plan.rotated_bytes / 1e6, "l2_flush": plan.needs_flush}
+    # with an L2 flush per sample each set must be read once per replay; otherwise cycle the sets
+    k = plan.sets if plan.needs_flush else max(plan.sets, cfg.min_graph_calls)
+    base = {"rotation_sets": plan.sets, "rotated_mb": plan.rotated_bytes / 1e6, "l2_flush": plan.needs_flush,
+            "graph_calls": k}
     fields: dict[str, dict[str, Any]] = {a: dict(base) for a in arms}
     samples: list[dict[str, Any]] = []
     ref0 = oc.run(ops_factory("torch", "all"), clone_tree(first))
@@ -380,18 +386,18 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         graphs = {}
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
-            graphs[arm] = timing.GraphCalls(lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i]),
-                                            plan.sets)
-        times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=plan.sets,
+            graphs[arm] = timing.GraphCalls(
+                lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k)
+        times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k,
                                         rounds=rounds, reps=reps, before_sample=before)
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
             f = fields[arm]
             f.update(stats.to_dict("graph_us_"))
             if g.kernel_nodes is not None:  # graph nodes: exact, and no profiler session needed
-                f["graph_kernels_per_call"] = g.kernel_nodes / plan.sets
+                f["graph_kernels_per_call"] = g.kernel_nodes / k
             else:
-                f["graph_kernels_per_call"] = timing.count_kernels_profiler(g.replay, plan.sets)
+                f["graph_kernels_per_call"] = timing.count_kernels_profiler(g.replay, k)
             if arm != PEER_ARM:  # in-place peers rewrite their inputs; their graph check is moot
                 g.replay()
                 torch.cuda.synchronize()

@@ -72,8 +72,12 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
     assert by_arm["exact"]["rotation_sets"] == 3 * 1024 // nbytes + 1
     assert not by_arm["exact"]["l2_flush"]
     graph = FakeGraph.instances[0]
-    firsts = {tuple(o[0].flatten().tolist()) for o in graph.outputs}
-    assert len(firsts) == graph.k  # every captured call read a different input set
+    sets = by_arm["exact"]["rotation_sets"]
+    assert graph.k == by_arm["exact"]["graph_calls"] == max(sets, cfg.min_graph_calls)
+    firsts = [tuple(o[0].flatten().tolist()) for o in graph.outputs]
+    assert len(set(firsts)) == sets  # every set is read, call i reads set i % sets
+    assert all(firsts[i] == firsts[i % sets] for i in range(graph.k))
+    assert len(set(firsts[:sets])) == sets
     for arm, r in by_arm.items():
         assert r["status"] == "ok", r
         assert r["nbytes"] == nbytes
@@ -107,4 +111,5 @@ def test_tiny_inputs_flush_l2(fake_cuda):
                               _ctx(50 * 2**20))
     r = rows[1]
     assert r["rotation_sets"] == 6 and r["l2_flush"] is True
+    assert r["graph_calls"] == 6   # flushed before each sample: each set read once per replay
     assert r["eager_us_median"] != r["eager_us_median"]  # NaN: eager mode was not asked for
