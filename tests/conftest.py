@@ -15,7 +15,11 @@ import pytest
 # Triton decides between interpreter and GPU when a kernel is defined, i.e. at import. Conftests
 # of the folders named on the command line are imported before pytest_configure runs, so decide
 # here, at import of this root conftest, which pytest loads first.
-if "--run-gpu" not in sys.argv:
+# pytest-xdist workers do not see the command line in sys.argv: the controller leaves a mark in
+# the environment they inherit (without it, `-n 8 --run-gpu` ran every GPU test interpreted).
+if "--run-gpu" in sys.argv:
+    os.environ["RLTBENCH_PYTEST_RUN_GPU"] = "1"
+elif os.environ.get("RLTBENCH_PYTEST_RUN_GPU") != "1" or "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
