@@ -20,6 +20,7 @@ echo "suite rc=$?"
 dirs=()
 for s in "$@"; do [ -d "results/gpu/$s" ] && dirs+=("results/gpu/$s"); done
 tar czf "$OUT/gpu.tgz" "${dirs[@]}" results/gpu/suite.json rltbench/tuned_configs
+python3 scripts/slim_triton_cache.py .tcache   # metadata + cubins only: a few MB
 tar czf "$OUT/tcache.tgz" .tcache
 size=$(stat -c %s "$OUT/tcache.tgz")
 if [ "$size" -gt 16000000 ]; then echo "tcache.tgz $size bytes: too big to return"; rm -f "$OUT/tcache.tgz"; fi
