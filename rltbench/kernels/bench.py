@@ -387,7 +387,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
             graphs[arm] = timing.GraphCalls(
-                lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k)
+                lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k, keep_outputs=plan.sets)
         times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k,
                                         rounds=rounds, reps=reps, before_sample=before)
         for arm, g in graphs.items():

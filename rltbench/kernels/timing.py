@@ -180,15 +180,41 @@ class L2Flusher:
         self.buffer.zero_()
 
 
+class OutputWindow:
+    """Which captured calls' outputs stay alive: all of them (``window=None``), or call 0's (for the
+    correctness check) plus the last ``window - 1``. A dropped output's block goes back to the
+    graph's private pool and serves the call ``window`` places later, so outputs rotate over
+    ``window`` buffers the way inputs rotate over their sets, instead of every call writing a fresh
+    buffer (k outputs of a big case are hundreds of MB of addresses no real step touches)."""
+
+    def __init__(self, window: int | None) -> None:
+        if window is not None and window < 1:
+            raise ValueError("window must be >= 1")
+        self.window = window
+        self.kept: list[Any] = []
+        self._recent: list[Any] = []
+
+    def add(self, i: int, out: Any) -> None:
+        if self.window is None or i == 0:
+            self.kept.append(out)
+            return
+        self._recent.append(out)
+        if len(self._recent) > self.window - 1:
+            self._recent.pop(0)   # freed here: the next call may reuse its memory
+
+
 class GraphCalls:
     """`call(i)` for i in range(k) captured into one CUDA graph (each call reads input set i).
 
     Warm-up runs every call eagerly on a side stream first (compiles Triton kernels, settles the
     allocator), so nothing compiles or autotunes during capture. `outputs[i]` holds call i's result
-    tensors, rewritten by every replay (used to check that the captured path is still correct).
+    tensors, rewritten by every replay (used to check that the captured path is still correct);
+    with ``keep_outputs=w`` only ``outputs[0]`` is kept and the outputs rotate over w buffers
+    (OutputWindow).
     """
 
-    def __init__(self, call: Callable[[int], Any], k: int, warmup: int = 2, keep_graph: bool = True):
+    def __init__(self, call: Callable[[int], Any], k: int, warmup: int = 2, keep_graph: bool = True,
+                 keep_outputs: int | None = None):
         if k < 1:
             raise ValueError("k must be >= 1")
         self.k = k
@@ -206,8 +232,11 @@ class GraphCalls:
             self._kept = keep_graph
         except TypeError:  # older torch without keep_graph
             self.graph = torch.cuda.CUDAGraph()
+        window = OutputWindow(keep_outputs)
         with torch.cuda.graph(self.graph):
-            self.outputs = [call(i) for i in range(k)]
+            for i in range(k):
+                window.add(i, call(i))
+        self.outputs = window.kept
         self.kernel_nodes = count_graph_kernels(self.graph) if self._kept else None
         if self._kept and hasattr(self.graph, "instantiate"):
             self.graph.instantiate()

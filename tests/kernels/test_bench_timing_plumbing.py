@@ -19,8 +19,9 @@ MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}
 class FakeGraph:
     instances: list[FakeGraph] = []
 
-    def __init__(self, call, k, warmup=2, keep_graph=True):
+    def __init__(self, call, k, warmup=2, keep_graph=True, keep_outputs=None):
         self.k = k
+        self.keep_outputs = keep_outputs
         self.call = call
         self.outputs = [call(i) for i in range(k)]
         self.kernel_nodes = 3 * k
@@ -74,6 +75,7 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
     graph = FakeGraph.instances[0]
     sets = by_arm["exact"]["rotation_sets"]
     assert graph.k == by_arm["exact"]["graph_calls"] == max(sets, cfg.min_graph_calls)
+    assert graph.keep_outputs == sets   # outputs rotate over as many buffers as the inputs
     firsts = [tuple(o[0].flatten().tolist()) for o in graph.outputs]
     assert len(set(firsts)) == sets  # every set is read, call i reads set i % sets
     assert all(firsts[i] == firsts[i % sets] for i in range(graph.k))
@@ -113,3 +115,31 @@ def test_tiny_inputs_flush_l2(fake_cuda):
     assert r["rotation_sets"] == 6 and r["l2_flush"] is True
     assert r["graph_calls"] == 6   # flushed before each sample: each set read once per replay
     assert r["eager_us_median"] != r["eager_us_median"]  # NaN: eager mode was not asked for
+
+
+def test_output_window_rotates_buffers() -> None:
+    """Call 0's output is kept for the check; of the rest only the last window - 1 stay alive, so
+    call i can reuse the memory of call i - window (freed just before it runs)."""
+    import gc
+    import weakref
+
+    class Out:
+        pass
+
+    win = timing.OutputWindow(3)
+    refs = []
+    for i in range(8):
+        o = Out()
+        refs.append(weakref.ref(o))
+        win.add(i, o)
+        del o
+        gc.collect()
+        alive = [j for j, r in enumerate(refs) if r() is not None]
+        assert alive == [0] + list(range(max(1, i - 1), i + 1)), (i, alive)
+    assert len(win.kept) == 1
+    keep_all = timing.OutputWindow(None)
+    for i in range(4):
+        keep_all.add(i, i)
+    assert keep_all.kept == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        timing.OutputWindow(0)
