@@ -305,7 +305,9 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
     out: dict[str, dict[str, Any]] = {}
     totals: dict[str, float] = {}
     for r in exact:
-        if r["config"] not in ("torch", FLOOR) and "-pdl" not in r["config"] and r["tokens"] <= 128:
+        # PDL configurations are informational: the decode-step profile decides the ``pdl`` section
+        pdl_on = EXACT_CONFIGS.get(r["config"], {}).get("RLTBENCH_PDL", "0") != "0"
+        if r["config"] not in ("torch", FLOOR) and not pdl_on and r["tokens"] <= 128:
             totals[r["config"]] = totals.get(r["config"], 0.0) + r["median_us"]
     if totals:
         best = min(totals, key=totals.__getitem__)

@@ -36,8 +36,8 @@ def _gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _gemm_inputs(T: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """src [T, 1024] and a [1024, n] bf16: src @ a is the producer GEMM (~ms-scale work is not
-    needed: any in-flight predecessor exposes a missing wait as stale reads)."""
+    """src [T, 1024] and a [1024, n] bf16: src @ a is the producer GEMM whose output the PDL kernel
+    reads; without the wait it could read that buffer before the GEMM has written it."""
     src = torch.randn(T, 1024, generator=gen, device="cuda").to(torch.bfloat16)
     a = (torch.randn(1024, n, generator=gen, device="cuda") / 32).to(torch.bfloat16)
     return src, a
@@ -113,15 +113,11 @@ def test_pdl_silu_and_rope_read_the_gemm_output(mode: int, monkeypatch: pytest.M
     slots = torch.tensor([3, 17, 40, 41], device="cuda")
     qo2 = torch.empty_like(qo)
 
-    def views():
-        q, k, v = qkv.view(T, 3, H, D).unbind(1)
-        return q, k, v
-
     def capture():
         torch.matmul(src, a, out=gu)
         silu_mul_exact_rows(gu[:, :inter], gu[:, inter:], act)
         torch.matmul(src2, a2, out=qkv)
-        q, k, v = views()
+        q, k, v = qkv.view(T, 3, H, D).unbind(1)
         rope_exact("neox", q, k, cos, sin, qo, ko)
         rope_neox_store_exact(q, k, v, cos, sin, qo2, k_cache, v_cache, slots)   # PDL after PDL
         return act, qo, ko, qo2, k_cache, v_cache
