@@ -44,6 +44,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode both "
                          "--repeats 50", "kernels")),
+    # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
+    "kernels-approx": (90, rlt("kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "
+                               "--repeats 50", "kernels-approx")),
     "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
                                 "--mode graph --repeats 30", "kernels-dtypes")),
     "onelaunch": (120, [PY, "-c", "import json, pathlib; from rltbench.kernels.norm_onelaunch import "

@@ -2,11 +2,14 @@
 """GPU tuning of the fused kernels' launch knobs, correctness first, in one run directory.
 
 1. Exact one-launch norm: the general kernel and the fast kernel (norm_onelaunch_fast.py) with
-   1/2/4/8 warps and Triton's warp reduction on/off. Every configuration is first compared with
-   torch bit for bit on adversarial rows (all forms, every reduction plan: the validation cases);
-   a configuration with any mismatch is reported and not timed. Then CUDA-graph latency per call
-   (graphs of `calls` calls rotating over input sets; > 3x L2 for large T) of the single norm and
-   the fused norm-add-norm at widths 2048/5280 and T = 1..4096, configurations interleaved.
+   4/8 warps, and 2/4/8 warps with the weight loads pinned ahead of the input loads (PIN);
+   with --pdl also programmatic dependent launch. Hot L2 at decode sizes (activations were just
+   written by the previous kernel), the one-element-kernel floor beside. Every configuration is
+   first compared with torch bit for bit on adversarial rows (all forms, every reduction plan:
+   the validation cases); a configuration with any mismatch is reported and not timed. Then
+   CUDA-graph latency per call (graphs of `calls` calls rotating over input sets; > 3x L2 for
+   large T) of the single norm and the fused norm-add-norm at widths 2048/5280 and T = 1..4096,
+   configurations interleaved.
 2. Approx norm at T=4096 (cold L2): rows per program x warps, GB/s and % of a copy measured in
    the same run.
 3. Exact SiLU*up: column tile per program (RLTBENCH_ACT_BLOCK) at T = 1, 8, 4096, bitwise checked.
@@ -45,15 +48,22 @@ from rltbench.results import RunDir
 
 EPS = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
+def _fast(warps: int, pin: bool, pdl: int = 0) -> dict[str, str]:
+    return {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(warps), "RLTBENCH_NORM_TREE_SUM": "0",
+            "RLTBENCH_NORM_FAST_PIN": "1" if pin else "0", "RLTBENCH_PDL": str(pdl)}
+
+
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
-    **{f"fast-w{w}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(w),
-                      "RLTBENCH_NORM_TREE_SUM": "0", "RLTBENCH_PDL": "0"} for w in (4, 8)},
-    # programmatic dependent launch (pdl.py): back-to-back calls overlap launch and weight loads;
-    # informational here (the decode-step profile decides the tuned ``pdl`` section)
-    **{f"fast-w8-pdl{m}": {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": "8",
-                           "RLTBENCH_NORM_TREE_SUM": "0", "RLTBENCH_PDL": str(m)} for m in (1, 2)},
+    **{f"fast-w{w}": _fast(w, False) for w in (4, 8)},
+    # a barrier between the weight loads and the input loads, so ptxas cannot sink the weight loads
+    # below the sum of squares (norm_onelaunch_fast.pin_loads); a one-warp CTA cannot pin (ptxas
+    # knows its bar.sync orders nothing)
+    **{f"fast-w{w}-pin": _fast(w, True) for w in (2, 4, 8)},
 }
+# programmatic dependent launch (pdl.py, --pdl): back-to-back calls overlap launch and weight loads;
+# informational (the decode-step profile decides the tuned ``pdl`` section)
+PDL_CONFIGS: dict[str, dict[str, str]] = {f"fast-w8-pdl{m}": _fast(8, False, m) for m in (1, 2)}
 # per-call cost of the smallest possible kernel in the same harness (one program loads and stores one
 # element): the floor under any T=1 latency measured here
 FLOOR = "floor (1-element kernel)"
@@ -315,6 +325,7 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
         out["norm_fast"] = {"enabled": knobs.get("RLTBENCH_NORM_FAST") != "0",
                             "warps": int(knobs.get("RLTBENCH_NORM_FAST_WARPS", 4)),
                             "tree_sum": knobs.get("RLTBENCH_NORM_TREE_SUM", "0") != "0",
+                            "pin": knobs.get("RLTBENCH_NORM_FAST_PIN", "0") != "0",
                             "summed_us": {k: round(v, 3) for k, v in totals.items()}}
     pct: dict[str, list[float]] = {}
     for r in approx:
@@ -349,9 +360,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--parts", default="exact,approx,act",
                     help="comma list of exact (one-launch norm), approx (approx norm), act (exact SiLU*up)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also time the fast norm with programmatic dependent launch (informational)")
     ap.add_argument("--write-tuned", action="store_true",
                     help="write the best knobs to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)")
     args = ap.parse_args()
+    if args.pdl:
+        EXACT_CONFIGS.update(PDL_CONFIGS)
     if not torch.cuda.is_available():
         print("kernel_tune.py needs a CUDA GPU", file=sys.stderr)
         return 2
