@@ -47,6 +47,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
     "kernels-approx": (90, rlt("kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "
                                "--repeats 50", "kernels-approx")),
+    # the same approx kernel in the tuner's and the sweep's harness variants, interleaved
+    "approx-harness": (120, [PY, str(ROOT / "scripts" / "diagnose_approx_harness.py"), "--result-dir",
+                             str(RESULTS / "approx-harness")]),
     "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
                                 "--mode graph --repeats 30", "kernels-dtypes")),
     "onelaunch": (120, [PY, "-c", "import json, pathlib; from rltbench.kernels.norm_onelaunch import "
@@ -58,6 +61,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "tune": (300, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
                    "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
     # the fast one-launch norm case by case (token count, layout, TREE_SUM) and validate() per dtype/width
+    # T=1 only: the exact norm's configurations beside the floor, row-I/O and approx-norm ladder
+    "tune-t1": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "exact", "--widths", "2048",
+                      "--tokens", "1", "--result-dir", str(RESULTS / "tune-t1")]),
     "fastnorm": (180, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "130",
                        "--result-dir", str(RESULTS / "fastnorm")]),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file

@@ -2,8 +2,7 @@
 """GPU tuning of the fused kernels' launch knobs, correctness first, in one run directory.
 
 1. Exact one-launch norm: the general kernel and the fast kernel (norm_onelaunch_fast.py) with
-   4/8 warps, and 2/4/8 warps with the weight loads pinned ahead of the input loads (PIN);
-   with --pdl also programmatic dependent launch. Hot L2 at decode sizes (activations were just
+   2/4/8 warps; with --pdl also programmatic dependent launch. Hot L2 at decode sizes (activations were just
    written by the previous kernel), the one-element-kernel floor beside. Every configuration is
    first compared with torch bit for bit on adversarial rows (all forms, every reduction plan:
    the validation cases); a configuration with any mismatch is reported and not timed. Then
@@ -33,6 +32,7 @@ import triton.language as tl
 
 from rltbench import tuned
 from rltbench.kernels import norm_onelaunch as nol
+from rltbench.kernels import norm_onelaunch_fast as fast
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_exact import silu_mul_exact_rows
 from rltbench.kernels.norm_approx import rms_norm_approx_rows
@@ -48,25 +48,27 @@ from rltbench.results import RunDir
 
 EPS = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
-def _fast(warps: int, pin: bool, pdl: int = 0) -> dict[str, str]:
+def _fast(warps: int, pdl: int = 0) -> dict[str, str]:
     return {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(warps), "RLTBENCH_NORM_TREE_SUM": "0",
-            "RLTBENCH_NORM_FAST_PIN": "1" if pin else "0", "RLTBENCH_PDL": str(pdl)}
+            "RLTBENCH_PDL": str(pdl)}
 
 
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
-    **{f"fast-w{w}": _fast(w, False) for w in (4, 8)},
-    # a barrier between the weight loads and the input loads, so ptxas cannot sink the weight loads
-    # below the sum of squares (norm_onelaunch_fast.pin_loads); a one-warp CTA cannot pin (ptxas
-    # knows its bar.sync orders nothing)
-    **{f"fast-w{w}-pin": _fast(w, True) for w in (2, 4, 8)},
+    **{f"fast-w{w}": _fast(w) for w in (2, 4, 8)},
 }
 # programmatic dependent launch (pdl.py, --pdl): back-to-back calls overlap launch and weight loads;
 # informational (the decode-step profile decides the tuned ``pdl`` section)
-PDL_CONFIGS: dict[str, dict[str, str]] = {f"fast-w8-pdl{m}": _fast(8, False, m) for m in (1, 2)}
+PDL_CONFIGS: dict[str, dict[str, str]] = {f"fast-w8-pdl{m}": _fast(8, m) for m in (1, 2)}
 # per-call cost of the smallest possible kernel in the same harness (one program loads and stores one
 # element): the floor under any T=1 latency measured here
 FLOOR = "floor (1-element kernel)"
+# the ladder between that floor and the exact norm at T=1: the norm's row I/O alone (load x and w,
+# store x*w: no reduction) and the approx norm (Triton's own one-pass reduction); where the exact
+# kernel's time goes, and what any single-launch T=1 norm costs in this harness
+ROW_IO = "row I/O (x*w, no reduction)"
+APPROX_T1 = "approx norm"
+REFERENCE_ROWS = ("torch", FLOOR, ROW_IO, APPROX_T1)
 SAME_SIZE_COPY = "same-size copy"   # reference row of the approx table, not a kernel configuration
 # approx norm: one program per row block (rows x warps), or the persistent kernel (programs per SM
 # x software-pipeline stages x warps)
@@ -157,6 +159,27 @@ def _floor_call(xs: list[torch.Tensor], o: torch.Tensor) -> Any:
     return lambda i: _one_element_kernel[(1,)](xs[i % n], o, num_warps=1)
 
 
+@triton.jit
+def _row_io_kernel(x_ptr, w_ptr, o_ptr, W, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    m = cols < W
+    x = tl.load(x_ptr + cols, mask=m, other=0.0)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0)
+    tl.store(o_ptr + cols, x * w, mask=m)
+
+
+def _ladder_calls(xs: list[torch.Tensor], w: torch.Tensor, o: torch.Tensor) -> dict[str, Any]:
+    """One-row kernels timed beside the exact norm at T=1 (FLOOR, ROW_IO, APPROX_T1)."""
+    n, W = len(xs), xs[0].shape[-1]
+    warps = fast.num_warps_for(512, False)   # as the fast exact norm's 512-lane rows
+    return {
+        FLOOR: _floor_call(xs, o),
+        ROW_IO: lambda i: _row_io_kernel[(1,)](xs[i % n], w, o, W, BLOCK=triton.next_power_of_2(W),
+                                               num_warps=warps),
+        APPROX_T1: lambda i: rms_norm_approx_rows(xs[i % n], w, EPS, o),
+    }
+
+
 def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[str], calls: int,
                rounds: int, reps: int) -> list[dict[str, Any]]:
     """Latency per call of the single norm and the norm-add-norm for each passing configuration."""
@@ -177,15 +200,16 @@ def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[
                     with env(EXACT_CONFIGS.get(name, {})):
                         graphs[name] = GraphCalls(fn, calls)
                 if T == 1 and op == "norm":
-                    graphs[FLOOR] = GraphCalls(_floor_call(xs, o), calls)
+                    for name, fn in _ladder_calls(xs, w1, o).items():
+                        graphs[name] = GraphCalls(fn, calls)
                 samples = time_interleaved({n: gc.replay for n, gc in graphs.items()}, calls=calls,
                                            rounds=rounds, reps=reps)
                 for name, s in samples.items():
                     st = summarize(s)
                     rows.append({"width": W, "tokens": T, "op": op, "config": name, "median_us": st.median,
                                  "p10_us": st.p10, "p90_us": st.p90, "sets": n_sets,
-                                 "path": name if name in ("torch", "general", FLOOR) else "fast"})
-                best = min((r for r in rows[-len(samples):] if r["config"] not in ("torch", FLOOR)),
+                                 "path": name if name in ("general", *REFERENCE_ROWS) else "fast"})
+                best = min((r for r in rows[-len(samples):] if r["config"] not in REFERENCE_ROWS),
                            key=lambda r: r["median_us"], default=None)
                 if best:
                     print(f"w{W} T{T} {op}: best {best['config']} {best['median_us']:.2f} us", flush=True)
@@ -317,7 +341,7 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
     for r in exact:
         # PDL configurations are informational: the decode-step profile decides the ``pdl`` section
         pdl_on = EXACT_CONFIGS.get(r["config"], {}).get("RLTBENCH_PDL", "0") != "0"
-        if r["config"] not in ("torch", FLOOR) and not pdl_on and r["tokens"] <= 128:
+        if r["config"] not in REFERENCE_ROWS and not pdl_on and r["tokens"] <= 128:
             totals[r["config"]] = totals.get(r["config"], 0.0) + r["median_us"]
     if totals:
         best = min(totals, key=totals.__getitem__)
@@ -325,7 +349,6 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
         out["norm_fast"] = {"enabled": knobs.get("RLTBENCH_NORM_FAST") != "0",
                             "warps": int(knobs.get("RLTBENCH_NORM_FAST_WARPS", 4)),
                             "tree_sum": knobs.get("RLTBENCH_NORM_TREE_SUM", "0") != "0",
-                            "pin": knobs.get("RLTBENCH_NORM_FAST_PIN", "0") != "0",
                             "summed_us": {k: round(v, 3) for k, v in totals.items()}}
     pct: dict[str, list[float]] = {}
     for r in approx:

@@ -126,19 +126,9 @@ def _sq_of(v, m, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _pin(PIN: tl.constexpr, INTERPRET: tl.constexpr):
-    """A barrier after a group of loads (pin_loads() says why): after the weights (before a PDL
-    wait, which must precede the activation loads) and after the activations (the residual, read
-    only at the end, would otherwise be sunk below the reductions too)."""
-    if PIN and not INTERPRET:
-        tl.debug_barrier()
-
-
-@triton.jit
 def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nvec, eps, factor,
                          STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, G: tl.constexpr,
-                         WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr,
-                         PIN: tl.constexpr):
+                         WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """Norm-add-norm of a row that one pass of the lanes covers (ITERS == 1, e.g. width 2048 at 512
     lanes: Ouro's decode rows): a, r, w1 and w2 are loaded once, up front, so no load waits behind
     the two reductions (w2 was a cold-cache load after both in the looped form), and h never
@@ -149,11 +139,9 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
     m = (lane < nvec) & (i < 4)
     w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)   # weights: written by no kernel, read before the wait
     w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
-    _pin(PIN, INTERPRET)
     pdl_wait(PDL)
     a = load_f32(a_row + cols, m, DT, INTERPRET)
     r = load_f32(r_row + cols, m, DT, INTERPRET)
-    _pin(PIN, INTERPRET)
     var1, rstd1 = _rstd(_fast_tree(_sq_of(a, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
                         INTERPRET)
     y1 = round_to(mul_rn(w1, round_to(mul_rn(a, rstd1, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
@@ -171,8 +159,7 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
 @triton.jit
 def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, factor, MODE: tl.constexpr,
                     HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
-                    G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr,
-                    PIN: tl.constexpr):
+                    G: tl.constexpr, WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """Single norm of a row one pass of the lanes covers (ITERS == 1: Ouro's and Huginn's decode
     rows at 512 lanes): x (b), w and r are all loaded before the reduction, so the weight and
     residual loads overlap it instead of following it, and x is not read twice. Same operations in
@@ -182,12 +169,10 @@ def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, fac
     cols = lane * 4 + i
     m = (lane < nvec) & (i < 4)
     w = load_f32(w_ptr + cols, m, DT, INTERPRET)     # the weight is read before the wait
-    _pin(PIN, INTERPRET)
     pdl_wait(PDL)
     v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
     if HAS_R:
         r = load_f32(r_row + cols, m, DT, INTERPRET)
-        _pin(PIN, INTERPRET)
     var, rstd = _rstd(_fast_tree(_sq_of(v, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
                       INTERPRET)
     if STORE_VAR:
@@ -202,8 +187,7 @@ def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, fac
 def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                       MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                       INTERPRET: tl.constexpr, G: tl.constexpr, ITERS: tl.constexpr,
-                      WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr,
-                      PIN: tl.constexpr):
+                      WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """One row per program; MODE 0 normalises x, MODE 1 round(x + b); HAS_R adds the residual.
     PDL (pdl.py): reads of x, b, r wait for the previous kernels; one-pass rows load w first."""
     row = tl.program_id(0).to(tl.int64)
@@ -212,7 +196,7 @@ def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, s
     nvec = N // 4
     if ITERS == 1:
         _fast_norm_row1(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, var_ptr + row, nvec, eps,
-                        factor, MODE, HAS_R, STORE_VAR, DT, INTERPRET, G, WARP_DOWN, TREE_SUM, PDL, PIN)
+                        factor, MODE, HAS_R, STORE_VAR, DT, INTERPRET, G, WARP_DOWN, TREE_SUM, PDL)
     else:
         pdl_wait(PDL)
         total = _fast_sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, G, ITERS, WARP_DOWN,
@@ -233,7 +217,7 @@ def _fast_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, s
 def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                            STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                            G: tl.constexpr, ITERS: tl.constexpr, WARP_DOWN: tl.constexpr,
-                           TREE_SUM: tl.constexpr, PDL: tl.constexpr, PIN: tl.constexpr):
+                           TREE_SUM: tl.constexpr, PDL: tl.constexpr):
     """h = r + rms_norm(a, w1); y = rms_norm(h, w2); the second sum recomputes h in its order."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
@@ -242,7 +226,7 @@ def _fast_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, 
     if ITERS == 1:
         _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N,
                              var_ptr + row * 2, nvec, eps, factor, STORE_VAR, DT, INTERPRET, G, WARP_DOWN,
-                             TREE_SUM, PDL, PIN)
+                             TREE_SUM, PDL)
     else:
         pdl_wait(PDL)
         t1 = _fast_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, G, ITERS, WARP_DOWN,
@@ -283,18 +267,6 @@ def tree_sum_default(interpret: bool) -> bool:
     return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_TREE_SUM", "norm_fast", "tree_sum", False))
 
 
-def pin_loads(interpret: bool) -> bool:
-    """Barriers that keep a one-pass row's loads ahead of its reductions (``RLTBENCH_NORM_FAST_PIN`` /
-    tuned ``pin``). ptxas otherwise sinks the loads whose values are needed late (the weights, the
-    residual) below the sum of squares, so their latency is paid after the reduction instead of
-    under it (sm_90 SASS: the weight LDGs issued after the squares, just before the first
-    cross-warp exchange; the residual's after the warp shuffles). A memory op does not cross
-    ``bar.sync``, so every load is in flight before the first square; a barrier does not wait for
-    outstanding loads, it costs a few cycles (tests/kernels/test_onelaunch_ptx.py checks the SASS).
-    With one warp per program the barrier orders nothing (ptxas sees .reqntid 32) and pins nothing."""
-    return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_FAST_PIN", "norm_fast", "pin", False))
-
-
 def num_warps_for(lanes: int, interpret: bool) -> int:
     """Warps per program for the 512-lane plan from ``RLTBENCH_NORM_FAST_WARPS``, else the device's
     tuned file, else lanes / 128; narrower plans scale down (at least a warp of lanes each)."""
@@ -320,8 +292,7 @@ def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps
         x, b, r, w, out, var, width, sx, sb, sr, eps, factor,
         MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
         ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
-        PIN=pin_loads(interpret), num_warps=num_warps_for(lanes, interpret),
-        **launch_kwargs(mode_for(x, interpret)),
+        num_warps=num_warps_for(lanes, interpret), **launch_kwargs(mode_for(x, interpret)),
     )  # fmt: skip
 
 
@@ -332,8 +303,7 @@ def launch_norm_norm(a, r, w1, w2, h, y, var, width: int, sa: int, sr: int, eps:
         a, r, w1, w2, h, y, var, width, sa, sr, eps, factor,
         STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
         ITERS=triton.cdiv(width // 4, lanes), WARP_DOWN=warp_down, TREE_SUM=tree_sum_default(interpret),
-        PIN=pin_loads(interpret), num_warps=num_warps_for(lanes, interpret),
-        **launch_kwargs(mode_for(a, interpret)),
+        num_warps=num_warps_for(lanes, interpret), **launch_kwargs(mode_for(a, interpret)),
     )  # fmt: skip
 
 
