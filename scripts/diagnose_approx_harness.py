@@ -40,7 +40,8 @@ def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, G
     """The captured graphs: name -> GraphCalls, plus the number of input sets and bytes per call."""
     case = Case("rmsnorm", "bf16", W, T)
     oc = op_case("rmsnorm")
-    cfg = BenchConfig()
+    cfg = BenchConfig(ops=["rmsnorm"], tokens=[T], dtypes=["bf16"], widths=[W], arms=["approx"],
+                      modes=["graph"])
     first = make_inputs(case, dev, cfg.seed, 0)
     nbytes = int(oc.bytes_moved(first))
     n = rotation_sets(nbytes, l2_cache_bytes(dev), max_sets=cfg.max_sets).sets
