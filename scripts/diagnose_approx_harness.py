@@ -59,6 +59,14 @@ def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, G
         "sweep inputs, preallocated outputs": GraphCalls(
             lambda i: rms_norm_approx_rows(sweep_sets[i % n]["x"], sweep_sets[i % n]["w"], EPS, outs[i % n]),
             calls),
+        # which part of the sweep's inputs: its x with the tuner's one weight, the tuner's x with its
+        # weights (one per set, values near 1)
+        "sweep x, tuner weight": GraphCalls(
+            lambda i: rms_norm_approx_rows(sweep_sets[i % n]["x"], w, EPS, outs[i % n]), calls),
+        "tuner x, sweep weights": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], sweep_sets[i % n]["w"], EPS, outs[i % n]), calls),
+        "tuner x, one sweep weight": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], sweep_sets[0]["w"], EPS, outs[i % n]), calls),
         # the tuner's inputs through the arm's Ops (output allocated in the graph), outputs rotating
         "tuner inputs, Ops (graph-pool outputs, window n)": GraphCalls(
             lambda i: ops.rms_norm(xs[i % n], w, EPS), calls, keep_outputs=n),
