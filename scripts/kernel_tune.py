@@ -2,8 +2,9 @@
 """GPU tuning of the fused kernels' launch knobs, correctness first, in one run directory.
 
 1. Exact one-launch norm: the general kernel and the fast kernel (norm_onelaunch_fast.py) with
-   2/4/8 warps; with --pdl also programmatic dependent launch. Hot L2 at decode sizes (activations were just
-   written by the previous kernel), the one-element-kernel floor beside. Every configuration is
+   2/4/8 warps, and its low-warp layout (norm_onelaunch_lowwarp.py); with --pdl also programmatic
+   dependent launch. Hot L2 at decode sizes (activations were just written by the previous
+   kernel), the one-element-kernel floor beside. Every configuration is
    first compared with torch bit for bit on adversarial rows (all forms, every reduction plan:
    the validation cases); a configuration with any mismatch is reported and not timed. Then
    CUDA-graph latency per call (graphs of `calls` calls rotating over input sets; > 3x L2 for
@@ -48,14 +49,20 @@ from rltbench.results import RunDir
 
 EPS = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
-def _fast(warps: int, pdl: int = 0) -> dict[str, str]:
+def _fast(warps: int, pdl: int = 0, lowwarp: str = "") -> dict[str, str]:
+    """The fast exact norm's knobs; lowwarp "sum" / "halve": the low-warp layout for its 128-512 lane
+    plans with Triton's reduction / explicit halvings for the (h, w) levels."""
     return {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(warps), "RLTBENCH_NORM_TREE_SUM": "0",
-            "RLTBENCH_PDL": str(pdl)}
+            "RLTBENCH_PDL": str(pdl), "RLTBENCH_NORM_LOWWARP": "1" if lowwarp else "0",
+            "RLTBENCH_NORM_LOWWARP_TLSUM": "1" if lowwarp == "sum" else "0"}
 
 
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": _fast(w) for w in (2, 4, 8)},
+    # torch's lowest lane bits on the warps (norm_onelaunch_lowwarp): one exchange per reduction
+    "lowwarp": _fast(4, lowwarp="sum"),
+    "lowwarp-halve": _fast(4, lowwarp="halve"),
 }
 # programmatic dependent launch (pdl.py, --pdl): back-to-back calls overlap launch and weight loads;
 # informational (the decode-step profile decides the tuned ``pdl`` section)
@@ -168,6 +175,13 @@ def _row_io_kernel(x_ptr, w_ptr, o_ptr, W, BLOCK: tl.constexpr):
     tl.store(o_ptr + cols, x * w, mask=m)
 
 
+def _path(config: str) -> str:
+    """The kernel a timed row ran: a reference row's own name, general, lowwarp or fast."""
+    if config in ("general", *REFERENCE_ROWS):
+        return config
+    return "lowwarp" if config.startswith("lowwarp") else "fast"
+
+
 def _ladder_calls(xs: list[torch.Tensor], w: torch.Tensor, o: torch.Tensor) -> dict[str, Any]:
     """One-row kernels timed beside the exact norm at T=1 (FLOOR, ROW_IO, APPROX_T1)."""
     n, W = len(xs), xs[0].shape[-1]
@@ -208,7 +222,7 @@ def time_exact(dev: torch.device, widths: list[int], tokens: list[int], ok: set[
                     st = summarize(s)
                     rows.append({"width": W, "tokens": T, "op": op, "config": name, "median_us": st.median,
                                  "p10_us": st.p10, "p90_us": st.p90, "sets": n_sets,
-                                 "path": name if name in ("general", *REFERENCE_ROWS) else "fast"})
+                                 "path": _path(name)})
                 best = min((r for r in rows[-len(samples):] if r["config"] not in REFERENCE_ROWS),
                            key=lambda r: r["median_us"], default=None)
                 if best:
@@ -349,6 +363,8 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
         out["norm_fast"] = {"enabled": knobs.get("RLTBENCH_NORM_FAST") != "0",
                             "warps": int(knobs.get("RLTBENCH_NORM_FAST_WARPS", 4)),
                             "tree_sum": knobs.get("RLTBENCH_NORM_TREE_SUM", "0") != "0",
+                            "lowwarp": knobs.get("RLTBENCH_NORM_LOWWARP", "0") != "0",
+                            "lowwarp_tl_sum": knobs.get("RLTBENCH_NORM_LOWWARP_TLSUM", "0") != "0",
                             "summed_us": {k: round(v, 3) for k, v in totals.items()}}
     pct: dict[str, list[float]] = {}
     for r in approx:

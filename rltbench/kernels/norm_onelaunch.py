@@ -450,6 +450,7 @@ class ValidationResult:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     lanes_covered: list[int] = field(default_factory=list)
     fast_path: str = ""            # the fast kernel (norm_onelaunch_fast): "" = validated or unused
+    fast_layout: str = ""          # which fast layouts served the cases ("" = the general kernel)
     triton_version: str = triton.__version__
     allocator_backend: str = ""
     seconds: float = 0.0
@@ -567,7 +568,11 @@ def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: in
     """_run_cases; the fast kernel is trusted only on its own record, so when it served the cases and
     failed (a mismatch or an error) the width is taken off it (res.fast_path says why) and the cases
     run again on the general kernel."""
+    from rltbench.kernels import norm_onelaunch_lowwarp as lowwarp
+
     fast_used = key not in _FAST_OFF and kernel_path(width, 1, device, order) == "fast"
+    if fast_used:
+        res.fast_layout = "lowwarp (128-512 lanes), fast (32-64)" if lowwarp.enabled() else "fast"
     try:
         out = _run_cases(device, dtype, width, seed, tokens, order)
         if not (fast_used and out[2]):
@@ -578,6 +583,7 @@ def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: in
             raise
         why = f"{type(exc).__name__}: {str(exc)[:300]}"
     res.fast_path = f"refused: {why}"
+    res.fast_layout = ""
     _FAST_OFF.add(key)
     return _run_cases(device, dtype, width, seed, tokens, order)
 

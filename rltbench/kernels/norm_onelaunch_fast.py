@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
+from rltbench.kernels import norm_onelaunch_lowwarp as lowwarp
 from rltbench.kernels.norm_onelaunch import (
     MODE_ADD,
     MODE_X,
@@ -267,6 +268,11 @@ def tree_sum_default(interpret: bool) -> bool:
     return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_TREE_SUM", "norm_fast", "tree_sum", False))
 
 
+def variant(width: int, lanes: int, warp_down: bool) -> str:
+    """Which fast layout serves a plan: "lowwarp" (norm_onelaunch_lowwarp) or "fast" (this file)."""
+    return "lowwarp" if lowwarp.enabled() and lowwarp.supports(width, lanes, warp_down) else "fast"
+
+
 def num_warps_for(lanes: int, interpret: bool) -> int:
     """Warps per program for the 512-lane plan from ``RLTBENCH_NORM_FAST_WARPS``, else the device's
     tuned file, else lanes / 128; narrower plans scale down (at least a warp of lanes each)."""
@@ -287,7 +293,12 @@ def supports(width: int, lanes: int, warp_down: bool) -> bool:
 def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps: float, factor: float,
                 lanes: int, mode: int, has_r: bool, store_var: bool, dt: int, interpret: bool,
                 warp_down: bool) -> None:
-    """Launch the fast single norm over x.shape[0] rows (arguments as the general kernel)."""
+    """Launch the fast single norm over x.shape[0] rows (arguments as the general kernel); the
+    low-warp layout (norm_onelaunch_lowwarp) where it is on and takes the plan."""
+    if lowwarp.enabled() and lowwarp.supports(width, lanes, warp_down):
+        lowwarp.launch_norm(x, b, r, w, out, var, width, sx, sb, sr, eps, factor, lanes, mode, has_r,
+                            store_var, dt, interpret)
+        return
     _fast_norm_kernel[(x.shape[0],)](
         x, b, r, w, out, var, width, sx, sb, sr, eps, factor,
         MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
@@ -298,7 +309,11 @@ def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps
 
 def launch_norm_norm(a, r, w1, w2, h, y, var, width: int, sa: int, sr: int, eps: float, factor: float,
                      lanes: int, store_var: bool, dt: int, interpret: bool, warp_down: bool) -> None:
-    """Launch the fast fused norm-add-norm over a.shape[0] rows."""
+    """Launch the fast fused norm-add-norm over a.shape[0] rows (low-warp layout as launch_norm)."""
+    if lowwarp.enabled() and lowwarp.supports(width, lanes, warp_down):
+        lowwarp.launch_norm_norm(a, r, w1, w2, h, y, var, width, sa, sr, eps, factor, lanes, store_var, dt,
+                                 interpret)
+        return
     _fast_norm_norm_kernel[(a.shape[0],)](
         a, r, w1, w2, h, y, var, width, sa, sr, eps, factor,
         STORE_VAR=store_var, DT=dt, INTERPRET=interpret, G=lanes // 32,
