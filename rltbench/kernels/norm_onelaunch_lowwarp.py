@@ -18,6 +18,10 @@ language guarantee, so (as for every kernel here) the start-up validation compar
 on the GPU before it is trusted; under the interpreter the same tree is written out as explicit
 size-2 halvings and the CPU tests compare it with torch_reduce_model bit for bit.
 
+A one-pass row (ITERS == 1: T=1 rows at widths up to 2048) loads its weight, input (and residual)
+up front as volatile loads, which ptxas keeps in program order: with plain loads it issued the
+weight loads in the middle of the warp shuffles, so their latency followed the reduction.
+
 Shapes: width % 4 == 0 (16-byte aligned fp32 rows in torch's temporary, as the fast kernel), lanes
 128, 256 or 512 (four warps of lanes; narrower plans keep the fast kernel), at most MAX_ITERS
 vectors per lane.
@@ -29,7 +33,7 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
-from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _sq, _vals
+from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _sq
 from rltbench.kernels.pdl import launch_kwargs, mode_for
 from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
@@ -74,6 +78,17 @@ def _tree(acc, R: tl.constexpr, TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _load_early(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """load_f32 as a volatile load on the GPU: ptxas keeps volatile accesses in program order, so a
+    one-pass row's weight load (first in the source) is issued before its input load instead of
+    being sunk below the sum of squares."""
+    if INTERPRET:
+        return load_f32(ptrs, m, DT, INTERPRET)
+    else:
+        return tl.load(ptrs, mask=m, other=0.0, volatile=True).to(tl.float32)
+
+
+@triton.jit
 def _sq_of(v, m, INTERPRET: tl.constexpr):
     return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
 
@@ -115,11 +130,13 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
     if ITERS == 1:
         cols = lane * 4 + i
         m = (lane < nvec) & (i < 4)
-        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+        w = _load_early(w_ptr + cols, m, DT, INTERPRET)
         pdl_wait(PDL)
-        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+        v = _load_early(x_row + cols, m, DT, INTERPRET)
+        if MODE == 1:
+            v = round_to(add_rn(v, _load_early(b_row + cols, m, DT, INTERPRET), INTERPRET), DT, INTERPRET)
         if HAS_R:
-            r = load_f32(r_row + cols, m, DT, INTERPRET)
+            r = _load_early(r_row + cols, m, DT, INTERPRET)
         var, rstd = _rstd(_tree(_sq_of(v, m, INTERPRET), R, TL_SUM, INTERPRET), factor, eps, INTERPRET)
         y = _scaled(v, w, rstd, DT, INTERPRET)
         if HAS_R:
