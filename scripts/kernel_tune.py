@@ -2,8 +2,8 @@
 """GPU tuning of the fused kernels' launch knobs, correctness first, in one run directory.
 
 1. Exact one-launch norm: the general kernel and the fast kernel (norm_onelaunch_fast.py) with
-   2/4/8 warps, and its low-warp layout (norm_onelaunch_lowwarp.py); with --pdl also programmatic
-   dependent launch. Hot L2 at decode sizes (activations were just written by the previous
+   4/8 warps, and its low-warp layout (norm_onelaunch_lowwarp.py) at 4/8/16 warps; with --pdl
+   also programmatic dependent launch. Hot L2 at decode sizes (activations were just written by the previous
    kernel), the one-element-kernel floor beside. Every configuration is
    first compared with torch bit for bit on adversarial rows (all forms, every reduction plan:
    the validation cases); a configuration with any mismatch is reported and not timed. Then
@@ -50,19 +50,20 @@ from rltbench.results import RunDir
 EPS = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
 def _fast(warps: int, pdl: int = 0, lowwarp: str = "") -> dict[str, str]:
-    """The fast exact norm's knobs; lowwarp "sum" / "halve": the low-warp layout for its 128-512 lane
-    plans with Triton's reduction / explicit halvings for the (h, w) levels."""
+    """The fast exact norm's knobs; lowwarp "sum" / "halve": the low-warp layout (with `warps` warps
+    for 512 lanes) with Triton's reduction / explicit halvings for the (h, w) levels."""
     return {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(warps), "RLTBENCH_NORM_TREE_SUM": "0",
             "RLTBENCH_PDL": str(pdl), "RLTBENCH_NORM_LOWWARP": "1" if lowwarp else "0",
-            "RLTBENCH_NORM_LOWWARP_TLSUM": "1" if lowwarp == "sum" else "0"}
+            "RLTBENCH_NORM_LOWWARP_TLSUM": "1" if lowwarp == "sum" else "0",
+            "RLTBENCH_NORM_LOWWARP_WARPS": str(warps)}
 
 
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
-    **{f"fast-w{w}": _fast(w) for w in (2, 4, 8)},
+    **{f"fast-w{w}": _fast(w) for w in (4, 8)},
     # torch's lowest lane bits on the warps (norm_onelaunch_lowwarp): one exchange per reduction
-    "lowwarp": _fast(4, lowwarp="sum"),
-    "lowwarp-halve": _fast(4, lowwarp="halve"),
+    **{f"lowwarp-w{w}": _fast(w, lowwarp="sum") for w in (4, 8, 16)},
+    "lowwarp-halve-w4": _fast(4, lowwarp="halve"),
 }
 # programmatic dependent launch (pdl.py, --pdl): back-to-back calls overlap launch and weight loads;
 # informational (the decode-step profile decides the tuned ``pdl`` section)
@@ -365,6 +366,7 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
                             "tree_sum": knobs.get("RLTBENCH_NORM_TREE_SUM", "0") != "0",
                             "lowwarp": knobs.get("RLTBENCH_NORM_LOWWARP", "0") != "0",
                             "lowwarp_tl_sum": knobs.get("RLTBENCH_NORM_LOWWARP_TLSUM", "0") != "0",
+                            "lowwarp_warps": int(knobs.get("RLTBENCH_NORM_LOWWARP_WARPS", 4)),
                             "summed_us": {k: round(v, 3) for k, v in totals.items()}}
     pct: dict[str, list[float]] = {}
     for r in approx:

@@ -1,5 +1,5 @@
-"""Exact one-launch RMSNorm, low-warp layout: torch's CUDA summation order with the four warps on
-torch's two *lowest* lane bits, so Triton's own reduction performs torch's tree.
+"""Exact one-launch RMSNorm, low-warp layout: torch's CUDA summation order with the warps on
+torch's *lowest* lane bits, so Triton's own reduction performs torch's tree.
 
 Why: torch's block reduction over `lanes` (a power of two) halves by the highest lane bit first
 (offsets lanes/2 .. 32 in shared memory, then 16 .. 1 in the warp): a balanced tree whose *last*
@@ -8,23 +8,19 @@ on a warp, so its cross-warp levels (lane bits 6 and 5 at 512 lanes) fall in the
 tree, and each costs Triton a shared-memory exchange with its barriers (7 barriers per norm at 4
 warps; 2.21 us at T=1 against 1.54 for the approx norm's single exchange, results/gpu/tune-t1).
 
-Here the program's 128 threads hold torch lane ``l = r * 128 + h * 4 + w`` (warp w, hardware lane
-h, in-thread index r < lanes / 128), four columns each. The tree then runs as: the in-thread levels
-over r (torch's first ones), then one ``tl.sum`` over the 128 (h, w) partials, whose lowering is a
-warp butterfly over h (xor 16 .. 1: torch's offsets 64 .. 4) and one cross-warp round over w
-(xor 2, 1: offsets 2, 1); every add has torch's two operands (a + b == b + a bit for bit). One
-shared-memory exchange instead of several. The butterfly order is Triton's lowering, not a
+Here a program of NW warps holds torch lane ``l = r * 32 NW + h * NW + w`` in warp w, hardware
+lane h, in-thread index r < lanes / (32 NW), four columns each (at 4 warps and 512 lanes:
+l = r * 128 + h * 4 + w). The tree then runs as: the in-thread levels over r (torch's first ones),
+then one ``tl.sum`` over the 32 NW (h, w) partials, whose lowering is a warp butterfly over h (xor
+16 .. 1: torch's offsets 16 NW .. NW) and one cross-warp round over w (xor NW/2 .. 1: offsets
+NW/2 .. 1); every add has torch's two operands (a + b == b + a bit for bit). One shared-memory
+exchange instead of several, whatever the warp count. The butterfly order is Triton's lowering, not a
 language guarantee, so (as for every kernel here) the start-up validation compares it with torch
 on the GPU before it is trusted; under the interpreter the same tree is written out as explicit
 size-2 halvings and the CPU tests compare it with torch_reduce_model bit for bit.
 
-A one-pass row (ITERS == 1: T=1 rows at widths up to 2048) loads its weight, input (and residual)
-up front as volatile loads, which ptxas keeps in program order: with plain loads it issued the
-weight loads in the middle of the warp shuffles, so their latency followed the reduction.
-
 Shapes: width % 4 == 0 (16-byte aligned fp32 rows in torch's temporary, as the fast kernel), lanes
-128, 256 or 512 (four warps of lanes; narrower plans keep the fast kernel), at most MAX_ITERS
-vectors per lane.
+32..512 (NW is capped at lanes / 32), at most MAX_ITERS vectors per lane.
 """
 
 from __future__ import annotations
@@ -33,60 +29,49 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
-from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _sq
+from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _sq, _vals
 from rltbench.kernels.pdl import launch_kwargs, mode_for
 from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
 
 MAX_ITERS = 16
-WARPS = 4          # torch lane bits 1 and 0
+MAX_WARPS = 16
 
 
 @triton.jit
-def _lanes(R: tl.constexpr):
-    """torch lane of each [R, 4 (w), 32 (h), 1] position and the column offset i in [1, 1, 1, 4]."""
+def _lanes(R: tl.constexpr, NW: tl.constexpr):
+    """torch lane of each [R, NW (w), 32 (h), 1] position (l = r * 32 NW + h * NW + w) and the
+    column offset i in [1, 1, 1, 4]."""
     r = tl.arange(0, R)[:, None, None, None]
-    w = tl.arange(0, 4)[None, :, None, None]
+    w = tl.arange(0, NW)[None, :, None, None]
     h = tl.arange(0, 32)[None, None, :, None]
     i = tl.arange(0, 4)[None, None, None, :]
-    return r * 128 + h * 4 + w, i
+    return r * (32 * NW) + h * NW + w, i
 
 
 @triton.jit
-def _tree(acc, R: tl.constexpr, TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
-    """torch's combination of the per-lane accumulators acc [R, 4, 32, 4]: each lane
+def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
+          TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
+    """torch's combination of the per-lane accumulators acc [R, NW, 32, 4]: each lane
     ((a0 + a1) + a2) + a3, the levels over r (in-thread), then over h, then over w."""
-    p, q = tl.split(tl.reshape(acc, [R, 4, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
+    p, q = tl.split(tl.reshape(acc, [R, NW, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
     a0, a2 = tl.split(p)
     a1, a3 = tl.split(q)
-    s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)   # [R, 4, 32]
-    if R >= 4:
-        s = tl.sum(tl.reshape(s, [2, 2, 4, 32]), axis=0)                            # r, r + 2
-    if R >= 2:
-        s = tl.sum(tl.reshape(s, [2, 1, 4, 32]), axis=0)                            # r, r + 1
-    s = tl.reshape(s, [4, 32])                                                      # [w, h]
+    s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)   # [R, NW, 32]
+    for k in tl.static_range(LOG_R):             # r: pairs (r, r + R/2), .. (r, r + 1)
+        s = tl.sum(tl.reshape(s, [2, R >> (k + 1), NW, 32]), axis=0)
+    s = tl.reshape(s, [NW, 32])                  # [w, h]
     if TL_SUM and not INTERPRET:
-        # element w * 32 + h: warp butterfly over h (torch offsets 64 .. 4), then the cross-warp
-        # round over w (offsets 2, 1)
-        return tl.sum(tl.reshape(s, [128]), axis=0)
+        # element w * 32 + h: warp butterfly over h (xor 16 .. 1), then the cross-warp round over
+        # w (xor NW/2 .. 1): torch's offsets NW * 16 .. NW, then NW/2 .. 1
+        return tl.sum(tl.reshape(s, [NW * 32]), axis=0)
     else:
-        for k in tl.static_range(5):          # h: pairs (h, h + 16), (h, h + 8), .. (h, h + 1)
-            s = tl.sum(tl.reshape(s, [4, 2, 16 >> k]), axis=1)
-        s = tl.reshape(s, [4])
-        s = tl.sum(tl.reshape(s, [2, 2]), axis=0)      # (w, w + 2)
-        return tl.sum(s, axis=0)                        # (0, 1): one add
-
-
-@triton.jit
-def _load_early(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr):
-    """load_f32 as a volatile load on the GPU: ptxas keeps volatile accesses in program order, so a
-    one-pass row's weight load (first in the source) is issued before its input load instead of
-    being sunk below the sum of squares."""
-    if INTERPRET:
-        return load_f32(ptrs, m, DT, INTERPRET)
-    else:
-        return tl.load(ptrs, mask=m, other=0.0, volatile=True).to(tl.float32)
-
+        for k in tl.static_range(5):             # h: pairs (h, h + 16), (h, h + 8), .. (h, h + 1)
+            s = tl.sum(tl.reshape(s, [NW, 2, 16 >> k]), axis=1)
+        s = tl.reshape(s, [NW])
+        for k in tl.static_range(LOG_NW):        # w: pairs (w, w + NW/2), .. (w, w + 1)
+            s = tl.sum(tl.reshape(s, [2, NW >> (k + 1)]), axis=0)
+        return tl.sum(s, axis=0)                 # the one value left
 
 @triton.jit
 def _sq_of(v, m, INTERPRET: tl.constexpr):
@@ -101,23 +86,24 @@ def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
-           INTERPRET: tl.constexpr, R: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
-    """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 128."""
-    lane, i = _lanes(R)
-    acc = tl.zeros([R, 4, 32, 4], dtype=tl.float32)
+           INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW."""
+    lane, i = _lanes(R, NW)
+    acc = tl.zeros([R, NW, 32, 4], dtype=tl.float32)
     for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
-        k = it * (R * 128) + lane
+        k = it * (R * 32 * NW) + lane
         m = (k < nvec) & (i < 4)
         acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
                      INTERPRET)
-    return _tree(acc, R, TL_SUM, INTERPRET)
+    return _tree(acc, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
 
 
 @triton.jit
 def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                  MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
-                 INTERPRET: tl.constexpr, R: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
-                 PDL: tl.constexpr):
+                 INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+                 LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, PDL: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual). A row one
     pass covers (ITERS == 1) is loaded once, weight first, and kept in registers."""
     row = tl.program_id(0).to(tl.int64)
@@ -126,28 +112,28 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
     r_row = r_ptr + row * sr
     out_row = out_ptr + row * N
     nvec = N // 4
-    lane, i = _lanes(R)
+    lane, i = _lanes(R, NW)
     if ITERS == 1:
         cols = lane * 4 + i
         m = (lane < nvec) & (i < 4)
-        w = _load_early(w_ptr + cols, m, DT, INTERPRET)
+        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
         pdl_wait(PDL)
-        v = _load_early(x_row + cols, m, DT, INTERPRET)
-        if MODE == 1:
-            v = round_to(add_rn(v, _load_early(b_row + cols, m, DT, INTERPRET), INTERPRET), DT, INTERPRET)
+        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
         if HAS_R:
-            r = _load_early(r_row + cols, m, DT, INTERPRET)
-        var, rstd = _rstd(_tree(_sq_of(v, m, INTERPRET), R, TL_SUM, INTERPRET), factor, eps, INTERPRET)
+            r = load_f32(r_row + cols, m, DT, INTERPRET)
+        var, rstd = _rstd(_tree(_sq_of(v, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
+                           eps, INTERPRET)
         y = _scaled(v, w, rstd, DT, INTERPRET)
         if HAS_R:
             y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
         store_f32(out_row + cols, y, m, DT, INTERPRET)
     else:
         pdl_wait(PDL)
-        total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, ITERS, TL_SUM)
+        total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
+                       ITERS, TL_SUM)
         var, rstd = _rstd(total, factor, eps, INTERPRET)
         for it in tl.static_range(ITERS):
-            k = it * (R * 128) + lane
+            k = it * (R * 32 * NW) + lane
             _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, k * 4 + i, (k < nvec) & (i < 4), MODE, HAS_R,
                       DT, INTERPRET)
     if STORE_VAR:
@@ -157,7 +143,8 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
 @triton.jit
 def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                       STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, R: tl.constexpr,
-                      ITERS: tl.constexpr, TL_SUM: tl.constexpr, PDL: tl.constexpr):
+                      LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr, ITERS: tl.constexpr,
+                      TL_SUM: tl.constexpr, PDL: tl.constexpr):
     """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
@@ -165,7 +152,7 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
     h_row = h_ptr + row * N
     y_row = y_ptr + row * N
     nvec = N // 4
-    lane, i = _lanes(R)
+    lane, i = _lanes(R, NW)
     if ITERS == 1:
         cols = lane * 4 + i
         m = (lane < nvec) & (i < 4)
@@ -174,19 +161,23 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
         pdl_wait(PDL)
         a = load_f32(a_row + cols, m, DT, INTERPRET)
         r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var1, rstd1 = _rstd(_tree(_sq_of(a, m, INTERPRET), R, TL_SUM, INTERPRET), factor, eps, INTERPRET)
+        var1, rstd1 = _rstd(_tree(_sq_of(a, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
+                             eps, INTERPRET)
         h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-        var2, rstd2 = _rstd(_tree(_sq_of(h, m, INTERPRET), R, TL_SUM, INTERPRET), factor, eps, INTERPRET)
+        var2, rstd2 = _rstd(_tree(_sq_of(h, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
+                             eps, INTERPRET)
         store_f32(h_row + cols, h, m, DT, INTERPRET)
         store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
     else:
         pdl_wait(PDL)
-        t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, R, ITERS, TL_SUM)
+        t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
         var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
-        t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, ITERS, TL_SUM)
+        t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
         var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
         for it in tl.static_range(ITERS):
-            k = it * (R * 128) + lane
+            k = it * (R * 32 * NW) + lane
             _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, k * 4 + i,
                            (k < nvec) & (i < 4), DT, INTERPRET)
     if STORE_VAR:
@@ -211,11 +202,30 @@ def tl_sum(interpret: bool) -> bool:
                                                True))
 
 
+def warps_for(lanes: int) -> int:
+    """Warps per program: ``RLTBENCH_NORM_LOWWARP_WARPS`` / tuned ``lowwarp_warps`` (default 4),
+    at most one warp per 32 lanes (a 64-lane plan gets 2 warps, a 32-lane plan 1)."""
+    nw = int(tuned.knob("RLTBENCH_NORM_LOWWARP_WARPS", "norm_fast", "lowwarp_warps", 4))
+    if nw < 1 or nw > MAX_WARPS or nw & (nw - 1):
+        raise ValueError(f"RLTBENCH_NORM_LOWWARP_WARPS must be a power of two in 1..{MAX_WARPS}, got {nw}")
+    return min(nw, lanes // 32)
+
+
 def supports(width: int, lanes: int, warp_down: bool) -> bool:
-    """16-byte aligned rows, 128/256/512 lanes, torch's halving warp order, a bounded unroll."""
-    if width % 4 or lanes not in (128, 256, 512) or not warp_down:
+    """16-byte aligned rows, 32..512 lanes (a power of two), torch's halving warp order, a bounded
+    unroll."""
+    if width % 4 or lanes < 32 or lanes > 512 or lanes & (lanes - 1) or not warp_down:
         return False
     return triton.cdiv(width // 4, lanes) <= MAX_ITERS
+
+
+def _shape_args(width: int, lanes: int, interpret: bool) -> dict[str, int]:
+    """The layout constexprs of a plan: R torch lanes per thread, NW warps, ITERS vectors per lane.
+    The interpreter runs the same layout (its num_warps is only a launch detail there)."""
+    nw = warps_for(lanes)
+    r = lanes // (32 * nw)
+    return {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
+            "ITERS": triton.cdiv(width // 4, lanes), "num_warps": 1 if interpret else nw}
 
 
 def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps: float, factor: float,
@@ -223,9 +233,8 @@ def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps
     """The single norm over x.shape[0] rows (arguments as norm_onelaunch_fast.launch_norm)."""
     _norm_kernel[(x.shape[0],)](
         x, b, r, w, out, var, width, sx, sb, sr, eps, factor,
-        MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, R=lanes // 128,
-        ITERS=triton.cdiv(width // 4, lanes), TL_SUM=tl_sum(interpret),
-        num_warps=1 if interpret else WARPS, **launch_kwargs(mode_for(x, interpret)),
+        MODE=mode, HAS_R=has_r, STORE_VAR=store_var, DT=dt, INTERPRET=interpret, TL_SUM=tl_sum(interpret),
+        **_shape_args(width, lanes, interpret), **launch_kwargs(mode_for(x, interpret)),
     )  # fmt: skip
 
 
@@ -234,7 +243,6 @@ def launch_norm_norm(a, r, w1, w2, h, y, var, width: int, sa: int, sr: int, eps:
     """The fused norm-add-norm over a.shape[0] rows."""
     _norm_norm_kernel[(a.shape[0],)](
         a, r, w1, w2, h, y, var, width, sa, sr, eps, factor,
-        STORE_VAR=store_var, DT=dt, INTERPRET=interpret, R=lanes // 128, ITERS=triton.cdiv(width // 4, lanes),
-        TL_SUM=tl_sum(interpret), num_warps=1 if interpret else WARPS,
-        **launch_kwargs(mode_for(a, interpret)),
+        STORE_VAR=store_var, DT=dt, INTERPRET=interpret, TL_SUM=tl_sum(interpret),
+        **_shape_args(width, lanes, interpret), **launch_kwargs(mode_for(a, interpret)),
     )  # fmt: skip

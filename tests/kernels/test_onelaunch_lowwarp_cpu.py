@@ -1,7 +1,7 @@
 """The low-warp exact norm layout (norm_onelaunch_lowwarp.py) on CPU, through the Triton interpreter.
 
-It serves the fast path's 128/256/512-lane plans (T = 1, 2, 4 rows at any aligned width) with torch
-lane ``l = r * 128 + h * 4 + w``; the tree it writes out under the interpreter (the levels over r,
+It serves the fast path's plans (32..512 lanes at any aligned width) with torch lane
+``l = r * 32 NW + h * NW + w`` for NW warps; the tree it writes out under the interpreter (the levels over r,
 then h, then w) must be the modelled torch-CUDA order bit for bit, and every form must give the
 same bits as the general one-launch kernel. A spy checks that the low-warp kernel is what ran, so
 these tests cannot pass on the fast kernel's behalf. Triton's own reduction for the (h, w) levels
@@ -27,8 +27,9 @@ from tests.kernels.test_onelaunch_cpu import EPS, _adv, _bits, _sq
 from tests.kernels.test_onelaunch_fast_cpu import _all_forms
 
 CPU = torch.device("cpu")
-# (T, N): 512 / 256 / 128 lanes, 1 to 11 iterations per lane, widths that leave lanes idle
-CASES = [(1, 2048), (1, 5280), (2, 2048), (2, 1028), (3, 5280), (4, 1000), (4, 2052), (1, 16384)]
+# (T, N): 512 .. 32 lanes, 1 to 16 iterations per lane, widths that leave lanes idle
+CASES = [(1, 2048), (1, 5280), (2, 2048), (2, 1028), (3, 5280), (4, 1000), (4, 2052), (1, 16384), (8, 2048),
+         (16, 2048), (33, 260), (12, 132)]
 
 
 @pytest.fixture(autouse=True)
@@ -52,25 +53,32 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_lowwarp_is_opt_in_and_takes_four_warps_of_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lowwarp_is_opt_in_and_takes_every_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fast.variant(2048, 512, True) == "lowwarp"
-    assert fast.variant(2048, 64, True) == "fast"          # fewer lanes than 4 warps: the fast layout
+    assert fast.variant(2048, 32, True) == "lowwarp"
+    assert lowwarp.warps_for(512) == 4 and lowwarp.warps_for(64) == 2 and lowwarp.warps_for(32) == 1
     assert not lowwarp.supports(2050, 512, True)            # rows not 16-byte aligned
     assert not lowwarp.supports(2048, 512, False)           # older torch's warp order
     assert not lowwarp.supports(4 * 128 * (lowwarp.MAX_ITERS + 1), 128, True)
+    monkeypatch.setenv("RLTBENCH_NORM_LOWWARP_WARPS", "3")
+    with pytest.raises(ValueError, match="power of two"):
+        lowwarp.warps_for(512)
+    monkeypatch.delenv("RLTBENCH_NORM_LOWWARP_WARPS")
     monkeypatch.delenv("RLTBENCH_NORM_LOWWARP")
     assert not lowwarp.enabled()
     assert fast.variant(2048, 512, True) == "fast"
 
 
+@pytest.mark.parametrize("warps", [4, 16])
 @pytest.mark.parametrize("T,N", CASES)
-def test_lowwarp_sum_equals_model(T: int, N: int, ran: list[str]) -> None:
+def test_lowwarp_sum_equals_model(T: int, N: int, warps: int, ran: list[str],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLTBENCH_NORM_LOWWARP_WARPS", str(warps))
     x = _adv((T, N), torch.float32, seed=T * 37 + N)
     var = torch.empty(T)
     nol.rms_norm_onelaunch_rows(x, torch.ones(N), EPS, torch.empty_like(x), var_out=var,
                                 warp_order=trm.WARP_DOWN)
     assert ran == ["launch_norm"]
-    assert nol.plan_for(T, N, CPU).lanes in (128, 256, 512)
     want = trm.mean_rows(_sq(x), warp_order=trm.WARP_DOWN)
     np.testing.assert_array_equal(_bits(var.numpy()), _bits(want))
     # the data tells orders apart, so the equality above is a real check
@@ -78,9 +86,10 @@ def test_lowwarp_sum_equals_model(T: int, N: int, ran: list[str]) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("T,N", [(1, 2048), (2, 5280), (4, 2052)])
-def test_lowwarp_equals_general_kernel_all_forms(T: int, N: int, dtype: torch.dtype, ran: list[str],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("T,N,warps", [(1, 2048, 4), (1, 2048, 8), (2, 5280, 4), (4, 2052, 2), (8, 2048, 4)])
+def test_lowwarp_equals_general_kernel_all_forms(T: int, N: int, warps: int, dtype: torch.dtype,
+                                                 ran: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLTBENCH_NORM_LOWWARP_WARPS", str(warps))
     big = _adv((T, N + 8), dtype, 17)
     x = big[:, 4:4 + N]                     # strided rows that start mid-buffer
     r, b = _adv((T, N), dtype, 18), _adv((T, N), dtype, 19)
@@ -115,32 +124,37 @@ SASS_SCRIPT = textwrap.dedent(r'''
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
            "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
-    consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": 4, "ITERS": 1,
-              "TL_SUM": True, "PDL": 0}
-    full = {**sig, **{c: "constexpr" for c in consts}}
-    names = list(full)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-             if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
-    k = triton.compile(ASTSource(fn=lw._norm_kernel, signature=full, constexprs=consts, attrs=attrs),
-                       target=target, options={"num_warps": lw.WARPS})
-    assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    steps = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)|(BAR\.SYNC)|(STS)|(LDS)", sass)
-    seq = [s[0] or s[1] or s[2] or s[3] for s in steps]
-    print(seq)
-    # torch's lane bits 6..2 as a warp butterfly (xor 16 .. 1), one exchange, lane bits 1, 0 (xor 2, 1)
-    assert seq == ["0x10", "0x8", "0x4", "0x2", "0x1", "STS", "BAR.SYNC", "LDS", "0x2", "0x1"], seq
+    for nw in (4, 8, 16):
+        r = 512 // (32 * nw)
+        consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
+                  "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
+                  "TL_SUM": True, "PDL": 0}
+        full = {**sig, **{c: "constexpr" for c in consts}}
+        names = list(full)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+                 if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
+        k = triton.compile(ASTSource(fn=lw._norm_kernel, signature=full, constexprs=consts, attrs=attrs),
+                           target=target, options={"num_warps": nw})
+        assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        steps = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)|(BAR\.SYNC)|(STS)|(LDS)", sass)
+        seq = [s[0] or s[1] or s[2] or s[3] for s in steps]
+        print(nw, seq)
+        # torch's h levels as a warp butterfly (xor 16 .. 1), one exchange, the w levels (xor NW/2 .. 1)
+        cross = [hex(nw >> j) for j in range(1, nw.bit_length())]
+        assert seq == ["0x10", "0x8", "0x4", "0x2", "0x1", "STS", "BAR.SYNC", "LDS", *cross], (nw, seq)
     print("SASS_OK")
 ''')
 
 
 def test_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
-    """sm_90 SASS of the 512-lane single norm with TL_SUM: the (h, w) levels are the warp butterfly
-    xor 16 .. 1 (torch's offsets 64 .. 4), one shared-memory exchange, then xor 2, 1 over the warps
-    (offsets 2, 1): torch's order, with one barrier (the fast layout needs seven). A Triton that
+    """sm_90 SASS of the 512-lane single norm with TL_SUM at 4, 8 and 16 warps: the (h, w) levels are
+    the warp butterfly xor 16 .. 1 (torch's offsets 16 NW .. NW), one shared-memory exchange, then
+    xor NW/2 .. 1 over the warps (offsets NW/2 .. 1): torch's order, with one barrier (the fast
+    layout needs seven at 4 warps). A Triton that
     lowers the reduction differently fails here before any GPU sees it."""
     try:
         import triton.backends.nvidia  # noqa: F401
