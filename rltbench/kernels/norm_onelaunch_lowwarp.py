@@ -14,10 +14,11 @@ l = r * 128 + h * 4 + w). The tree then runs as: the in-thread levels over r (to
 then one ``tl.sum`` over the 32 NW (h, w) partials, whose lowering is a warp butterfly over h (xor
 16 .. 1: torch's offsets 16 NW .. NW) and one cross-warp round over w (xor NW/2 .. 1: offsets
 NW/2 .. 1); every add has torch's two operands (a + b == b + a bit for bit). One shared-memory
-exchange instead of several, whatever the warp count. The butterfly order is Triton's lowering, not a
-language guarantee, so (as for every kernel here) the start-up validation compares it with torch
-on the GPU before it is trusted; under the interpreter the same tree is written out as explicit
-size-2 halvings and the CPU tests compare it with torch_reduce_model bit for bit.
+exchange instead of several, whatever the warp count. That butterfly is Triton's lowering, not a
+language guarantee, and on the H200 it held at 4 and 8 warps only (tl_sum() says where it failed),
+so the default writes the same tree out as explicit size-2 halvings (one add each, whatever the
+layout; three barriers at 4 warps); the start-up validation compares either with torch on the GPU
+before it is trusted, and the CPU tests compare the halvings with torch_reduce_model bit for bit.
 
 Shapes: width % 4 == 0 (16-byte aligned fp32 rows in torch's temporary, as the fast kernel), lanes
 32..512 (NW is capped at lanes / 32), at most MAX_ITERS vectors per lane.
@@ -196,10 +197,13 @@ def enabled() -> bool:
 
 
 def tl_sum(interpret: bool) -> bool:
-    """Triton's reduction for the (h, w) levels on the GPU (``RLTBENCH_NORM_LOWWARP_TLSUM``, on by
-    default: it is the point of the layout); explicit halvings under the interpreter."""
+    """Triton's own reduction for the (h, w) levels (GPU only; ``RLTBENCH_NORM_LOWWARP_TLSUM=1`` or
+    tuned ``lowwarp_tl_sum``). Off by default: on the H200 (Triton 3.6) it matched torch at 4 and 8
+    warps but not at 2 (64-lane plans) or 16 (results/gpu/tune/exact_checks.json: variance
+    mismatches), so its lowering is not torch's order in general; the explicit size-2 halvings are
+    one add per pair whatever the layout (three barriers instead of one)."""
     return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_LOWWARP_TLSUM", "norm_fast", "lowwarp_tl_sum",
-                                               True))
+                                               False))
 
 
 def warps_for(lanes: int) -> int:
