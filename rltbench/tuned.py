@@ -94,12 +94,19 @@ def in_use() -> dict[str, Any] | None:
     return {"file": f"rltbench/tuned_configs/{path_for(dev).name}", "sections": data}
 
 
-def knob(env: str, section_name: str, key: str, default: Any) -> Any:
-    """One scalar knob: the environment variable, else the device's tuned value, else `default`."""
+def knob(env: str, section_name: str, key: str, default: Any, sub: tuple[str, str] | None = None) -> Any:
+    """One scalar knob: the environment variable, else the device's tuned value, else `default`.
+    ``sub=(table, entry)``: a value in ``section[table][entry]`` (e.g. ``("by_width", "2048")``)
+    wins over the section's own, so a section can hold per-shape values beside its default."""
     v = os.environ.get(env)
     if v not in (None, ""):
         return type(default)(v) if not isinstance(default, bool) else v not in ("0", "false", "False")
     tuned = section(section_name)
-    if isinstance(tuned, dict) and key in tuned:
-        return tuned[key]
+    if isinstance(tuned, dict):
+        table = tuned.get(sub[0]) if sub is not None else None
+        per = table.get(sub[1]) if isinstance(table, dict) and sub is not None else None
+        if isinstance(per, dict) and key in per:
+            return per[key]
+        if key in tuned:
+            return tuned[key]
     return default

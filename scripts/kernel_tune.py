@@ -49,21 +49,25 @@ from rltbench.results import RunDir
 
 EPS = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
-def _fast(warps: int, pdl: int = 0, lowwarp: str = "") -> dict[str, str]:
+def _fast(warps: int, pdl: int = 0, lowwarp: str = "", flat: bool = False) -> dict[str, str]:
     """The fast exact norm's knobs; lowwarp "sum" / "halve": the low-warp layout (with `warps` warps
-    for 512 lanes) with Triton's reduction / explicit halvings for the (h, w) levels."""
+    for 512 lanes) with Triton's reduction / explicit halvings for the (h, w) levels, on the 4-D or
+    the flat lane tile (norm_onelaunch_lowwarp._lanes)."""
     return {"RLTBENCH_NORM_FAST": "1", "RLTBENCH_NORM_FAST_WARPS": str(warps), "RLTBENCH_NORM_TREE_SUM": "0",
             "RLTBENCH_PDL": str(pdl), "RLTBENCH_NORM_LOWWARP": "1" if lowwarp else "0",
             "RLTBENCH_NORM_LOWWARP_TLSUM": "1" if lowwarp == "sum" else "0",
-            "RLTBENCH_NORM_LOWWARP_WARPS": str(warps)}
+            "RLTBENCH_NORM_LOWWARP_WARPS": str(warps), "RLTBENCH_NORM_LOWWARP_FLAT": "1" if flat else "0"}
 
 
 EXACT_CONFIGS: dict[str, dict[str, str]] = {
     "general": {"RLTBENCH_NORM_FAST": "0"},
     **{f"fast-w{w}": _fast(w) for w in (4, 8)},
-    # torch's lowest lane bits on the warps (norm_onelaunch_lowwarp): one exchange per reduction
-    **{f"lowwarp-w{w}": _fast(w, lowwarp="sum") for w in (4, 8, 16)},
+    # torch's lowest lane bits on the warps (norm_onelaunch_lowwarp): one exchange per reduction.
+    # The 4-D tile with Triton's reduction failed the bitwise checks on the H200 (Triton 3.6 lays
+    # it out with r and w on lanes); the flat tile has the intended layout under 3.6 and 3.9
     "lowwarp-halve-w4": _fast(4, lowwarp="halve"),
+    "lowwarp-flat-halve-w4": _fast(4, lowwarp="halve", flat=True),
+    **{f"lowwarp-flat-sum-w{w}": _fast(w, lowwarp="sum", flat=True) for w in (4, 8)},
 }
 # programmatic dependent launch (pdl.py, --pdl): back-to-back calls overlap launch and weight loads;
 # informational (the decode-step profile decides the tuned ``pdl`` section)
@@ -346,11 +350,22 @@ def act_table(act: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _approx_knobs(config: str) -> dict[str, Any]:
+    """The tuned-file fields of one approx configuration."""
+    knobs = APPROX_CONFIGS[config]
+    return {"rows": int(knobs.get("RLTBENCH_APPROX_NORM_ROWS", 1)),
+            "warps": int(knobs["RLTBENCH_APPROX_NORM_WARPS"]),
+            "persist": int(knobs.get("RLTBENCH_APPROX_NORM_PERSIST", 0)),
+            "stages": int(knobs.get("RLTBENCH_APPROX_NORM_STAGES", 1)),
+            "stream": int(knobs.get("RLTBENCH_APPROX_NORM_STREAM", 0)), "config": config}
+
+
 def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: list[dict[str, Any]]
                ) -> dict[str, dict[str, Any]]:
     """The tuned-file sections: the exact configuration with the least summed latency over the
-    decode-sized cases (T <= 128, both ops and widths), the approx (rows, warps) with the highest
-    mean % of copy at T=4096, and the SiLU tile fastest at T=1 and at T=4096."""
+    decode-sized cases (T <= 128, both ops and widths), the approx configuration with the highest
+    mean % of copy at T=4096 (and the best per width), and the SiLU tile fastest at T=1 and at
+    T=4096."""
     out: dict[str, dict[str, Any]] = {}
     totals: dict[str, float] = {}
     for r in exact:
@@ -367,21 +382,23 @@ def best_knobs(exact: list[dict[str, Any]], approx: list[dict[str, Any]], act: l
                             "lowwarp": knobs.get("RLTBENCH_NORM_LOWWARP", "0") != "0",
                             "lowwarp_tl_sum": knobs.get("RLTBENCH_NORM_LOWWARP_TLSUM", "0") != "0",
                             "lowwarp_warps": int(knobs.get("RLTBENCH_NORM_LOWWARP_WARPS", 4)),
+                            "lowwarp_flat": knobs.get("RLTBENCH_NORM_LOWWARP_FLAT", "0") != "0",
                             "summed_us": {k: round(v, 3) for k, v in totals.items()}}
     pct: dict[str, list[float]] = {}
+    per_width: dict[int, dict[str, float]] = {}
     for r in approx:
         if r["config"] == SAME_SIZE_COPY:
             continue
         pct.setdefault(r["config"], []).append(r["pct_copy"])
+        per_width.setdefault(int(r["width"]), {})[r["config"]] = r["pct_copy"]
     if pct:
         best = max(pct, key=lambda k: sum(pct[k]) / len(pct[k]))
-        knobs = APPROX_CONFIGS[best]
-        out["norm_approx"] = {"rows": int(knobs.get("RLTBENCH_APPROX_NORM_ROWS", 1)),
-                              "warps": int(knobs["RLTBENCH_APPROX_NORM_WARPS"]),
-                              "persist": int(knobs.get("RLTBENCH_APPROX_NORM_PERSIST", 0)),
-                              "stages": int(knobs.get("RLTBENCH_APPROX_NORM_STAGES", 1)),
-                              "stream": int(knobs.get("RLTBENCH_APPROX_NORM_STREAM", 0)),
-                              "config": best, "mean_pct_copy": round(sum(pct[best]) / len(pct[best]), 2)}
+        mean = round(sum(pct[best]) / len(pct[best]), 2)
+        out["norm_approx"] = {**_approx_knobs(best), "mean_pct_copy": mean,
+                              # the best at each timed width; other widths take the mean's best above
+                              "by_width": {str(W): {**_approx_knobs(b := max(cfgs, key=cfgs.__getitem__)),
+                                                    "pct_copy": round(cfgs[b], 2)}
+                                           for W, cfgs in sorted(per_width.items())}}
     tiles = [r for r in act if r["config"] not in ("torch", "default") and r["mismatches"] == 0]
     few = [r for r in tiles if r["tokens"] == 1]
     many = [r for r in tiles if r["tokens"] == max(t["tokens"] for t in tiles)] if tiles else []

@@ -105,3 +105,20 @@ def test_pdl_mode_precedence_and_cpu_off(fake_gpu: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("RLTBENCH_PDL", "3")
     with pytest.raises(ValueError, match="RLTBENCH_PDL"):
         pdl.requested_mode()
+
+
+def test_per_width_values_win_over_the_section_default(fake_gpu: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """norm_approx holds a default configuration and per-width ones (kernel_tune.py: the best at each
+    width); the approx norm reads the one for its width, the environment still wins."""
+    from rltbench.kernels import norm_approx as na
+
+    for env in ("RLTBENCH_APPROX_NORM_PERSIST", "RLTBENCH_APPROX_NORM_STREAM", "RLTBENCH_APPROX_NORM_WARPS"):
+        monkeypatch.delenv(env, raising=False)
+    tuned.write_section(DEV, "norm_approx", {"persist": 8, "stream": 0, "warps": 4,
+                                              "by_width": {"2048": {"persist": 0, "stream": 1}}}, {})
+    assert (na._persist(2048), na._stream(2048)) == (0, True)
+    assert (na._persist(5280), na._stream(5280)) == (8, False)   # no entry: the section's default
+    assert na._warps(2048, 2048) == 4                            # not in the entry: the default
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PERSIST", "4")
+    assert na._persist(2048) == 4

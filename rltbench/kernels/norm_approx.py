@@ -113,36 +113,41 @@ def _rms_norm_approx_persistent_kernel(
         _st(out_ptr + r64 * W + cols, y, cmask, DT, INTERPRET, STREAM)
 
 
-def _pow2_knob(env: str, key: str, default: int) -> int:
-    """A power-of-two launch knob: the environment, else the device's tuned file, else `default`."""
-    v = int(tuned.knob(env, "norm_approx", key, default))
+def _knob(env: str, key: str, default: int, width: int) -> int:
+    """A launch knob: the environment, else the device's tuned value for this width (``by_width``),
+    else its tuned default, else `default`."""
+    return int(tuned.knob(env, "norm_approx", key, default, sub=("by_width", str(width))))
+
+
+def _pow2_knob(env: str, key: str, default: int, width: int) -> int:
+    v = _knob(env, key, default, width)
     if v < 1 or v & (v - 1):
         raise ValueError(f"{env} must be a power of two, got {v}")
     return v
 
 
-def _rows_per_program() -> int:
-    return _pow2_knob("RLTBENCH_APPROX_NORM_ROWS", "rows", 1)
+def _rows_per_program(width: int) -> int:
+    return _pow2_knob("RLTBENCH_APPROX_NORM_ROWS", "rows", 1, width)
 
 
-def _persist() -> int:
+def _persist(width: int) -> int:
     """Programs per SM of the persistent kernel (0: one program per row block, the default)."""
-    v = int(tuned.knob("RLTBENCH_APPROX_NORM_PERSIST", "norm_approx", "persist", 0))
+    v = _knob("RLTBENCH_APPROX_NORM_PERSIST", "persist", 0, width)
     if v < 0:
         raise ValueError(f"RLTBENCH_APPROX_NORM_PERSIST must be >= 0, got {v}")
     return v
 
 
-def _stages() -> int:
-    v = int(tuned.knob("RLTBENCH_APPROX_NORM_STAGES", "norm_approx", "stages", 1))
+def _stages(width: int) -> int:
+    v = _knob("RLTBENCH_APPROX_NORM_STAGES", "stages", 1, width)
     if v < 1:
         raise ValueError(f"RLTBENCH_APPROX_NORM_STAGES must be >= 1, got {v}")
     return v
 
 
-def _stream() -> bool:
+def _stream(width: int) -> bool:
     """Evict-first loads and streaming stores (``RLTBENCH_APPROX_NORM_STREAM`` / tuned ``stream``)."""
-    return bool(int(tuned.knob("RLTBENCH_APPROX_NORM_STREAM", "norm_approx", "stream", 0)))
+    return bool(_knob("RLTBENCH_APPROX_NORM_STREAM", "stream", 0, width))
 
 
 @functools.lru_cache(maxsize=8)
@@ -150,10 +155,11 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _warps(tile: int) -> int:
+def _warps(tile: int, width: int) -> int:
     """Warps per program: ``RLTBENCH_APPROX_NORM_WARPS`` / the tuned file, else as Liger's
     calculate_settings by tile size."""
-    return _pow2_knob("RLTBENCH_APPROX_NORM_WARPS", "warps", 16 if tile >= 8192 else 8 if tile >= 2048 else 4)
+    return _pow2_knob("RLTBENCH_APPROX_NORM_WARPS", "warps", 16 if tile >= 8192 else 8 if tile >= 2048 else 4,
+                      width)
 
 
 def rms_norm_approx_rows(
@@ -175,18 +181,19 @@ def rms_norm_approx_rows(
     else:
         # rows per program: 1 by default; RLTBENCH_APPROX_NORM_ROWS (a power of two) is the tuning knob
         # the GPU suite's norm-tune stage sweeps. Warps as Liger's calculate_settings, per tile.
-        block_r = min(_rows_per_program(), triton.next_power_of_2(R))
-        nw = _warps(block_r * block_c)
+        block_r = min(_rows_per_program(W), triton.next_power_of_2(R))
+        nw = _warps(block_r * block_c, W)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
-    persist = _persist()
+    persist = _persist(W)
     if persist and (interp or x.is_cuda):
         sms = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
             if x.is_cuda else 2
         _rms_norm_approx_persistent_kernel[(max(1, min(R, persist * sms)),)](
             x, b, r, w, out, R, W, row_stride(x), row_stride(b), row_stride(r), float(eps),
             HAS_B=branch is not None, HAS_R=residual is not None, DT=dtype_code(x.dtype), INTERPRET=interp,
-            BLOCK_C=block_c, STAGES=_stages(), STREAM=_stream(), num_warps=1 if interp else _warps(block_c),
+            BLOCK_C=block_c, STAGES=_stages(W), STREAM=_stream(W),
+            num_warps=1 if interp else _warps(block_c, W),
         )  # fmt: skip
         return
     _rms_norm_approx_kernel[(triton.cdiv(R, block_r),)](
@@ -207,6 +214,6 @@ def rms_norm_approx_rows(
         INTERPRET=interp,
         BLOCK_R=block_r,
         BLOCK_C=block_c,
-        STREAM=_stream(),
+        STREAM=_stream(W),
         num_warps=nw,
     )

@@ -40,14 +40,35 @@ MAX_WARPS = 16
 
 
 @triton.jit
-def _lanes(R: tl.constexpr, NW: tl.constexpr):
-    """torch lane of each [R, NW (w), 32 (h), 1] position (l = r * 32 NW + h * NW + w) and the
-    column offset i in [1, 1, 1, 4]."""
-    r = tl.arange(0, R)[:, None, None, None]
-    w = tl.arange(0, NW)[None, :, None, None]
-    h = tl.arange(0, 32)[None, None, :, None]
-    i = tl.arange(0, 4)[None, None, None, :]
-    return r * (32 * NW) + h * NW + w, i
+def _lanes(R: tl.constexpr, NW: tl.constexpr, FLAT: tl.constexpr):
+    """torch lane (l = r * 32 NW + h * NW + w) of each row of the tile and the column offset i.
+
+    FLAT == 0: a [R, NW, 32, 1] lane tile and [1, 1, 1, 4] offsets, laid out as Triton's coalescing
+    pass decides: Triton 3.9 puts h on the lanes, w on the warps and r in registers, Triton 3.6
+    (order [3, 0, 1, 2]) r and w on lanes and h on warps, which costs it shuffles and a second
+    exchange. FLAT == 1: a [R * NW * 32, 1] tile (row m = r * 32 NW + w * 32 + h) and [1, 4]
+    offsets: with one non-contiguous dim every Triton lays m out as lane = m % 32, warp = (m / 32)
+    % NW, register = r, which is the intended layout; the tree reshapes it to [R, NW, 32, 4]."""
+    if FLAT:
+        m = tl.arange(0, R * NW * 32)[:, None]
+        r = m // (32 * NW)
+        w = (m // 32) % NW
+        h = m % 32
+        return r * (32 * NW) + h * NW + w, tl.arange(0, 4)[None, :]
+    else:
+        r = tl.arange(0, R)[:, None, None, None]
+        w = tl.arange(0, NW)[None, :, None, None]
+        h = tl.arange(0, 32)[None, None, :, None]
+        i = tl.arange(0, 4)[None, None, None, :]
+        return r * (32 * NW) + h * NW + w, i
+
+
+@triton.jit
+def _zeros(R: tl.constexpr, NW: tl.constexpr, FLAT: tl.constexpr):
+    if FLAT:
+        return tl.zeros([R * NW * 32, 4], dtype=tl.float32)
+    else:
+        return tl.zeros([R, NW, 32, 4], dtype=tl.float32)
 
 
 @triton.jit
@@ -55,7 +76,7 @@ def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: t
           TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
     """torch's combination of the per-lane accumulators acc [R, NW, 32, 4]: each lane
     ((a0 + a1) + a2) + a3, the levels over r (in-thread), then over h, then over w."""
-    p, q = tl.split(tl.reshape(acc, [R, NW, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
+    p, q = tl.split(tl.reshape(acc, [R, NW, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3); FLAT rows too
     a0, a2 = tl.split(p)
     a1, a3 = tl.split(q)
     s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)   # [R, NW, 32]
@@ -88,10 +109,10 @@ def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
            INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
-           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, FLAT: tl.constexpr):
     """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW."""
-    lane, i = _lanes(R, NW)
-    acc = tl.zeros([R, NW, 32, 4], dtype=tl.float32)
+    lane, i = _lanes(R, NW, FLAT)
+    acc = _zeros(R, NW, FLAT)
     for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
         k = it * (R * 32 * NW) + lane
         m = (k < nvec) & (i < 4)
@@ -104,7 +125,8 @@ def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.
 def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                  MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                  INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
-                 LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, PDL: tl.constexpr):
+                 LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, FLAT: tl.constexpr,
+                 PDL: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual). A row one
     pass covers (ITERS == 1) is loaded once, weight first, and kept in registers."""
     row = tl.program_id(0).to(tl.int64)
@@ -113,7 +135,7 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
     r_row = r_ptr + row * sr
     out_row = out_ptr + row * N
     nvec = N // 4
-    lane, i = _lanes(R, NW)
+    lane, i = _lanes(R, NW, FLAT)
     if ITERS == 1:
         cols = lane * 4 + i
         m = (lane < nvec) & (i < 4)
@@ -131,7 +153,7 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
     else:
         pdl_wait(PDL)
         total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
-                       ITERS, TL_SUM)
+                       ITERS, TL_SUM, FLAT)
         var, rstd = _rstd(total, factor, eps, INTERPRET)
         for it in tl.static_range(ITERS):
             k = it * (R * 32 * NW) + lane
@@ -145,7 +167,7 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
 def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                       STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, R: tl.constexpr,
                       LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr, ITERS: tl.constexpr,
-                      TL_SUM: tl.constexpr, PDL: tl.constexpr):
+                      TL_SUM: tl.constexpr, FLAT: tl.constexpr, PDL: tl.constexpr):
     """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
@@ -153,7 +175,7 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
     h_row = h_ptr + row * N
     y_row = y_ptr + row * N
     nvec = N // 4
-    lane, i = _lanes(R, NW)
+    lane, i = _lanes(R, NW, FLAT)
     if ITERS == 1:
         cols = lane * 4 + i
         m = (lane < nvec) & (i < 4)
@@ -172,10 +194,10 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
     else:
         pdl_wait(PDL)
         t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
-                    TL_SUM)
+                    TL_SUM, FLAT)
         var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
         t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
-                    TL_SUM)
+                    TL_SUM, FLAT)
         var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
         for it in tl.static_range(ITERS):
             k = it * (R * 32 * NW) + lane
@@ -206,6 +228,14 @@ def tl_sum(interpret: bool) -> bool:
                                                False))
 
 
+def flat() -> bool:
+    """The flat lane tile (_lanes FLAT; ``RLTBENCH_NORM_LOWWARP_FLAT`` / tuned ``lowwarp_flat``): the
+    intended layout under every Triton (sm_90 SASS with Triton 3.6: 5 shuffles, the exchange, the
+    warp levels; the 4-D tile adds 8 shuffles and a second exchange there). Same adds, same order
+    either way; off until a GPU has timed it."""
+    return bool(tuned.knob("RLTBENCH_NORM_LOWWARP_FLAT", "norm_fast", "lowwarp_flat", False))
+
+
 def warps_for(lanes: int) -> int:
     """Warps per program: ``RLTBENCH_NORM_LOWWARP_WARPS`` / tuned ``lowwarp_warps`` (default 4),
     at most one warp per 32 lanes (a 64-lane plan gets 2 warps, a 32-lane plan 1)."""
@@ -229,7 +259,7 @@ def _shape_args(width: int, lanes: int, interpret: bool) -> dict[str, int]:
     nw = warps_for(lanes)
     r = lanes // (32 * nw)
     return {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
-            "ITERS": triton.cdiv(width // 4, lanes), "num_warps": 1 if interpret else nw}
+            "ITERS": triton.cdiv(width // 4, lanes), "FLAT": flat(), "num_warps": 1 if interpret else nw}
 
 
 def launch_norm(x, b, r, w, out, var, width: int, sx: int, sb: int, sr: int, eps: float, factor: float,

@@ -32,10 +32,12 @@ CASES = [(1, 2048), (1, 5280), (2, 2048), (2, 1028), (3, 5280), (4, 1000), (4, 2
          (16, 2048), (33, 260), (12, 132)]
 
 
-@pytest.fixture(autouse=True)
-def _lowwarp_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+@pytest.fixture(autouse=True, params=["tile4d", "flat"])
+def _lowwarp_on(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test with both lane tiles (_lanes FLAT 0 and 1): same adds, same order."""
     monkeypatch.setenv("RLTBENCH_NORM_FAST", "1")
     monkeypatch.setenv("RLTBENCH_NORM_LOWWARP", "1")
+    monkeypatch.setenv("RLTBENCH_NORM_LOWWARP_FLAT", "1" if request.param == "flat" else "0")
 
 
 @pytest.fixture
@@ -128,7 +130,7 @@ SASS_SCRIPT = textwrap.dedent(r'''
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True, "PDL": 0}
+                  "TL_SUM": True, "FLAT": True, "PDL": 0}
         full = {**sig, **{c: "constexpr" for c in consts}}
         names = list(full)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
@@ -145,16 +147,20 @@ SASS_SCRIPT = textwrap.dedent(r'''
         print(nw, seq)
         # torch's h levels as a warp butterfly (xor 16 .. 1), one exchange, the w levels (xor NW/2 .. 1)
         cross = [hex(nw >> j) for j in range(1, nw.bit_length())]
-        assert seq == ["0x10", "0x8", "0x4", "0x2", "0x1", "STS", "BAR.SYNC", "LDS", *cross], (nw, seq)
+        want = ["0x10", "0x8", "0x4", "0x2", "0x1", "STS", "BAR.SYNC", "LDS", *cross]
+        # after the tree at most a broadcast of the result through shared memory (Triton 3.6 does)
+        assert seq[:len(want)] == want and set(seq[len(want):]) <= {"STS", "BAR.SYNC", "LDS"}, (nw, seq)
     print("SASS_OK")
 ''')
 
 
 def test_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
-    """sm_90 SASS of the 512-lane single norm with TL_SUM at 4, 8 and 16 warps: the (h, w) levels are
-    the warp butterfly xor 16 .. 1 (torch's offsets 16 NW .. NW), one shared-memory exchange, then
-    xor NW/2 .. 1 over the warps (offsets NW/2 .. 1): torch's order, with one barrier (the fast
-    layout needs seven at 4 warps). A Triton that
+    """sm_90 SASS, with the installed Triton, of the 512-lane single norm with the flat tile and
+    TL_SUM at 4, 8 and 16 warps: the (h, w) levels are the warp butterfly xor 16 .. 1 (torch's
+    offsets 16 NW .. NW), one shared-memory exchange, then xor NW/2 .. 1 over the warps (offsets
+    NW/2 .. 1): torch's order. Checked by hand with Triton 3.6 (the H200's) and 3.9 (CI's); the
+    4-D tile is laid out differently by 3.6 (r and w on lanes), which is why its TL_SUM variant
+    failed the GPU validation at 2 and 16 warps. A Triton that
     lowers the reduction differently fails here before any GPU sees it."""
     try:
         import triton.backends.nvidia  # noqa: F401
