@@ -572,7 +572,7 @@ def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: in
 
     fast_used = key not in _FAST_OFF and kernel_path(width, 1, device, order) == "fast"
     if fast_used:
-        res.fast_layout = "lowwarp (128-512 lanes), fast (32-64)" if lowwarp.enabled() else "fast"
+        res.fast_layout = lowwarp.describe() if lowwarp.enabled() else "fast"
     try:
         out = _run_cases(device, dtype, width, seed, tokens, order)
         if not (fast_used and out[2]):

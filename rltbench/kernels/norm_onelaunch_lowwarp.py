@@ -245,6 +245,12 @@ def warps_for(lanes: int) -> int:
     return min(nw, lanes // 32)
 
 
+def describe() -> str:
+    """The knobs in force, for validation reports (which layout a validated width runs)."""
+    tree = "tl.sum" if tl_sum(False) else "halvings"
+    return f"lowwarp ({warps_for(512)} warps at 512 lanes, {'flat' if flat() else '4-d'} tile, {tree})"
+
+
 def supports(width: int, lanes: int, warp_down: bool) -> bool:
     """16-byte aligned rows, 32..512 lanes (a power of two), torch's halving warp order, a bounded
     unroll."""

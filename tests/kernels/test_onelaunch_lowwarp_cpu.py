@@ -66,6 +66,7 @@ def test_lowwarp_is_opt_in_and_takes_every_plan(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ValueError, match="power of two"):
         lowwarp.warps_for(512)
     monkeypatch.delenv("RLTBENCH_NORM_LOWWARP_WARPS")
+    assert lowwarp.describe().startswith("lowwarp (4 warps at 512 lanes, ")
     monkeypatch.delenv("RLTBENCH_NORM_LOWWARP")
     assert not lowwarp.enabled()
     assert fast.variant(2048, 512, True) == "fast"
