@@ -42,7 +42,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
     "tests": (260, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
-    "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode both "
+    "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
                          "--repeats 50", "kernels")),
     # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
     "kernels-approx": (90, rlt("kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "

@@ -24,7 +24,8 @@ from rltbench.kernels import OPS, bench, report
 # interpreter the fused arms fall back to torch and their rows say so (status "fallback").
 
 DEFAULT_TOKENS = ",".join(str(t) for t in bench.DEFAULT_TOKENS)
-MODE_CHOICES = {"graph": ["graph"], "eager": ["eager"], "both": ["graph", "eager"]}
+MODE_CHOICES = {"graph": ["graph"], "eager": ["eager"], "hot": ["hot"], "both": ["graph", "eager"],
+                "all": ["graph", "eager", "hot"]}
 
 
 def _split(text: str, flag: str) -> list[str]:
@@ -82,7 +83,7 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
     notes: list[str] = []
     mode_key = str(mode).strip().lower()
     if mode_key not in MODE_CHOICES:
-        raise UsageError(f"--mode: unknown value {mode!r} (known: graph, eager, both)")
+        raise UsageError(f"--mode: unknown value {mode!r} (known: {', '.join(MODE_CHOICES)})")
     scope_key = str(scope).strip().lower()
     if scope_key not in bench.SCOPES:
         raise UsageError(f"--scope: unknown value {scope!r} (known: {', '.join(bench.SCOPES)})")
@@ -143,8 +144,10 @@ def kernels_command(
                                       "(torch is always added: it is the reference).")] = "all",
     repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
                                          "only).")] = 100,
-    mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay), eager or "
-                                      "both.")] = "graph",
+    mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "
+                                      "past the L2: cold), eager, hot (graph replay of one input set: "
+                                      "L2-hot, as a decode step's activations), both (graph + eager) "
+                                      "or all.")] = "graph",
     scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
                                        "too) or 'graph' (fused only under graph capture, as models "
                                        "run by default).")] = "all",

@@ -76,7 +76,8 @@ def _mismatch_cell(row: pd.Series, markdown: bool) -> str:
 
 COLUMNS = ["op", "dtype", "width", "tokens", "arm", "status", "mismatches vs torch", "max ULP vs torch",
            "max ULP vs oracle", "share != oracle", "graph us (p10-p90)", "eager us (p10-p90)",
-           "kernels/call", "GB/s", "% copy", "speedup"]
+           "hot us (p10-p90)", "kernels/call", "GB/s", "% copy", "speedup"]
+HOT_COL = COLUMNS.index("hot us (p10-p90)")   # shown only when a row has an L2-hot timing
 
 
 def _cells(row: pd.Series, markdown: bool) -> list[str]:
@@ -86,7 +87,8 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             return "-"
         return f"{_fmt(med)} ({_fmt(row.get(f'{mode}_us_p10'))}-{_fmt(row.get(f'{mode}_us_p90'))})"
 
-    main = "graph" if math.isfinite(_num(row.get("graph_us_median"))) else "eager"
+    main = next((m for m in ("graph", "eager", "hot") if math.isfinite(_num(row.get(f"{m}_us_median")))),
+                "graph")
     kpc = row.get(f"{main}_kernels_per_call")
     share = _num(row.get("share_differs_oracle"))
     status = str(row.get("status", ""))
@@ -96,7 +98,7 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             _mismatch_cell(row, markdown), _fmt_int(row.get("max_ulp_vs_torch")),
             _fmt(row.get("max_ulp_vs_oracle")),
             "-" if not math.isfinite(share) else f"{100 * share:.2f}%",
-            span("graph"), span("eager"), _fmt(kpc, 1), _fmt(row.get(f"{main}_gbps"), 0),
+            span("graph"), span("eager"), span("hot"), _fmt(kpc, 1), _fmt(row.get(f"{main}_gbps"), 0),
             _fmt(row.get(f"{main}_pct_copy"), 1), _fmt(row.get(f"{main}_speedup"))]
 
 
@@ -115,9 +117,10 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
               "oracle is in ulps of the dtype at the fp64 oracle value (0.5 = correctly rounded); share != "
               "oracle = elements not equal to the oracle rounded to the dtype. Correctness inputs are fresh "
               "random values; the fused arms run with scope all. Times are us per call (median, p10-p90), "
-              "CUDA-graph replay over rotated input sets (cold L2) and eager; GB/s counts each input read "
-              "once and each output written once; speedup is over the torch arm in the same mode; "
-              "kernels/call is counted.", ""]
+              "CUDA-graph replay over rotated input sets (cold L2), eager, and hot (graph replay of one "
+              "input set: L2-hot, as a decode step); GB/s, % copy and speedup are of the graph (else eager) "
+              "time; GB/s counts each input read once and each output written once; speedup is over the "
+              "torch arm in the same mode; kernels/call is counted.", ""]
     notes = list(summary.get("notes") or [])
     if notes:
         lines += ["Notes:", *[f"- {n}" for n in notes], ""]
@@ -127,10 +130,12 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     bad = df[(df["arm"] == "exact") & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
     if len(bad):
         lines += [f"**FAIL: {len(bad)} exact case(s) differ from torch.**", ""]
-    lines.append("| " + " | ".join(COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
+    keep = [i for i in range(len(COLUMNS)) if i != HOT_COL or has_timings(df, "hot")]
+    lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")
+    lines.append("|" + "---|" * len(keep))
     for _, row in _sorted(df).iterrows():
-        lines.append("| " + " | ".join(_cells(row, markdown=True)) + " |")
+        cells = _cells(row, markdown=True)
+        lines.append("| " + " | ".join(cells[i] for i in keep) + " |")
     notes_rows = [(r["op"], r["dtype"], r["width"], r["tokens"], r["arm"], r.get("note"))
                   for _, r in _sorted(df).iterrows() if isinstance(r.get("note"), str) and r.get("note")]
     if notes_rows:
@@ -140,8 +145,8 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
 
 
 SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "!=o", "graph us", "eager us",
-         "k/call", "GB/s", "%copy", "x torch"]
-TIMING_COLS = range(10, 16)
+         "hot us", "k/call", "GB/s", "%copy", "x torch"]
+TIMING_COLS = range(10, 17)
 
 
 def rich_table(df: pd.DataFrame) -> Table:
@@ -149,8 +154,9 @@ def rich_table(df: pd.DataFrame) -> Table:
 
     Timing columns are left out when no row has a timing (machines without a GPU).
     """
-    timed = has_timings(df, "graph") or has_timings(df, "eager")
-    keep = [i for i in range(len(SHORT)) if timed or i not in TIMING_COLS]
+    timed = any(has_timings(df, m) for m in ("graph", "eager", "hot"))
+    keep = [i for i in range(len(SHORT)) if (timed or i not in TIMING_COLS)
+            and (i != HOT_COL or has_timings(df, "hot"))]
     table = Table(title="rltbench kernels (diff = elements != torch, ulp/t = max ULP vs torch, ulp/o = max "
                   "ULP vs fp64 oracle, !=o = share != oracle)", show_lines=False, pad_edge=False)
     for i in keep:
@@ -285,7 +291,7 @@ def write_outputs(run: RunDir, df: pd.DataFrame, summary: dict[str, Any]) -> lis
         if fig is not None:
             run.save_plot(f"accuracy_{dtype}.png", fig)
             written.append(f"accuracy_{dtype}.png")
-        for mode in ("graph", "eager"):
+        for mode in ("graph", "eager", "hot"):
             for name, make in (("latency", latency_figure), ("speedup", speedup_figure)):
                 fig = make(df, mode, dtype)
                 if fig is not None:

@@ -143,3 +143,44 @@ def test_output_window_rotates_buffers() -> None:
     assert keep_all.kept == [0, 1, 2, 3]
     with pytest.raises(ValueError):
         timing.OutputWindow(0)
+
+
+def test_hot_mode_replays_one_input_set(fake_cuda, tmp_path):
+    """--mode hot: a graph of min_graph_calls calls on input set 0 with one reused output (L2-hot),
+    reported in hot_* fields beside the cold graph figure, with its own column and plots."""
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph", "hot"], repeats=20)
+    case = bench.Case("silu_mul", "bf16", 16, 2)
+    rows, samples = bench.case_rows(case, cfg.arms, torch.device("cpu"), cfg, _ctx(1024))
+    cold, hot = FakeGraph.instances[0], FakeGraph.instances[-1]
+    assert hot.k == cfg.min_graph_calls and hot.keep_outputs == 1
+    firsts = {tuple(o[0].flatten().tolist()) for o in hot.outputs}
+    assert len(firsts) == 1                                        # every call reads set 0
+    assert len({tuple(o[0].flatten().tolist()) for o in cold.outputs}) > 1
+    by_arm = {r["arm"]: r for r in rows}
+    for arm, r in by_arm.items():
+        assert r["hot_us_median"] == pytest.approx(MEDIANS[arm], rel=1e-6)
+        assert r["hot_speedup"] == pytest.approx(10.0 / MEDIANS[arm])
+        assert r["hot_kernels_per_call"] == 3.0
+        assert r["eager_us_median"] != r["eager_us_median"]       # not asked for
+    assert {s["mode"] for s in samples} == {"graph", "hot"}
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    for r in rows:
+        run.append_jsonl(report.ROWS, r)
+    written = report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
+    assert "latency_hot_bf16.png" in written
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "hot us (p10-p90)" in table
+    headers = [c.header for c in report.rich_table(report.load_rows(run)).columns]
+    assert "hot us" in headers
+
+
+def test_hot_column_hidden_when_not_timed(fake_cuda):
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph"], repeats=5)
+    rows, _ = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                              _ctx(1024))
+    import pandas as pd
+
+    headers = [c.header for c in report.rich_table(pd.DataFrame(rows)).columns]
+    assert "graph us" in headers and "hot us" not in headers

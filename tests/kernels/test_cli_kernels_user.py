@@ -101,3 +101,10 @@ def test_report_of_a_damaged_run_is_one_line(tmp_path):
     (out / report.SUMMARY).write_text("{torn")
     with pytest.raises(UsageError, match="summary.json"):
         report.render(out)
+
+
+@pytest.mark.parametrize("mode, modes", [("hot", ["hot"]), ("all", ["graph", "eager", "hot"]),
+                                         ("BOTH", ["graph", "eager"])])
+def test_mode_choices(mode: str, modes: list[str]) -> None:
+    cfg, _ = kcli.build_config("1", "silu_mul", "fp32", "8", "torch", 3, mode, "all", 0, False)
+    assert cfg.modes == modes
