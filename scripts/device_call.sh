@@ -2,7 +2,11 @@
 # One call on a lent GPU box (no network, results fetched from $OUT): run the given gpu_suite.py
 # stages under an overall time budget, then pack what they wrote so it comes back.
 #
-#   RLTBENCH_GIT_SHA=$(git rev-parse HEAD) bash scripts/device_call.sh BUDGET_S stage [stage ...]
+#   RLTBENCH_GIT_SHA=<sha> bash scripts/device_call.sh BUDGET_S stage [stage ...]
+#
+# <sha>: the local checkout's `git rev-parse HEAD`, written into the command as a literal. The lent
+# box's copy of the tree can carry stale git metadata (session 5: one commit behind its files), so
+# $(git rev-parse HEAD) evaluated there names the wrong commit in every manifest.
 #
 # Triton's compile cache lives in .tcache/ (TRITON_CACHE_DIR) and is packed too: copied to
 # .tcache.tgz and carried into the next call, it saves the fast exact norm's start-up compiles
