@@ -62,7 +62,7 @@ def _rms_norm_approx_kernel(
     mask = (rows < R) & (cols < W)
     # the weight first: its load is in flight with the row's, not issued after the reduction (in a
     # model the weight row is cold; loaded after the sum, its DRAM latency followed the barrier:
-    # 11.0 vs 10.5 us per call at T=4096 with a weight per input set, results/gpu/approx-harness)
+    # 11.0 vs 10.5 us per call at T=4096 with a weight per input set, results/gpu/approx-harness-before)
     w = load_f32(w_ptr + cols, cols < W, DT, INTERPRET)
     v = _ld(x_ptr + rows * sx + cols, mask, DT, INTERPRET, STREAM)
     if HAS_B:

@@ -172,6 +172,19 @@ def _rstd(total, factor, eps, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _sq_of(v, m, INTERPRET: tl.constexpr):
+    """Squares of values already in registers; exactly 0 where masked (0 + s == s: with one
+    iteration a lane's accumulator is its square)."""
+    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
+
+
+@triton.jit
+def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """round(w * round(v * rstd)): torch's (h * rstd).to(dtype), then w * that, each rounded."""
+    return round_to(mul_rn(w, round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+
+
+@triton.jit
 def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
               DT: tl.constexpr, INTERPRET: tl.constexpr):
     """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored."""

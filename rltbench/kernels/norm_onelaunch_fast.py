@@ -37,12 +37,14 @@ from rltbench.kernels.norm_onelaunch import (
     _norm_norm_out,
     _norm_out,
     _rstd,
+    _scaled,
     _sq,
+    _sq_of,
     _vals,
 )
 from rltbench.kernels.pdl import launch_kwargs, mode_for
 from rltbench.kernels.pdl import wait as pdl_wait
-from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
+from rltbench.kernels.rounding import add_rn, load_f32, round_to, store_f32
 
 MAX_ITERS = 16          # the static unroll bound: width 2048 at every plan, 5280 down to 128 lanes
 
@@ -120,13 +122,6 @@ def _fast_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT
 
 
 @triton.jit
-def _sq_of(v, m, INTERPRET: tl.constexpr):
-    """Squares of values already in registers; exactly 0 where masked (0 + s == s: with one
-    iteration a lane's accumulator is its square)."""
-    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
-
-
-@triton.jit
 def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nvec, eps, factor,
                          STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, G: tl.constexpr,
                          WARP_DOWN: tl.constexpr, TREE_SUM: tl.constexpr, PDL: tl.constexpr):
@@ -145,7 +140,7 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
     r = load_f32(r_row + cols, m, DT, INTERPRET)
     var1, rstd1 = _rstd(_fast_tree(_sq_of(a, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
                         INTERPRET)
-    y1 = round_to(mul_rn(w1, round_to(mul_rn(a, rstd1, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    y1 = _scaled(a, w1, rstd1, DT, INTERPRET)
     h = round_to(add_rn(r, y1, INTERPRET), DT, INTERPRET)
     var2, rstd2 = _rstd(_fast_tree(_sq_of(h, m, INTERPRET), G, WARP_DOWN, TREE_SUM, INTERPRET), factor, eps,
                         INTERPRET)
@@ -153,7 +148,7 @@ def _fast_norm_norm_row1(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, var_row, nv
         tl.store(var_row + tl.arange(0, 1), var1)
         tl.store(var_row + 1 + tl.arange(0, 1), var2)
     store_f32(h_row + cols, h, m, DT, INTERPRET)
-    y = round_to(mul_rn(w2, round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    y = _scaled(h, w2, rstd2, DT, INTERPRET)
     store_f32(y_row + cols, y, m, DT, INTERPRET)
 
 
@@ -178,7 +173,7 @@ def _fast_norm_row1(x_row, b_row, w_ptr, r_row, out_row, var_row, nvec, eps, fac
                       INTERPRET)
     if STORE_VAR:
         tl.store(var_row + tl.arange(0, 1), var)
-    y = round_to(mul_rn(w, round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    y = _scaled(v, w, rstd, DT, INTERPRET)
     if HAS_R:
         y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
     store_f32(out_row + cols, y, m, DT, INTERPRET)

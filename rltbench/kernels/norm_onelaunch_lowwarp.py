@@ -30,10 +30,10 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
-from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _sq, _vals
+from rltbench.kernels.norm_onelaunch import _norm_norm_out, _norm_out, _rstd, _scaled, _sq, _sq_of, _vals
 from rltbench.kernels.pdl import launch_kwargs, mode_for
 from rltbench.kernels.pdl import wait as pdl_wait
-from rltbench.kernels.rounding import add_rn, load_f32, mul_rn, round_to, store_f32
+from rltbench.kernels.rounding import add_rn, load_f32, round_to, store_f32
 
 MAX_ITERS = 16
 MAX_WARPS = 16
@@ -96,14 +96,11 @@ def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: t
         return tl.sum(s, axis=0)                 # the one value left
 
 @triton.jit
-def _sq_of(v, m, INTERPRET: tl.constexpr):
-    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
-
-
-@triton.jit
-def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
-    """round(w * round(v * rstd)): torch's (h * rstd).to(dtype) then w * (same rounding points)."""
-    return round_to(mul_rn(w, round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
+             TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
+    """(variance, rstd) of a one-pass row whose values are in registers (masked lanes add 0)."""
+    total = _tree(_sq_of(v, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+    return _rstd(total, factor, eps, INTERPRET)
 
 
 @triton.jit
@@ -144,8 +141,7 @@ def _norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, ep
         v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
         if HAS_R:
             r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var, rstd = _rstd(_tree(_sq_of(v, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
-                           eps, INTERPRET)
+        var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
         y = _scaled(v, w, rstd, DT, INTERPRET)
         if HAS_R:
             y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
@@ -184,11 +180,9 @@ def _norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa
         pdl_wait(PDL)
         a = load_f32(a_row + cols, m, DT, INTERPRET)
         r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var1, rstd1 = _rstd(_tree(_sq_of(a, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
-                             eps, INTERPRET)
+        var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
         h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-        var2, rstd2 = _rstd(_tree(_sq_of(h, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET), factor,
-                             eps, INTERPRET)
+        var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
         store_f32(h_row + cols, h, m, DT, INTERPRET)
         store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
     else:

@@ -69,3 +69,28 @@ def with_specials(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     idx = torch.randint(0, out.numel(), (min(out.numel(), 3 * len(vals)),), generator=gen)
     out[idx.to(t.device)] = vals[(torch.arange(len(idx)) % len(vals)).to(t.device)]
     return out.view(t.shape)
+
+
+def run_sm90_script(script: str, marker: str, env_extra: dict[str, str] | None = None) -> None:
+    """Run a Triton ahead-of-time compile script for sm_90 in a subprocess without the interpreter
+    (no GPU needed); skip where Triton has no NVIDIA backend or its ptxas/cuobjdump is missing, else
+    require exit 0 and `marker` on stdout."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton without the NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_extra or {})
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    missing = "not found" in proc.stderr and ("ptxas" in proc.stderr or "cuobjdump" in proc.stderr)
+    if proc.returncode != 0 and missing:
+        pytest.skip("ptxas/cuobjdump unavailable")
+    assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

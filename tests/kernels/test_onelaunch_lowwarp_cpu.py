@@ -5,14 +5,10 @@ It serves the fast path's plans (32..512 lanes at any aligned width) with torch 
 then h, then w) must be the modelled torch-CUDA order bit for bit, and every form must give the
 same bits as the general one-launch kernel. A spy checks that the low-warp kernel is what ran, so
 these tests cannot pass on the fast kernel's behalf. Triton's own reduction for the (h, w) levels
-(TL_SUM, GPU only) is checked by the start-up validation and the SASS test below."""
+(TL_SUM, GPU only) is checked by the start-up validation and by a SASS test in
+test_onelaunch_ptx.py."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -115,63 +111,3 @@ def test_lowwarp_norm_norm_second_variance_is_in_torch_order(ran: list[str]) -> 
     want = trm.mean_rows(_sq(h), warp_order=trm.WARP_DOWN)
     np.testing.assert_array_equal(_bits(var[:, 1].contiguous().numpy()), _bits(want))
     assert (_bits(want) != _bits(trm.sequential_mean_rows(_sq(h)))).any()
-
-
-SASS_SCRIPT = textwrap.dedent(r'''
-    import os, re, subprocess, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from rltbench.kernels import norm_onelaunch_lowwarp as lw
-    target = GPUTarget("cuda", 90, 32)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
-           "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
-    for nw in (4, 8, 16):
-        r = 512 // (32 * nw)
-        consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
-                  "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True, "FLAT": True, "PDL": 0}
-        full = {**sig, **{c: "constexpr" for c in consts}}
-        names = list(full)
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-                 if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
-        k = triton.compile(ASTSource(fn=lw._norm_kernel, signature=full, constexprs=consts, attrs=attrs),
-                           target=target, options={"num_warps": nw})
-        assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        steps = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)|(BAR\.SYNC)|(STS)|(LDS)", sass)
-        seq = [s[0] or s[1] or s[2] or s[3] for s in steps]
-        print(nw, seq)
-        # torch's h levels as a warp butterfly (xor 16 .. 1), one exchange, the w levels (xor NW/2 .. 1)
-        cross = [hex(nw >> j) for j in range(1, nw.bit_length())]
-        want = ["0x10", "0x8", "0x4", "0x2", "0x1", "STS", "BAR.SYNC", "LDS", *cross]
-        # after the tree at most a broadcast of the result through shared memory (Triton 3.6 does)
-        assert seq[:len(want)] == want and set(seq[len(want):]) <= {"STS", "BAR.SYNC", "LDS"}, (nw, seq)
-    print("SASS_OK")
-''')
-
-
-def test_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
-    """sm_90 SASS, with the installed Triton, of the 512-lane single norm with the flat tile and
-    TL_SUM at 4, 8 and 16 warps: the (h, w) levels are the warp butterfly xor 16 .. 1 (torch's
-    offsets 16 NW .. NW), one shared-memory exchange, then xor NW/2 .. 1 over the warps (offsets
-    NW/2 .. 1): torch's order. Checked by hand with Triton 3.6 (the H200's) and 3.9 (CI's); the
-    4-D tile is laid out differently by 3.6 (r and w on lanes), which is why its TL_SUM variant
-    failed the GPU validation at 2 and 16 warps. A Triton that
-    lowers the reduction differently fails here before any GPU sees it."""
-    try:
-        import triton.backends.nvidia  # noqa: F401
-    except ImportError:
-        pytest.skip("Triton without the NVIDIA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", SASS_SCRIPT], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
-    missing = "not found" in proc.stderr and ("ptxas" in proc.stderr or "cuobjdump" in proc.stderr)
-    if proc.returncode != 0 and missing:
-        pytest.skip("ptxas/cuobjdump unavailable")
-    assert proc.returncode == 0 and "SASS_OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
