@@ -58,7 +58,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
                         "'validation': validation_report()}, indent=1, default=str))"]),
     # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
-    "tune": (300, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
+    "tune": (400, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
                    "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
     # the fast one-launch norm case by case (token count, layout, TREE_SUM) and validate() per dtype/width
     # T=1 only: the exact norm's configurations beside the floor, row-I/O and approx-norm ladder

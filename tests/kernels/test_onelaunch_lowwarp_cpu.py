@@ -68,7 +68,7 @@ def test_lowwarp_is_opt_in_and_takes_every_plan(monkeypatch: pytest.MonkeyPatch)
     assert fast.variant(2048, 512, True) == "fast"
 
 
-@pytest.mark.parametrize("warps", [4, 16])
+@pytest.mark.parametrize("warps", [1, 4, 16])
 @pytest.mark.parametrize("T,N", CASES)
 def test_lowwarp_sum_equals_model(T: int, N: int, warps: int, ran: list[str],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +85,8 @@ def test_lowwarp_sum_equals_model(T: int, N: int, warps: int, ran: list[str],
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("T,N,warps", [(1, 2048, 4), (1, 2048, 8), (2, 5280, 4), (4, 2052, 2), (8, 2048, 4)])
+@pytest.mark.parametrize("T,N,warps", [(1, 2048, 1), (1, 2048, 4), (1, 2048, 8), (2, 5280, 4), (4, 2052, 2),
+                                       (8, 2048, 4)])
 def test_lowwarp_equals_general_kernel_all_forms(T: int, N: int, warps: int, dtype: torch.dtype,
                                                  ran: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLTBENCH_NORM_LOWWARP_WARPS", str(warps))
