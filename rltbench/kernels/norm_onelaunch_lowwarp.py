@@ -15,10 +15,12 @@ then one ``tl.sum`` over the 32 NW (h, w) partials, whose lowering is a warp but
 16 .. 1: torch's offsets 16 NW .. NW) and one cross-warp round over w (xor NW/2 .. 1: offsets
 NW/2 .. 1); every add has torch's two operands (a + b == b + a bit for bit). One shared-memory
 exchange instead of several, whatever the warp count. That butterfly is Triton's lowering, not a
-language guarantee, and on the H200 it held at 4 and 8 warps only (tl_sum() says where it failed),
-so the default writes the same tree out as explicit size-2 halvings (one add each, whatever the
-layout; three barriers at 4 warps); the start-up validation compares either with torch on the GPU
-before it is trusted, and the CPU tests compare the halvings with torch_reduce_model bit for bit.
+language guarantee: on the 4-D tile under Triton 3.6 it held at 4 and 8 warps only (tl_sum() says
+where it failed), so the default writes the same tree out as explicit size-2 halvings (one add each,
+whatever the layout; three barriers at 4 warps). The flat tile (_lanes FLAT) gives Triton the
+intended layout, and there its reduction is the butterfly: the H200's tuned choice (flat, tl.sum,
+4 warps: 1.56 us at T=1). The start-up validation compares any of them with torch on the GPU before
+it is trusted, and the CPU tests compare the halvings with torch_reduce_model bit for bit.
 
 Shapes: width % 4 == 0 (16-byte aligned fp32 rows in torch's temporary, as the fast kernel), lanes
 32..512 (NW is capped at lanes / 32), at most MAX_ITERS vectors per lane.
@@ -214,10 +216,12 @@ def enabled() -> bool:
 
 def tl_sum(interpret: bool) -> bool:
     """Triton's own reduction for the (h, w) levels (GPU only; ``RLTBENCH_NORM_LOWWARP_TLSUM=1`` or
-    tuned ``lowwarp_tl_sum``). Off by default: on the H200 (Triton 3.6) it matched torch at 4 and 8
-    warps but not at 2 (64-lane plans) or 16 (results/gpu/tune/exact_checks.json: variance
-    mismatches), so its lowering is not torch's order in general; the explicit size-2 halvings are
-    one add per pair whatever the layout (three barriers instead of one)."""
+    tuned ``lowwarp_tl_sum``). Off by default: on the 4-D tile under Triton 3.6 it did not match
+    torch at 2 and 16 warps (session 5, variance mismatches: that tile's layout puts r and w on
+    lanes), so it is not torch's order on every layout; the explicit size-2 halvings are one add per
+    pair whatever the layout (three barriers instead of one). On the flat tile (flat()) it is the
+    intended butterfly: the H200's tuned file turns both on (0 mismatches at 1, 2 and 4 warps,
+    T=1 1.56 us against 1.65 for the halvings, results/gpu/tune, session 6)."""
     return (not interpret) and bool(tuned.knob("RLTBENCH_NORM_LOWWARP_TLSUM", "norm_fast", "lowwarp_tl_sum",
                                                False))
 
@@ -226,7 +230,7 @@ def flat() -> bool:
     """The flat lane tile (_lanes FLAT; ``RLTBENCH_NORM_LOWWARP_FLAT`` / tuned ``lowwarp_flat``): the
     intended layout under every Triton (sm_90 SASS with Triton 3.6: 5 shuffles, the exchange, the
     warp levels; the 4-D tile adds 8 shuffles and a second exchange there). Same adds, same order
-    either way; off until a GPU has timed it."""
+    either way. Off by default; tuned on for the H200 with tl_sum() (results/gpu/tune)."""
     return bool(tuned.knob("RLTBENCH_NORM_LOWWARP_FLAT", "norm_fast", "lowwarp_flat", False))
 
 
