@@ -254,19 +254,29 @@ def compare(outs: Any, refs: Any) -> dict[str, float]:
             "max_ulp": max_ulp}
 
 
-def oracle_ulps(outs: Any, oracles: Any) -> dict[str, float]:
+def oracle_ulps(outs: Any, oracles: Any, terms: Any = None) -> dict[str, float]:
     """Max / mean distance to the fp64 oracle in ulps of the output dtype *at the oracle value*
-    (oracle.ulp_distance: fractional, 0.5 = correctly rounded at best)."""
+    (oracle.ulp_distance: fractional, 0.5 = correctly rounded at best) and, with the terms'
+    magnitudes, the max ratio of the error to the approx arm's stated bound (oracle.bound_ratio:
+    <= 1 within it; the ULP figure alone blows up where an output cancels)."""
+    from rltbench.kernels.oracle import bound_ratio
     from rltbench.kernels.oracle import ulp_distance as oracle_ulp
 
-    mx, total, n = 0.0, 0.0, 0
-    for o, y in zip(_tensors(outs), _tensors(oracles), strict=True):
+    mx, total, n, ratio = 0.0, 0.0, 0, 0.0
+    outs_t, ys = _tensors(outs), _tensors(oracles)
+    ts = _tensors(terms) if terms is not None else [None] * len(ys)
+    for o, y, t in zip(outs_t, ys, ts, strict=True):
         u = oracle_ulp(o.detach(), y)
         if u.numel():
             mx = max(mx, float(u.max()))
             total += float(u.sum())
             n += u.numel()
-    return {"max": mx, "mean": total / n if n else float("nan")}
+            if t is not None:
+                ratio = max(ratio, float(bound_ratio(o.detach(), y, t).max()))
+    res = {"max": mx, "mean": total / n if n else float("nan")}
+    if terms is not None:
+        res["bound_ratio"] = ratio
+    return res
 
 
 def _fused_count(stats: Any) -> int | None:
@@ -314,6 +324,7 @@ def check_case(case: Case, arms: Iterable[str], device: torch.device, seed: int,
     inputs = make_inputs(case, device, seed)
     ref = oc.run(ops_factory("torch", "all"), clone_tree(inputs))
     oracle = oc.oracle(inputs)
+    terms = oc.terms(inputs)
     oracle_r = [o.to(DTYPES[case.dtype]) for o in _tensors(oracle)]
     nbytes = int(oc.bytes_moved(inputs))
     result: dict[str, dict[str, Any]] = {}
@@ -324,7 +335,7 @@ def check_case(case: Case, arms: Iterable[str], device: torch.device, seed: int,
         after = _fused_count(getattr(ops, "stats", None))
         vs_ref = compare(out, ref)
         vs_oracle = compare(out, oracle_r)
-        ulp_oracle = oracle_ulps(out, oracle)
+        ulp_oracle = oracle_ulps(out, oracle, terms)
         fused = None if before is None or after is None else after - before
         result[arm] = {
             "nbytes": nbytes,
@@ -334,6 +345,7 @@ def check_case(case: Case, arms: Iterable[str], device: torch.device, seed: int,
             "max_ulp_vs_torch": vs_ref["max_ulp"],
             "max_ulp_vs_oracle": ulp_oracle["max"],
             "mean_ulp_vs_oracle": ulp_oracle["mean"],
+            "max_err_over_bound": ulp_oracle["bound_ratio"],
             "share_differs_oracle": vs_oracle["mismatch_share"],
             "fused_calls": fused,
             "ops_stats": _stats_dict(getattr(ops, "stats", None)),

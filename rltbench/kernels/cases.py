@@ -39,7 +39,8 @@ ROPE_THETA = {"rope_neox": 1_000_000.0, "rope_interleaved": 50_000.0}
 class OpCase:
     """make_inputs(tokens, width, dtype, device, generator) -> dict; run(ops, inputs) -> tuple of
     outputs; bytes_moved(inputs) = inputs read once + outputs written once; oracle(inputs) ->
-    tuple of fp64 outputs (same order as run)."""
+    tuple of fp64 outputs (same order as run); terms(inputs) -> the magnitude of the terms of each
+    output's last sum (fp64, same order: the scale of the approx bound's fp32 slack, oracle.py)."""
 
     name: str
     family: str  # "norm" | "rope" | "act": the OpSelection field that selects it
@@ -47,6 +48,7 @@ class OpCase:
     run: Callable[[Ops, Inputs], tuple[Tensor, ...]]
     oracle: Callable[[Inputs], tuple[Tensor, ...]]
     output_keys: tuple[str, ...]  # the inputs whose shape/dtype each output has
+    terms: Callable[[Inputs], tuple[Tensor, ...]]
 
     def bytes_moved(self, inputs: Inputs) -> int:
         read = sum(t.numel() * t.element_size() for t in inputs.values())
@@ -118,6 +120,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: (ops.rms_norm(d["x"], d["w"], EPS),),
         lambda d: (orc.rms_norm(d["x"], d["w"], EPS),),
         ("x",),
+        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS),),
     ),
     "rmsnorm_huginn": OpCase(
         "rmsnorm_huginn",
@@ -126,6 +129,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: (ops.rms_norm_huginn(d["x"], d["w"], EPS),),
         lambda d: (orc.rms_norm(d["x"], d["w"], EPS),),
         ("x",),
+        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS),),
     ),
     "rmsnorm_residual": OpCase(
         "rmsnorm_residual",
@@ -134,6 +138,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: (ops.residual_rms_norm(d["residual"], d["x"], d["w"], EPS),),
         lambda d: (orc.rms_norm(d["x"], d["w"], EPS, residual=d["residual"]),),
         ("x",),
+        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS, residual=d["residual"]),),
     ),
     "add_rmsnorm_huginn": OpCase(
         "add_rmsnorm_huginn",
@@ -142,6 +147,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: (ops.add_rms_norm_huginn(d["x"], d["branch"], d["w"], EPS),),
         lambda d: (orc.rms_norm(d["x"], d["w"], EPS, branch=d["branch"]),),
         ("x",),
+        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS, branch=d["branch"]),),
     ),
     "rope_neox": OpCase(
         "rope_neox",
@@ -150,6 +156,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: ops.rope_neox(d["q"], d["k"], d["cos"], d["sin"]),
         lambda d: orc.rope_neox(d["q"], d["k"], d["cos"], d["sin"]),
         ("q", "k"),
+        lambda d: orc.rope_neox_terms(d["q"], d["k"], d["cos"], d["sin"]),
     ),
     "rope_interleaved": OpCase(
         "rope_interleaved",
@@ -158,6 +165,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: ops.rope_interleaved(d["q"], d["k"], d["cos"], d["sin"]),
         lambda d: orc.rope_interleaved(d["q"], d["k"], d["cos"], d["sin"]),
         ("q", "k"),
+        lambda d: orc.rope_interleaved_terms(d["q"], d["k"], d["cos"], d["sin"]),
     ),
     "silu_mul": OpCase(
         "silu_mul",
@@ -166,6 +174,7 @@ _CASES: dict[str, OpCase] = {
         lambda ops, d: (ops.silu_mul(d["gate"], d["up"]),),
         lambda d: (orc.silu_mul(d["gate"], d["up"]),),
         ("gate",),
+        lambda d: (orc.silu_mul_terms(d["gate"], d["up"]),),
     ),
 }
 

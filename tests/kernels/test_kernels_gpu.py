@@ -161,7 +161,9 @@ APPROX_NORM_SETTINGS = {
 def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launch setting the tuner may pick for the approx norm (one row per program, the
     persistent kernel, evict-first/streaming memory ops) keeps the approx arm's stated bound on the
-    GPU: bf16 <= 0.6 ulp against the fp64 oracle, on strided rows with more rows than programs."""
+    GPU (oracle.bound_ratio: 0.6 ulp + the fp32 slack, which only the residual form's cancelling
+    outputs need: up to 63 ulp there, results/gpu/tests of session 6), on strided rows with more
+    rows than programs."""
     from rltbench.kernels.oracle import error_summary
 
     for k, v in APPROX_NORM_SETTINGS[setting].items():
@@ -170,8 +172,9 @@ def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch:
     ops = make_ops(OpSelection.approx(scope="all"))
     d = case.make_inputs(3000, 2048, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(5))
     inputs = {k: (strided_rows(v) if v.dim() == 2 else v) for k, v in d.items()}
-    outs, oracle = case.run(ops, inputs), case.oracle(inputs)
-    for out, o in zip(outs, oracle, strict=True):
-        err = error_summary(out, o)
-        assert err["max_ulp"] <= 0.6, (name, setting, err)
+    outs, oracle, terms = case.run(ops, inputs), case.oracle(inputs), case.terms(inputs)
+    for out, o, t in zip(outs, oracle, terms, strict=True):
+        err = error_summary(out, o, terms=t)
+        assert err["max_bound_ratio"] <= 1.0, (name, setting, err)
+        assert err["mean_ulp"] <= 0.26, (name, setting, err)        # one rounding: 0.25 on average
     assert ops.stats.fused and ops.stats.fallback_count() == 0
