@@ -40,7 +40,10 @@ def rlt(args: str, out: str) -> list[str]:
 STAGES: dict[str, tuple[int, list[str]]] = {
     "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
-    "tests": (260, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+    # 4 workers: one process took 115 s with a warm Triton cache and ran out of 260 s twice on a cold
+    # one (session 6, after the low-warp kernels' new specialisations)
+    "tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                    "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
                          "--repeats 50", "kernels")),
