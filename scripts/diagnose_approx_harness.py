@@ -36,8 +36,10 @@ from rltbench.results import RunDir
 EPS = 1e-6
 
 
-def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, GraphCalls], int, int]:
-    """The captured graphs: name -> GraphCalls, plus the number of input sets and bytes per call."""
+def variants(T: int, W: int, calls: int, dev: torch.device
+             ) -> tuple[dict[str, GraphCalls], int, int, dict[str, list[int]]]:
+    """The captured graphs: name -> GraphCalls, the number of input sets, bytes per call, and the
+    weight rows' device addresses per harness (placement is a suspect)."""
     case = Case("rmsnorm", "bf16", W, T)
     oc = op_case("rmsnorm")
     cfg = BenchConfig(ops=["rmsnorm"], tokens=[T], dtypes=["bf16"], widths=[W], arms=["approx"],
@@ -50,6 +52,11 @@ def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, G
     xs = [torch.randn((T, W), generator=g, device=dev).to(torch.bfloat16) for _ in range(n)]
     w = torch.randn(W, generator=g, device=dev).to(torch.bfloat16)
     outs = [torch.empty_like(xs[0]) for _ in range(n)]
+    # kernel_tune.py's cold weights (one per set, allocated after the rows), and the sweep's weight
+    # values copied into buffers allocated the same way: values vs placement (session 6: the tuner
+    # with per-set weights 9.99 us, the sweep 10.38 us, same kernel and knobs)
+    ws = [(1 + 0.1 * torch.randn(W, generator=g, device=dev)).to(torch.bfloat16) for _ in range(n)]
+    sweep_ws_moved = [torch.empty_like(ws[0]).copy_(d["w"]) for d in sweep_sets]
     ops = make_arm_ops("approx", "all")
     return {
         # kernel_tune.py's way: own inputs, one preallocated output per input set
@@ -65,6 +72,12 @@ def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, G
             lambda i: rms_norm_approx_rows(sweep_sets[i % n]["x"], w, EPS, outs[i % n]), calls),
         "tuner x, sweep weights": GraphCalls(
             lambda i: rms_norm_approx_rows(xs[i % n], sweep_sets[i % n]["w"], EPS, outs[i % n]), calls),
+        "tuner x, tuner per-set weights": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], ws[i % n], EPS, outs[i % n]), calls),
+        "sweep x, tuner per-set weights": GraphCalls(
+            lambda i: rms_norm_approx_rows(sweep_sets[i % n]["x"], ws[i % n], EPS, outs[i % n]), calls),
+        "tuner x, sweep weight values in tuner-placed buffers": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], sweep_ws_moved[i % n], EPS, outs[i % n]), calls),
         "tuner x, one sweep weight": GraphCalls(
             lambda i: rms_norm_approx_rows(xs[i % n], sweep_sets[0]["w"], EPS, outs[i % n]), calls),
         # the tuner's inputs through the arm's Ops (output allocated in the graph), outputs rotating
@@ -77,7 +90,8 @@ def variants(T: int, W: int, calls: int, dev: torch.device) -> tuple[dict[str, G
         "sweep: Ops, every output kept": GraphCalls(lambda i: oc.run(ops, sweep_sets[i % n]), calls),
         "copy: preallocated outputs": GraphCalls(lambda i: outs[i % n].copy_(xs[i % n]), calls),
         "copy: clone in the graph (window n)": GraphCalls(lambda i: xs[i % n].clone(), calls, keep_outputs=n),
-    }, n, nbytes
+    }, n, nbytes, {"sweep": [d["w"].data_ptr() for d in sweep_sets], "tuner": [t.data_ptr() for t in ws],
+                   "sweep_x": [d["x"].data_ptr() for d in sweep_sets]}
 
 
 def main() -> int:
@@ -95,7 +109,7 @@ def main() -> int:
     dev = torch.device("cuda", torch.cuda.current_device())
     run = RunDir.create("approx-harness", args.result_dir, argv=sys.argv)
     copy = measure_copy_bandwidth(dev)
-    graphs, n_sets, nbytes = variants(args.tokens, args.width, args.calls, dev)
+    graphs, n_sets, nbytes, addresses = variants(args.tokens, args.width, args.calls, dev)
     samples = time_interleaved({k: g.replay for k, g in graphs.items()}, calls=args.calls, rounds=args.rounds,
                                reps=args.reps)
     rows: list[dict[str, Any]] = []
@@ -109,7 +123,8 @@ def main() -> int:
         rows.append({"variant": name, "median_us": st.median, "p10_us": st.p10, "p90_us": st.p90,
                      "pct_copy": pct, "samples_us": s})
         lines.append(f"| {name} | {st.median:.2f} | {st.p10:.2f} | {st.p90:.2f} | {pct:.1f} |")
-    run.write_json("variants.json", {"copy": copy, "sets": n_sets, "calls": args.calls, "rows": rows})
+    run.write_json("variants.json", {"copy": copy, "sets": n_sets, "calls": args.calls, "rows": rows,
+                                     "weight_addresses": addresses})
     text = "\n".join(lines) + "\n"
     run.write_markdown("table.md", text)
     run.update_manifest(status="complete")
