@@ -264,8 +264,10 @@ def time_approx(dev: torch.device, copy_gbps: float, calls: int, rounds: int, re
                 ) -> list[dict[str, Any]]:
     """Approx norm at T=4096 per (rows, warps): % of the measured copy (cold L2). Each input set
     has its own weight row, cold like the rows (as in a model, whose norm weight was last read a
-    layer ago, and in the kernels sweep): with one weight for every call it stayed L2-hot, and the
-    tuner measured 9.93 us where the sweep measured 10.55 for the same kernel (session 6)."""
+    layer ago, and in the kernels sweep). With one weight for every call it stayed L2-hot: one row
+    per program took 9.93 us (results/gpu/tune, session 6), 10.25 with cold per-set weights
+    (results/gpu/tune-approx); the sweep measured 10.55 (commit 3af642d's results/gpu/kernels), so
+    the weights explain about half of that gap."""
     rows = []
     for W, huginn in ((2048, False), (5280, True)):
         T = 4096
