@@ -15,6 +15,7 @@ ways), so the difference can be pinned to one of them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -57,7 +58,36 @@ def variants(T: int, W: int, calls: int, dev: torch.device
     # with per-set weights 9.99 us, the sweep 10.38 us, same kernel and knobs)
     ws = [(1 + 0.1 * torch.randn(W, generator=g, device=dev)).to(torch.bfloat16) for _ in range(n)]
     sweep_ws_moved = [torch.empty_like(ws[0]).copy_(d["w"]) for d in sweep_sets]
+    # placement: the per-set weights each in its own 2 MiB page, or packed as rows of one buffer
+    apart = torch.empty(n * (1 << 20), device=dev, dtype=torch.bfloat16)
+    ws_apart = [apart[i << 20:(i << 20) + W].copy_(ws[i]) for i in range(n)]
+    packed = torch.stack(ws)
+    ws_packed = [packed[i] for i in range(n)]
     ops = make_arm_ops("approx", "all")
+
+    def sweep_with(env: dict[str, str]) -> GraphCalls:
+        """The sweep's graph captured with launch knobs set (read at capture time)."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return GraphCalls(lambda i: oc.run(ops, sweep_sets[i % n]), calls, keep_outputs=n)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    knobs = {
+        "sweep: Ops, weight before the row (wload 0)": {"RLTBENCH_APPROX_NORM_WLOAD": "0"},
+        "sweep: Ops, weight evict-last (wload 2)": {"RLTBENCH_APPROX_NORM_WLOAD": "2"},
+        "sweep: Ops, PDL 1, weight before the wait": {"RLTBENCH_APPROX_NORM_PDL": "1",
+                                                      "RLTBENCH_APPROX_NORM_WLOAD": "0"},
+        "sweep: Ops, PDL 2, weight before the wait": {"RLTBENCH_APPROX_NORM_PDL": "2",
+                                                      "RLTBENCH_APPROX_NORM_WLOAD": "0"},
+        "sweep: Ops, PDL 1, weight after the row": {"RLTBENCH_APPROX_NORM_PDL": "1",
+                                                    "RLTBENCH_APPROX_NORM_WLOAD": "1"},
+    }
     return {
         # kernel_tune.py's way: own inputs, one preallocated output per input set
         "tuner: preallocated outputs": GraphCalls(
@@ -78,6 +108,11 @@ def variants(T: int, W: int, calls: int, dev: torch.device
             lambda i: rms_norm_approx_rows(sweep_sets[i % n]["x"], ws[i % n], EPS, outs[i % n]), calls),
         "tuner x, sweep weight values in tuner-placed buffers": GraphCalls(
             lambda i: rms_norm_approx_rows(xs[i % n], sweep_ws_moved[i % n], EPS, outs[i % n]), calls),
+        "tuner x, per-set weights 2 MiB apart": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], ws_apart[i % n], EPS, outs[i % n]), calls),
+        "tuner x, per-set weights packed in one buffer": GraphCalls(
+            lambda i: rms_norm_approx_rows(xs[i % n], ws_packed[i % n], EPS, outs[i % n]), calls),
+        **{name: sweep_with(env) for name, env in knobs.items()},
         "tuner x, one sweep weight": GraphCalls(
             lambda i: rms_norm_approx_rows(xs[i % n], sweep_sets[0]["w"], EPS, outs[i % n]), calls),
         # the tuner's inputs through the arm's Ops (output allocated in the graph), outputs rotating
@@ -91,7 +126,8 @@ def variants(T: int, W: int, calls: int, dev: torch.device
         "copy: preallocated outputs": GraphCalls(lambda i: outs[i % n].copy_(xs[i % n]), calls),
         "copy: clone in the graph (window n)": GraphCalls(lambda i: xs[i % n].clone(), calls, keep_outputs=n),
     }, n, nbytes, {"sweep": [d["w"].data_ptr() for d in sweep_sets], "tuner": [t.data_ptr() for t in ws],
-                   "sweep_x": [d["x"].data_ptr() for d in sweep_sets]}
+                   "sweep_x": [d["x"].data_ptr() for d in sweep_sets],
+                   "tuner_x": [t.data_ptr() for t in xs]}
 
 
 def main() -> int:

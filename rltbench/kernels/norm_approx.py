@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
+from rltbench.kernels import pdl
 from rltbench.kernels.layout import row_stride
+from rltbench.kernels.pdl import wait as pdl_wait
 from rltbench.kernels.rounding import dtype_code, interpret_mode, load_f32, store_f32
 
 MAX_WIDTH = 65536
@@ -67,8 +69,10 @@ def _rms_norm_approx_kernel(
     BLOCK_C: tl.constexpr,
     STREAM: tl.constexpr,
     WLOAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """One program per BLOCK_R rows. WLOAD: where the weight row is loaded (_wload)."""
+    """One program per BLOCK_R rows. WLOAD: where the weight row is loaded (_wload). PDL (_pdl_mode):
+    the weight (WLOAD 0/2) is read before ``griddepcontrol.wait``, the rows after it."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
     cols = tl.arange(0, BLOCK_C)[None, :]
     mask = (rows < R) & (cols < W)
@@ -77,6 +81,7 @@ def _rms_norm_approx_kernel(
     # weight per input set, results/gpu/approx-harness-before)
     if WLOAD != 1:
         w = _ld_w(w_ptr + cols, cols < W, DT, INTERPRET, WLOAD)
+    pdl_wait(PDL)
     v = _ld(x_ptr + rows * sx + cols, mask, DT, INTERPRET, STREAM)
     if HAS_B:
         v += _ld(b_ptr + rows * sb + cols, mask, DT, INTERPRET, STREAM)
@@ -176,6 +181,13 @@ def _wload(width: int) -> int:
     return v
 
 
+def _pdl_mode(x: torch.Tensor, interp: bool) -> int:
+    """Programmatic dependent launch for the one-row kernel (``RLTBENCH_APPROX_NORM_PDL`` / tuned
+    ``pdl``, modes as pdl.py; 0 by default): the launch and the weight's load overlap the previous
+    kernel's tail; the rows are read only after it has completed."""
+    return pdl.mode_for(x, interp, _knob("RLTBENCH_APPROX_NORM_PDL", "pdl", 0, x.shape[-1]))
+
+
 @functools.lru_cache(maxsize=8)
 def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
@@ -243,4 +255,5 @@ def rms_norm_approx_rows(
         STREAM=_stream(W),
         WLOAD=_wload(W),
         num_warps=nw,
+        **pdl.launch_kwargs(_pdl_mode(x, interp)),
     )

@@ -86,15 +86,21 @@ def requested_mode() -> int:
     return m
 
 
-def mode_for(t: torch.Tensor, interpret: bool) -> int:
-    """The PDL mode a launch on t's device uses (0 where PDL cannot run)."""
-    if interpret or not t.is_cuda:
-        return 0
-    m = requested_mode()
-    if m == 0 or not triton_supports():
-        return 0
+def usable(t: torch.Tensor, interpret: bool) -> bool:
+    """PDL can run for a launch on t's device: CUDA, compute capability >= 9.0, a capable Triton."""
+    if interpret or not t.is_cuda or not triton_supports():
+        return False
     idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return m if _capability(idx) >= (9, 0) else 0
+    return _capability(idx) >= (9, 0)
+
+
+def mode_for(t: torch.Tensor, interpret: bool, requested: int | None = None) -> int:
+    """The PDL mode a launch on t's device uses (0 where PDL cannot run); `requested` overrides
+    the global knob (a kernel with its own tuned mode, e.g. the approx norm)."""
+    m = requested_mode() if requested is None else requested
+    if m not in MODES:
+        raise ValueError(f"PDL mode must be one of {MODES}, got {m}")
+    return m if m and usable(t, interpret) else 0
 
 
 def launch_kwargs(mode: int) -> dict[str, Any]:
@@ -111,4 +117,6 @@ def describe() -> dict[str, Any]:
     return {"mode": m, "triton_supports": triton_supports()}
 
 
-__all__ = ["MODES", "describe", "launch_kwargs", "mode_for", "requested_mode", "triton_supports", "wait"]
+__all__ = [
+    "MODES", "describe", "launch_kwargs", "mode_for", "requested_mode", "triton_supports", "usable", "wait",
+]

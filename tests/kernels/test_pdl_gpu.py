@@ -137,3 +137,44 @@ def test_pdl_silu_and_rope_read_the_gemm_output(mode: int, monkeypatch: pytest.M
         src2.copy_(torch.randn(src2.shape, generator=gen, device="cuda").to(torch.bfloat16))
 
     _replay_check(capture, reference, fill)
+
+
+@pytest.mark.parametrize("wload", [0, 1])
+@pytest.mark.parametrize("mode", [1, 2])
+def test_pdl_approx_norm_reads_the_gemm_output(mode: int, wload: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The approx norm's own PDL knob: the weight is read before the wait (wload 0) or after it
+    (wload 1); either way the rows must be the GEMM's fresh output, i.e. the same bits as the
+    same kernel launched without PDL."""
+    import os
+
+    from rltbench.kernels.norm_approx import rms_norm_approx_rows
+
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_WLOAD", str(wload))
+    T = 4096
+    gen = torch.Generator(device="cuda").manual_seed(11 + mode)
+    src, a = _gemm_inputs(T, W, gen)
+    w = (1 + 0.1 * torch.randn(W, generator=gen, device="cuda")).to(torch.bfloat16)
+    x = torch.empty(T, W, device="cuda", dtype=torch.bfloat16)
+    y, out = torch.empty_like(x), torch.empty_like(x)
+
+    def capture():
+        os.environ["RLTBENCH_APPROX_NORM_PDL"] = str(mode)
+        torch.matmul(src, a, out=x)
+        rms_norm_approx_rows(x, w, EPS, y)          # PDL after the GEMM
+        rms_norm_approx_rows(y, w, EPS, out)        # PDL after PDL
+        return y, out
+
+    def reference():
+        os.environ["RLTBENCH_APPROX_NORM_PDL"] = "0"
+        yy, oo = torch.empty_like(x), torch.empty_like(x)
+        rms_norm_approx_rows(src @ a, w, EPS, yy)
+        rms_norm_approx_rows(yy, w, EPS, oo)
+        return yy, oo
+
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "0")   # restored after the test
+
+    def fill(i: int) -> None:
+        src.copy_(torch.randn(src.shape, generator=gen, device="cuda").to(torch.bfloat16) * (1 + i))
+
+    _replay_check(capture, reference, fill)
