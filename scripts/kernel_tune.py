@@ -88,6 +88,9 @@ ROW_IO = "row I/O (x*w, no reduction)"
 APPROX_T1 = "approx norm"
 REFERENCE_ROWS = ("torch", FLOOR, ROW_IO, APPROX_T1)
 SAME_SIZE_COPY = "same-size copy"   # reference row of the approx table, not a kernel configuration
+# PDL configurations of the approx norm apply from this many rows: they are timed at T=4096 only, and
+# PDL made the decode step slower on the exact kernels (results/gpu/profile-pdl1, -pdl2)
+PDL_MIN_ROWS = 1024
 # approx norm: one program per row block (rows x warps), or the persistent kernel (programs per SM
 # x software-pipeline stages x warps)
 APPROX_CONFIGS: dict[str, dict[str, str]] = {
@@ -113,12 +116,23 @@ APPROX_CONFIGS: dict[str, dict[str, str]] = {
        for sfx, st in (("", "0"), ("-stream", "1")) for wname, wl in (("wafter", "1"), ("wlast", "2"))},
     **{f"rows2-w{nw}": {"RLTBENCH_APPROX_NORM_ROWS": "2", "RLTBENCH_APPROX_NORM_WARPS": str(nw)}
        for nw in (4, 8)},
+    # programmatic dependent launch (norm_approx.pdl_requested), the weight read before the wait
+    # (wload 0) or after the row (wload 1): the launch overlaps the previous call's tail
+    **{f"rows1-w{nw}{sfx}-pdl{m}{wname}": {
+        "RLTBENCH_APPROX_NORM_ROWS": "1", "RLTBENCH_APPROX_NORM_WARPS": str(nw),
+        "RLTBENCH_APPROX_NORM_STREAM": st,
+        "RLTBENCH_APPROX_NORM_WLOAD": wl, "RLTBENCH_APPROX_NORM_PDL": str(m),
+        "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS": str(PDL_MIN_ROWS)}
+       for nw, sfx, st, m, wname, wl in ((4, "-stream", "1", 1, "", "0"), (4, "-stream", "1", 2, "", "0"),
+                                         (4, "-stream", "1", 2, "-wafter", "1"), (8, "", "0", 2, "", "0"),
+                                         (8, "-stream", "1", 2, "", "0"))},
 }
 KNOBS = ("RLTBENCH_NORM_FAST", "RLTBENCH_NORM_FAST_WARPS", "RLTBENCH_NORM_TREE_SUM", "RLTBENCH_NORM_LOWWARP",
          "RLTBENCH_NORM_LOWWARP_TLSUM", "RLTBENCH_NORM_LOWWARP_WARPS", "RLTBENCH_NORM_LOWWARP_FLAT",
          "RLTBENCH_APPROX_NORM_ROWS", "RLTBENCH_APPROX_NORM_WARPS", "RLTBENCH_APPROX_NORM_PERSIST",
          "RLTBENCH_APPROX_NORM_STAGES", "RLTBENCH_APPROX_NORM_STREAM", "RLTBENCH_APPROX_NORM_WLOAD",
-         "RLTBENCH_ACT_BLOCK", "RLTBENCH_PDL")
+         "RLTBENCH_APPROX_NORM_PDL", "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "RLTBENCH_ACT_BLOCK",
+         "RLTBENCH_PDL")
 
 
 @contextlib.contextmanager
@@ -378,7 +392,9 @@ def _approx_knobs(config: str) -> dict[str, Any]:
             "persist": int(knobs.get("RLTBENCH_APPROX_NORM_PERSIST", 0)),
             "stages": int(knobs.get("RLTBENCH_APPROX_NORM_STAGES", 1)),
             "stream": int(knobs.get("RLTBENCH_APPROX_NORM_STREAM", 0)),
-            "wload": int(knobs.get("RLTBENCH_APPROX_NORM_WLOAD", 0)), "config": config}
+            "wload": int(knobs.get("RLTBENCH_APPROX_NORM_WLOAD", 0)),
+            "pdl": int(knobs.get("RLTBENCH_APPROX_NORM_PDL", 0)),
+            "pdl_min_rows": int(knobs.get("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", 0)), "config": config}
 
 
 def exact_slowdowns(exact: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:

@@ -181,11 +181,22 @@ def _wload(width: int) -> int:
     return v
 
 
+def pdl_requested(rows: int, width: int) -> int:
+    """The PDL mode asked for a launch over `rows` rows (``RLTBENCH_APPROX_NORM_PDL`` / tuned ``pdl``,
+    modes as pdl.py, 0 by default), 0 below ``RLTBENCH_APPROX_NORM_PDL_MIN_ROWS`` / tuned
+    ``pdl_min_rows``: PDL overlaps the launch and the weight's load with the previous kernel's tail
+    (at T=4096: 9.25 vs 10.26 us per call, results/gpu/approx-harness), but at decode sizes PDL on the
+    exact kernels made the step slower (results/gpu/profile-pdl1), so small launches stay plain."""
+    mode = _knob("RLTBENCH_APPROX_NORM_PDL", "pdl", 0, width)
+    if mode not in pdl.MODES:
+        raise ValueError(f"RLTBENCH_APPROX_NORM_PDL must be one of {pdl.MODES}, got {mode}")
+    min_rows = _knob("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "pdl_min_rows", 0, width)
+    return mode if rows >= min_rows else 0
+
+
 def _pdl_mode(x: torch.Tensor, interp: bool) -> int:
-    """Programmatic dependent launch for the one-row kernel (``RLTBENCH_APPROX_NORM_PDL`` / tuned
-    ``pdl``, modes as pdl.py; 0 by default): the launch and the weight's load overlap the previous
-    kernel's tail; the rows are read only after it has completed."""
-    return pdl.mode_for(x, interp, _knob("RLTBENCH_APPROX_NORM_PDL", "pdl", 0, x.shape[-1]))
+    """The mode the one-row kernel launches with: the request, where the device can do PDL."""
+    return pdl.mode_for(x, interp, pdl_requested(x.shape[0], x.shape[-1]))
 
 
 @functools.lru_cache(maxsize=8)

@@ -127,3 +127,25 @@ def test_approx_norm_weight_load_placement_same_bits(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RLTBENCH_APPROX_NORM_WLOAD", "3")
     with pytest.raises(ValueError, match="WLOAD"):
         rms_norm_approx_rows(x, w, 1e-6, torch.empty_like(x))
+
+
+def test_approx_norm_pdl_request_by_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PDL is asked for only from the configured row count up, invalid modes are refused, and a CPU
+    (interpreter) launch never uses it whatever is asked (same bits as a plain launch)."""
+    from rltbench.kernels import norm_approx
+
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "2")
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "1024")
+    assert norm_approx.pdl_requested(4096, 2048) == 2
+    assert norm_approx.pdl_requested(1024, 2048) == 2
+    assert norm_approx.pdl_requested(1023, 2048) == 0
+    assert norm_approx.pdl_requested(1, 2048) == 0
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "0")
+    assert norm_approx.pdl_requested(1, 2048) == 2
+    x = torch.randn(3, 64).bfloat16()
+    assert norm_approx._pdl_mode(x, interp=True) == 0
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "0")
+    assert norm_approx.pdl_requested(4096, 2048) == 0
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "3")
+    with pytest.raises(ValueError, match="PDL"):
+        norm_approx.pdl_requested(4096, 2048)
