@@ -78,3 +78,32 @@ def test_from_results_bad_directory_is_one_line_and_exit_2(kt: dict, tmp_path: P
     assert kt["main"]() == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a kernel_tune.py result directory" in err[0]
+
+
+def _approx_rows(pct: dict[int, dict[str, float]]) -> list[dict]:
+    return [{"width": W, "config": c, "pct_copy": p, "median_us": 100 / p}
+            for W, per in pct.items() for c, p in per.items()] + \
+        [{"width": W, "config": "same-size copy", "pct_copy": 99.0, "median_us": 1.0} for W in pct]
+
+
+def test_approx_incumbent_kept_within_the_margin_replaced_beyond_it(kt: dict) -> None:
+    """Session 7: rows2-w8 led the incumbent persist8-s3-w8 at width 5280 by 0.01 us and then ran
+    27 us in the sweep (the incumbent 24): a lead inside RESELECT_MARGIN keeps the incumbent (and
+    says what it was kept over); the PDL configuration's 7% lead at 2048 replaces it."""
+    pct = {2048: {"rows1-w4-stream-wafter": 80.8, "rows1-w4-stream-pdl2": 86.9},
+           5280: {"persist8-s3-w8": 86.76, "rows2-w8": 86.8}}
+    incumbent = {"config": "rows1-w4-stream-wafter",
+                 "by_width": {"2048": {"config": "rows1-w4-stream-wafter"},
+                              "5280": {"config": "persist8-s3-w8"}}}
+    sec = kt["best_knobs"]([], _approx_rows(pct), [], incumbent)["norm_approx"]
+    assert sec["by_width"]["2048"]["config"] == "rows1-w4-stream-pdl2"
+    assert sec["by_width"]["2048"]["pdl"] == 2 and sec["by_width"]["2048"]["pdl_min_rows"] == 1024
+    assert "kept_over" not in sec["by_width"]["2048"]
+    assert sec["by_width"]["5280"]["config"] == "persist8-s3-w8"
+    assert sec["by_width"]["5280"]["kept_over"]["config"] == "rows2-w8"
+    assert sec["by_width"]["5280"]["persist"] == 8
+    # no incumbent (first run, or a configuration no longer timed): plain best
+    fresh = kt["best_knobs"]([], _approx_rows(pct), [], None)["norm_approx"]
+    assert fresh["by_width"]["5280"]["config"] == "rows2-w8"
+    gone = kt["best_knobs"]([], _approx_rows(pct), [], {"config": "rows9-w1"})["norm_approx"]
+    assert gone["by_width"]["5280"]["config"] == "rows2-w8"
