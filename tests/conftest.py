@@ -39,3 +39,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# GPU memory under pytest-xdist: each worker is a process with its own caching allocator, which
+# keeps every freed block for reuse. Session 7's `-n 4` run lost three tests to OOM because one
+# worker's cache had grown to 129 GiB of the H200's 140 (bulk bitwise sweeps over many shapes).
+# A per-process cap makes the allocator release its cached blocks when it reaches the cap instead
+# of taking the other workers' memory; the cache is also emptied after each GPU test.
+GPU_MEMORY_SHARE = 0.9
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gpu_memory_share(request: pytest.FixtureRequest) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers > 1 and request.config.getoption("--run-gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / workers)
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_cache(request: pytest.FixtureRequest):
+    yield
+    if "gpu" in request.keywords and request.config.getoption("--run-gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

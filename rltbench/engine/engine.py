@@ -48,6 +48,19 @@ T = TypeVar("T")
 PrefillKey = tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]
 
 
+def cuda_free_bytes(device: torch.device) -> int:
+    """Free memory this process may still take on `device`: the driver's free bytes, capped by the
+    process's memory fraction when one is set (``torch.cuda.set_per_process_memory_fraction``, e.g.
+    by the GPU test runner's workers), minus what the allocator already holds against that cap."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None:
+        fraction = float(get_fraction(device))
+        if fraction < 1.0:
+            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
+    return max(0, int(free))
+
+
 def _is_ops(x: Any) -> bool:
     return hasattr(x, "rms_norm") and hasattr(x, "silu_mul")
 
@@ -250,7 +263,7 @@ class Engine:
             n = int(cfg.kv_cache_gib * 2**30 // bpb)
             budget = f"--kv-cache-gib {cfg.kv_cache_gib:g} ({cfg.kv_cache_gib * 2**30:,.0f} bytes)"
         elif self.device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(self.device)
+            free = cuda_free_bytes(self.device)
             n = int((free - cfg.kv_headroom_gib * 2**30) // bpb)
             budget = f"free GPU memory {free / 2**30:.1f} GiB minus {cfg.kv_headroom_gib:g} GiB headroom"
         else:

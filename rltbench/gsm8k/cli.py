@@ -170,11 +170,18 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
         raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
     on_cuda = next(model.parameters()).device.type == "cuda"
     prefix_ok = model.config.family != "huginn" or bool(getattr(model, "prefix_cache_safe", False))
+    # the KV pool this workload can use: batch_size sequences of max_context tokens, plus one
+    # sequence's worth so the shared few-shot prefix can stay cached; sized from free memory it took
+    # 129 GiB of an H200 for a 4 x 2k-token run (and starved the processes sharing the GPU)
+    block = EngineConfig.block_size
+    blocks_per_seq = -(-max_context // block)
     cfg = EngineConfig(
+        block_size=block,
         max_num_seqs=batch_size,
         enable_prefix_caching=prefix_ok,
         use_cuda_graph=on_cuda,
         max_model_len=max_context,
+        num_blocks=(batch_size + 1) * blocks_per_seq,
     )
     return Engine(model, arms={a: ARMS[a] for a in arms}, config=cfg)
 

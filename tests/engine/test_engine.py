@@ -333,3 +333,28 @@ def test_arm_names_from_kernels_registry(ouro_tiny):
 def test_kv_pool_too_small_names_the_block_size_and_budget(ouro_tiny, ops):
     with pytest.raises(UsageError, match=r"one block of 4 tokens needs [\d,]+ bytes .*--kv-cache-gib 1e-07"):
         make_engine(ouro_tiny, ops, num_blocks=None, kv_cache_gib=1e-7)
+
+
+def test_gsm8k_engine_kv_pool_is_sized_to_its_workload() -> None:
+    """The gsm8k engine holds batch_size + 1 sequences of max_context tokens, not all free memory
+    (sized from free memory it took 129 GiB of an H200 for a 4 x 2k-token run)."""
+    from rltbench.gsm8k.cli import make_engine as gsm8k_engine
+    from tests.engine.engine_testutil import tiny_model as _tiny
+
+    eng = gsm8k_engine(_tiny("ouro-tiny"), ["torch"], batch_size=3, max_context=200)
+    per_seq = -(-200 // eng.blocks.block_size)
+    assert eng.num_blocks == 4 * per_seq
+    assert eng.max_model_len == 200
+
+
+def test_cuda_free_bytes_honours_the_process_memory_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a per-process cap (pytest-xdist GPU workers) the free-memory KV sizing stays inside it."""
+    from rltbench.engine import engine as engine_mod
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (100 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 5 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 0.25, raising=False)
+    assert engine_mod.cuda_free_bytes(torch.device("cuda", 0)) == 35 * gib - 5 * gib
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0, raising=False)
+    assert engine_mod.cuda_free_bytes(torch.device("cuda", 0)) == 100 * gib
