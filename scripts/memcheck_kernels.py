@@ -4,9 +4,10 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/memcheck_kernels.py
 
 Covers the exact and approx arm of every op (row offsets, strided rows, odd widths, T = 1, 3
-and 130), the one-launch exact norm kernels, the engine's paged attention kernels (padding rows
-with length 0 included) and the exact rope with the KV write fused in (a padding slot -1). Each
-output is also compared with torch, so a sanitizer-clean run is a correct one too. Without a GPU
+and 130; the approx norm's PDL launch at 1030 rows), the one-launch exact norm kernels, the
+engine's paged attention kernels (padding rows with length 0 included) and the exact rope with the
+KV write fused in (a padding slot -1). Each output is also compared with torch, so a
+sanitizer-clean run is a correct one too. Without a GPU
 it runs the same calls through the Triton interpreter (a smoke test of this script; memcheck
 needs CUDA).
 """
@@ -125,6 +126,31 @@ def check_rope_kv_store(device: torch.device) -> int:
     return 2
 
 
+def check_approx_norm_pdl(device: torch.device) -> int:
+    """The approx norm's PDL launch (norm_approx.pdl_requested: from 1024 rows; the ops above stay
+    below that): 1030 rows, an odd width and 2048, with a residual, PDL 2 against PDL 0, same bits.
+    On CPU (interpreter) both are plain launches."""
+    from rltbench.kernels.norm_approx import rms_norm_approx_rows
+
+    gen = torch.Generator(device=device).manual_seed(5)
+    n = 0
+    for width in (2048, 2049):
+        x, r = (torch.randn(1030, width, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        w = (1 + 0.1 * torch.randn(width, device=device, generator=gen)).to(torch.bfloat16)
+        outs = []
+        for mode in ("2", "0"):
+            os.environ.update({"RLTBENCH_APPROX_NORM_PDL": mode, "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS": "1024"})
+            out = torch.empty_like(x)
+            rms_norm_approx_rows(x, w, 1e-6, out, residual=r)
+            outs.append(out)
+            n += 1
+        if not torch.equal(outs[0], outs[1]):
+            raise SystemExit(f"approx norm with PDL differs from the plain launch at width {width}")
+    for k in ("RLTBENCH_APPROX_NORM_PDL", "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS"):
+        os.environ.pop(k, None)
+    return n
+
+
 def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
@@ -132,7 +158,7 @@ def main() -> int:
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if on_gpu else (torch.bfloat16,)
     with torch.inference_mode():
         n = check_ops(device, tokens, dtypes) + check_onelaunch(device) + check_attention(device)
-        n += check_rope_kv_store(device)
+        n += check_rope_kv_store(device) + check_approx_norm_pdl(device)
     if on_gpu:
         torch.cuda.synchronize()
     print(f"memcheck workload: {n} kernel calls on {device}, exact outputs equal to torch")
