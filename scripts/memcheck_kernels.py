@@ -4,9 +4,9 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/memcheck_kernels.py
 
 Covers the exact and approx arm of every op (row offsets, strided rows, odd widths, T = 1, 3
-and 130; the approx norm's PDL launch at 1030 rows), the one-launch exact norm kernels, the
-engine's paged attention kernels (padding rows with length 0 included) and the exact rope with the
-KV write fused in (a padding slot -1). Each output is also compared with torch, so a
+and 130; the approx norm's PDL launch at 1030 rows), the approx norm-add-norm, the one-launch exact
+norm kernels, the engine's paged attention kernels (padding rows with length 0 included) and both
+arms' rope with the KV write fused in (a padding slot -1). Each output is also compared with torch, so a
 sanitizer-clean run is a correct one too. Without a GPU
 it runs the same calls through the Triton interpreter (a smoke test of this script; memcheck
 needs CUDA).
@@ -102,10 +102,11 @@ def check_attention(device: torch.device) -> int:
     return 2
 
 
-def check_rope_kv_store(device: torch.device) -> int:
-    """The exact NeoX RoPE with the KV write fused in (merged-qkv views, a padding row with slot -1),
-    against the exact rope followed by the engine's write_kv."""
+def check_rope_kv_store(device: torch.device, arm: str = "exact") -> int:
+    """The arm's NeoX RoPE with the KV write fused in (merged-qkv views, a padding row with slot -1),
+    against the arm's rope followed by the engine's write_kv."""
     from rltbench.engine import attention as attn
+    from rltbench.kernels.rope_approx import rope_neox_store_approx
     from rltbench.kernels.rope_exact import rope_neox_store_exact
 
     gen = torch.Generator(device=device).manual_seed(3)
@@ -118,12 +119,38 @@ def check_rope_kv_store(device: torch.device) -> int:
     kc, vc = (torch.randn(nb, bs, hkv, d, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
     kr, vr = kc.clone(), vc.clone()
     qo = torch.empty_like(q, memory_format=torch.contiguous_format)
-    rope_neox_store_exact(q, k, v, cos, sin, qo, kc, vc, slots)
-    q_ref, k_ref = make_ops(OpSelection(rope="exact", scope="all")).rope_neox(q, k, cos, sin)
+    store = rope_neox_store_exact if arm == "exact" else rope_neox_store_approx
+    store(q, k, v, cos, sin, qo, kc, vc, slots)
+    q_ref, k_ref = make_ops(OpSelection(rope=arm, scope="all")).rope_neox(q, k, cos, sin)
     attn.write_kv(kr, vr, k_ref, v, slots)
     if not (torch.equal(qo, q_ref) and torch.equal(kc, kr) and torch.equal(vc, vr)):
-        raise SystemExit("fused rope + KV store differs from rope then write_kv")
+        raise SystemExit(f"{arm} fused rope + KV store differs from rope then write_kv")
     return 2
+
+
+def check_approx_norm_norm(device: torch.device) -> int:
+    """The approx arm's one-launch norm-add-norm on strided rows (3, 130 and 1030 rows: the last
+    with the tuned PDL launch where the device has one), against the composed approx ops within the
+    approx tolerance."""
+    from rltbench.kernels.norm_approx import residual_rms_norm_norm_approx_rows
+
+    gen = torch.Generator(device=device).manual_seed(6)
+    ops = make_ops(OpSelection(norm="approx", scope="all"))
+    n = 0
+    for rows in (3, 130, 1030):
+        big = torch.randn(rows, 2 * 2049, device=device, generator=gen).to(torch.bfloat16)
+        r, x = big[:, :2049], big[:, 2049:]
+        w1, w2 = ((1 + 0.1 * torch.randn(2049, device=device, generator=gen)).to(torch.bfloat16)
+                  for _ in range(2))
+        h, y = torch.empty_like(x), torch.empty_like(x)
+        residual_rms_norm_norm_approx_rows(r, x, w1, w2, 1e-6, h, y)
+        h2 = ops.residual_rms_norm(r, x, w1, 1e-6)
+        y2 = ops.rms_norm(h2, w2, 1e-6)
+        for got, want in ((h, h2), (y, y2)):
+            if (got.float() - want.float()).abs().max() > want.float().abs().max() * 2**-7:
+                raise SystemExit(f"approx norm-add-norm differs from the composed approx ops at {rows} rows")
+        n += 3
+    return n
 
 
 def check_approx_norm_pdl(device: torch.device) -> int:
@@ -158,7 +185,8 @@ def main() -> int:
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if on_gpu else (torch.bfloat16,)
     with torch.inference_mode():
         n = check_ops(device, tokens, dtypes) + check_onelaunch(device) + check_attention(device)
-        n += check_rope_kv_store(device) + check_approx_norm_pdl(device)
+        n += check_rope_kv_store(device) + check_rope_kv_store(device, "approx")
+        n += check_approx_norm_pdl(device) + check_approx_norm_norm(device)
     if on_gpu:
         torch.cuda.synchronize()
     print(f"memcheck workload: {n} kernel calls on {device}, exact outputs equal to torch")

@@ -14,7 +14,7 @@ from rltbench import tuned
 from rltbench.kernels import pdl
 from rltbench.kernels.layout import row_stride
 from rltbench.kernels.pdl import wait as pdl_wait
-from rltbench.kernels.rounding import dtype_code, interpret_mode, load_f32, store_f32
+from rltbench.kernels.rounding import dtype_code, interpret_mode, load_f32, round_to, store_f32
 
 MAX_WIDTH = 65536
 
@@ -131,6 +131,45 @@ def _rms_norm_approx_persistent_kernel(
         if HAS_R:
             y += _ld(r_ptr + r64 * sr + cols, cmask, DT, INTERPRET, STREAM)
         _st(out_ptr + r64 * W + cols, y, cmask, DT, INTERPRET, STREAM)
+
+
+@triton.jit
+def _norm_norm_approx_kernel(
+    x_ptr,
+    r_ptr,
+    w1_ptr,
+    w2_ptr,
+    h_ptr,
+    y_ptr,
+    R,
+    W,
+    sx,
+    sr,
+    eps,
+    DT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    STREAM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Ouro's norm-add-norm in one launch: h = r + rms_norm(x, w1), y = rms_norm(h, w2), fp32 inside.
+    h is rounded to the activation dtype before the second norm reads it, because h is the residual
+    stream the model stores: y is the norm of the stored h (as torch computes it), not of an fp32 h
+    no later layer sees. Each output has one rounding."""
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < R) & (cols < W)
+    w1 = load_f32(w1_ptr + cols, cols < W, DT, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, cols < W, DT, INTERPRET)
+    pdl_wait(PDL)
+    v = _ld(x_ptr + rows * sx + cols, mask, DT, INTERPRET, STREAM)
+    r = _ld(r_ptr + rows * sr + cols, mask, DT, INTERPRET, STREAM)
+    rstd1 = tl.rsqrt(tl.sum(v * v, axis=1) / W + eps)
+    h = round_to(r + v * rstd1[:, None] * w1, DT, INTERPRET)
+    _st(h_ptr + rows * W + cols, h, mask, DT, INTERPRET, STREAM)
+    rstd2 = tl.rsqrt(tl.sum(h * h, axis=1) / W + eps)
+    _st(y_ptr + rows * W + cols, h * rstd2[:, None] * w2, mask, DT, INTERPRET, STREAM)
 
 
 def _knob(env: str, key: str, default: int, width: int) -> int:
@@ -268,3 +307,32 @@ def rms_norm_approx_rows(
         num_warps=nw,
         **pdl.launch_kwargs(_pdl_mode(x, interp)),
     )
+
+
+def residual_rms_norm_norm_approx_rows(
+    residual: torch.Tensor,
+    branch: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    eps: float,
+    h_out: torch.Tensor,
+    y_out: torch.Tensor,
+) -> None:
+    """One-launch approx ``h = residual + rms_norm(branch, w1)``, ``y = rms_norm(h, w2)`` of 2-D rows
+    (h_out, y_out contiguous). Launch knobs as the single norm's one-row kernel at this width (the
+    persistent kernel has no norm-add-norm form)."""
+    R, W = branch.shape
+    if R == 0 or W == 0:
+        return
+    interp = interpret_mode()
+    block_c = triton.next_power_of_2(W)
+    if interp:
+        block_r, nw = max(1, min(triton.next_power_of_2(R), 16384 // block_c)), 1
+    else:
+        block_r = min(_rows_per_program(W), triton.next_power_of_2(R))
+        nw = _warps(block_r * block_c, W)
+    _norm_norm_approx_kernel[(triton.cdiv(R, block_r),)](
+        branch, residual, w1, w2, h_out, y_out, R, W, row_stride(branch), row_stride(residual), float(eps),
+        DT=dtype_code(branch.dtype), INTERPRET=interp, BLOCK_R=block_r, BLOCK_C=block_c, STREAM=_stream(W),
+        num_warps=nw, **pdl.launch_kwargs(_pdl_mode(branch, interp)),
+    )  # fmt: skip

@@ -26,13 +26,13 @@ from rltbench.kernels import reference as ref
 from rltbench.kernels.act_approx import silu_mul_approx_rows
 from rltbench.kernels.act_exact import silu_mul_exact_rows
 from rltbench.kernels.layout import rows_view
-from rltbench.kernels.norm_approx import MAX_WIDTH, rms_norm_approx_rows
+from rltbench.kernels.norm_approx import MAX_WIDTH, residual_rms_norm_norm_approx_rows, rms_norm_approx_rows
 from rltbench.kernels.norm_exact import rms_norm_exact_rows
 from rltbench.kernels.norm_onelaunch import (
     residual_rms_norm_norm_onelaunch_rows,
     rms_norm_onelaunch_rows,
 )
-from rltbench.kernels.rope_approx import rope_approx
+from rltbench.kernels.rope_approx import rope_approx, rope_neox_store_approx
 from rltbench.kernels.rope_exact import rope_exact, rope_neox_store_exact
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
 from rltbench.kernels.selection import OpSelection
@@ -285,8 +285,11 @@ class Ops:
     def _norm_norm_fused(
         self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
     ) -> tuple[Tensor, Tensor] | None:
-        """The fused exact norm-add-norm when every condition holds (else None: compose)."""
+        """The fused exact norm-add-norm when every condition holds (else None: compose); in the
+        approx arm the approx one-launch kernel (_norm_norm_approx)."""
         sel = self.selection
+        if sel.norm == "approx":
+            return self._norm_norm_approx(residual, branch, w1, w2, eps)
         if sel.norm != "exact" or not self.onelaunch_norm:
             return None
         if sel.scope == "graph" and not _capturing(branch):
@@ -306,6 +309,33 @@ class Ops:
         residual_rms_norm_norm_onelaunch_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
         self.stats.fused["residual_rms_norm_norm"] += 1
         self.stats.paths[("residual_rms_norm_norm", "onelaunch")] += 1
+        return h, y
+
+    def _norm_norm_approx(
+        self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """Approx norm-add-norm in one launch (two in the composed approx ops: 388 norm launches per
+        Ouro decode step instead of 196); unsupported inputs run torch's reference, counted once
+        under "residual_rms_norm_norm"."""
+        views: dict[str, Tensor | None] = {}
+        W = branch.shape[-1]
+
+        def check() -> str | None:
+            if residual.shape != branch.shape or any(
+                w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)
+            ):
+                return "shape"
+            views["r"], views["x"] = rows_view(residual), rows_view(branch)
+            if views["r"] is None or views["x"] is None:
+                return "layout"
+            return "width" if W > MAX_WIDTH else None
+
+        impl = self._impl("residual_rms_norm_norm", "norm", [residual, branch, w1, w2], check)
+        if impl is None:
+            return ref.residual_rms_norm_norm(residual, branch, w1, w2, eps)
+        h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
+        y = torch.empty_like(h)
+        residual_rms_norm_norm_approx_rows(views["r"], views["x"], w1, w2, eps, h.view(-1, W), y.view(-1, W))
         return h, y
 
     # -- rope ----------------------------------------------------------------------------------------------
@@ -346,12 +376,13 @@ class Ops:
         row): the engine's separate KV-write launch disappears. Returns the rotated q, or None where
         this arm does not fuse here; the caller then runs ``rope_neox`` and its own write.
 
-        Why a capability and not an op: only the exact arm fuses (the cache must hold exactly the
-        bits of rope-then-write), and only when enabled (``fuse_kv_write_enabled``: opt-in until
-        measured on a GPU) and in the exact rope's scope. Inputs the kernel cannot take count as
-        fallbacks of "rope_neox_store"; the unfused path that follows counts as "rope_neox"."""
+        Why a capability and not an op: only the kernel arms fuse (the cache must hold exactly the
+        bits of their rope-then-write: the exact arm's torch bits, the approx arm's rope_approx
+        bits), and only when enabled (``fuse_kv_write_enabled``: opt-in until measured on a GPU)
+        and in the rope's scope. Inputs the kernel cannot take count as fallbacks of
+        "rope_neox_store"; the unfused path that follows counts as "rope_neox"."""
         sel = self.selection
-        if sel.rope != "exact" or not fuse_kv_write_enabled():
+        if sel.rope not in ("exact", "approx") or not fuse_kv_write_enabled():
             return None
         if sel.scope == "graph" and not _capturing(q):
             return None
@@ -364,7 +395,8 @@ class Ops:
             self.stats.fallbacks[("rope_neox_store", reason)] += 1
             return None
         qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        rope_neox_store_exact(q, k, v, cos, sin, qo, k_cache, v_cache, slot_mapping)
+        store = rope_neox_store_exact if sel.rope == "exact" else rope_neox_store_approx
+        store(q, k, v, cos, sin, qo, k_cache, v_cache, slot_mapping)
         self.stats.fused["rope_neox_store"] += 1
         return qo
 

@@ -155,7 +155,7 @@ def _rope_neox_kernel(
 
 
 @triton.jit
-def _copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+def copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
     """Copy DT elements unchanged. A native load/store is a bit copy on the GPU; the interpreter
     converts bf16 through fp32 (losing subnormals), so there they move as unsigned integers."""
     if INTERPRET:
@@ -191,8 +191,8 @@ def _neox_cache_tile(
     store_f32(kb + j + HALF, o2, keep, DT, INTERPRET)
     vb = v_ptr + t * svt + head * svh
     vcb = vc_ptr + blk * svcb + off * svct + head * svch
-    _copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
-    _copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
+    copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
+    copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
 
 
 @triton.jit
@@ -377,6 +377,16 @@ def launch_rope(
     )
 
 
+def rope_launch_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> tuple[bool, int, int, int, int, tuple[int, ...]]:
+    """(interpret, half, BLOCK_H, BLOCK_T, num_warps, the q/k/v/cos/sin/slot strides) of a
+    rope-and-store launch: shared by the exact and approx kernels, which take the same arguments."""
+    T, _, D = q.shape
+    strides = (_stride0(q), _stride1(q), _stride0(k), _stride1(k), _stride0(v), _stride1(v),
+               _table_stride(cos, T), _table_stride(sin, T), slot_mapping.stride(0) if T > 1 else 1)
+    return (*_tiling(T, D), strides)
+
+
 def rope_neox_store_exact(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -398,13 +408,10 @@ def rope_neox_store_exact(
     HK = k.shape[1]
     if T == 0 or HQ + HK == 0 or D == 0:
         return
-    interp, half, block_h, block_t, nw = _tiling(T, D)
+    interp, half, block_h, block_t, nw, strides = rope_launch_shape(q, k, v, cos, sin, slot_mapping)
     grid = (triton.cdiv(T, block_t), HQ + HK)
     _rope_neox_store_kernel[grid](
-        q, k, v, qo, k_cache, v_cache, cos, sin, slot_mapping,
-        T, HQ,
-        _stride0(q), _stride1(q), _stride0(k), _stride1(k), _stride0(v), _stride1(v),
-        _table_stride(cos, T), _table_stride(sin, T), slot_mapping.stride(0) if T > 1 else 1,
+        q, k, v, qo, k_cache, v_cache, cos, sin, slot_mapping, T, HQ, *strides,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         half,

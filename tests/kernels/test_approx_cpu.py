@@ -149,3 +149,62 @@ def test_approx_norm_pdl_request_by_rows(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "3")
     with pytest.raises(ValueError, match="PDL"):
         norm_approx.pdl_requested(4096, 2048)
+
+
+def _norm_norm_inputs(rows: int, width: int, dtype: torch.dtype, seed: int, strided: bool):
+    """residual/branch rows (optionally views into wider buffers at an offset: strided rows), and two
+    weights near 1."""
+    g = torch.Generator().manual_seed(seed)
+    if strided:
+        big = torch.randn(rows, width + 37, generator=g).to(dtype)
+        branch = big[:, 5:5 + width]
+        residual = (torch.randn(rows, 2 * width, generator=g) * 2).to(dtype)[:, width:]
+    else:
+        branch = torch.randn(rows, width, generator=g).to(dtype)
+        residual = (torch.randn(rows, width, generator=g) * 2).to(dtype)
+    w1, w2 = ((1 + 0.1 * torch.randn(width, generator=g)).to(dtype) for _ in range(2))
+    return residual, branch, w1, w2
+
+
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize(("rows", "width"), [(1, 2048), (5, 1001), (37, 300)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_approx_norm_norm_one_launch_within_bound(dtype: torch.dtype, rows: int, width: int,
+                                                  strided: bool) -> None:
+    """The approx arm's norm-add-norm is one fused call: h within the bound of residual +
+    rms_norm(branch, w1), and y within the bound of rms_norm of the h it stored (the model's
+    residual stream is the rounded h; y of an fp32 h would be the norm of values no layer sees)."""
+    from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
+    from rltbench.kernels.oracle import rms_norm_terms
+
+    residual, branch, w1, w2 = _norm_norm_inputs(rows, width, dtype, rows * width, strided)
+    ops = make_ops(OpSelection.approx(scope="all"))
+    h, y = ops.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
+    assert ops.stats.fused == {"residual_rms_norm_norm": 1}, ops.stats.fused
+    assert ops.stats.fallback_count() == 0
+    h_oracle = rms_norm_oracle(branch, w1, 1e-6).double() + residual.double()
+    err_h = error_summary(h, h_oracle, terms=rms_norm_terms(branch, w1, 1e-6, residual=residual))
+    assert err_h["max_bound_ratio"] <= 1.0, err_h
+    err_y = error_summary(y, rms_norm_oracle(h, w2, 1e-6), terms=rms_norm_terms(h, w2, 1e-6))
+    assert err_y["max_bound_ratio"] <= 1.0, err_y
+
+
+def test_approx_norm_norm_differs_from_composed_only_within_bound_and_falls_back_once() -> None:
+    """Against the composed approx ops (two launches): the same bound; a layout the kernel cannot
+    take (last dim not contiguous) runs torch's reference, counted once as a fallback of the fused
+    op, and gives torch's bits."""
+    from rltbench.kernels import reference as ref
+
+    residual, branch, w1, w2 = _norm_norm_inputs(6, 640, torch.bfloat16, 4, False)
+    ops = make_ops(OpSelection.approx(scope="all"))
+    h, y = ops.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
+    h2 = ops.residual_rms_norm(residual, branch, w1, 1e-6)
+    y2 = ops.rms_norm(h2, w2, 1e-6)
+    assert (h.float() - h2.float()).abs().max() <= h2.float().abs().max() * 2 ** -7
+    assert (y.float() - y2.float()).abs().max() <= y2.float().abs().max() * 2 ** -7
+    t = branch.t().contiguous().t()                      # same values, column-major
+    ops2 = make_ops(OpSelection.approx(scope="all"))
+    h3, y3 = ops2.residual_rms_norm_norm(residual, t, w1, w2, 1e-6)
+    assert ops2.stats.fallbacks == {("residual_rms_norm_norm", "layout"): 1}, ops2.stats.fallbacks
+    h_ref, y_ref = ref.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
+    assert torch.equal(h3, h_ref) and torch.equal(y3, y_ref)

@@ -153,6 +153,9 @@ APPROX_NORM_SETTINGS = {
                     "RLTBENCH_APPROX_NORM_STREAM": "0"},
     "persist8-s3-stream": {"RLTBENCH_APPROX_NORM_PERSIST": "8", "RLTBENCH_APPROX_NORM_STAGES": "3",
                            "RLTBENCH_APPROX_NORM_STREAM": "1"},
+    # programmatic dependent launch (tuned on the H200 for width 2048 from 1024 rows)
+    "rows1-stream-pdl2": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "1",
+                          "RLTBENCH_APPROX_NORM_PDL": "2", "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS": "1024"},
 }
 
 
@@ -178,3 +181,29 @@ def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch:
         assert err["max_bound_ratio"] <= 1.0, (name, setting, err)
         assert err["mean_ulp"] <= 0.26, (name, setting, err)        # one rounding: 0.25 on average
     assert ops.stats.fused and ops.stats.fallback_count() == 0
+
+
+@pytest.mark.parametrize("setting", ["rows1", "rows1-stream", "rows1-stream-pdl2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("rows", "width"), [(1, 2048), (8, 5633), (3000, 2048)])
+def test_approx_norm_norm_within_bound_cuda(rows: int, width: int, dtype: torch.dtype, setting: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The approx arm's one-launch norm-add-norm on the GPU: h within the bound of residual +
+    rms_norm(branch, w1), y within the bound of rms_norm(h, w2) of the stored h, on strided rows."""
+    from rltbench.kernels.oracle import error_summary, rms_norm_terms
+    from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
+
+    for k, v in APPROX_NORM_SETTINGS[setting].items():
+        monkeypatch.setenv(k, v)
+    g = torch.Generator(device="cuda").manual_seed(rows + width)
+    branch = strided_rows(torch.randn(rows, width, generator=g, device="cuda").to(dtype))
+    residual = strided_rows((2 * torch.randn(rows, width, generator=g, device="cuda")).to(dtype))
+    w1, w2 = ((1 + 0.1 * torch.randn(width, generator=g, device="cuda")).to(dtype) for _ in range(2))
+    ops = make_ops(OpSelection.approx(scope="all"))
+    h, y = ops.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
+    assert ops.stats.fused == {"residual_rms_norm_norm": 1} and ops.stats.fallback_count() == 0
+    err_h = error_summary(h, rms_norm_oracle(branch, w1, 1e-6, residual=residual),
+                          terms=rms_norm_terms(branch, w1, 1e-6, residual=residual))
+    err_y = error_summary(y, rms_norm_oracle(h, w2, 1e-6), terms=rms_norm_terms(h, w2, 1e-6))
+    for err in (err_h, err_y):
+        assert err["max_bound_ratio"] <= 1.0, (setting, err_h, err_y)

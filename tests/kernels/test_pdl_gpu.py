@@ -148,7 +148,7 @@ def test_pdl_approx_norm_reads_the_gemm_output(mode: int, wload: int,
     same kernel launched without PDL."""
     import os
 
-    from rltbench.kernels.norm_approx import rms_norm_approx_rows
+    from rltbench.kernels.norm_approx import residual_rms_norm_norm_approx_rows, rms_norm_approx_rows
 
     monkeypatch.setenv("RLTBENCH_APPROX_NORM_WLOAD", str(wload))
     T = 4096
@@ -158,19 +158,23 @@ def test_pdl_approx_norm_reads_the_gemm_output(mode: int, wload: int,
     x = torch.empty(T, W, device="cuda", dtype=torch.bfloat16)
     y, out = torch.empty_like(x), torch.empty_like(x)
 
+    h, y2 = torch.empty_like(x), torch.empty_like(x)
+
     def capture():
         os.environ["RLTBENCH_APPROX_NORM_PDL"] = str(mode)
         torch.matmul(src, a, out=x)
         rms_norm_approx_rows(x, w, EPS, y)          # PDL after the GEMM
         rms_norm_approx_rows(y, w, EPS, out)        # PDL after PDL
-        return y, out
+        residual_rms_norm_norm_approx_rows(out, y, w, w, EPS, h, y2)   # the norm-add-norm form
+        return y, out, h, y2
 
     def reference():
         os.environ["RLTBENCH_APPROX_NORM_PDL"] = "0"
-        yy, oo = torch.empty_like(x), torch.empty_like(x)
+        yy, oo, hh, yy2 = (torch.empty_like(x) for _ in range(4))
         rms_norm_approx_rows(src @ a, w, EPS, yy)
         rms_norm_approx_rows(yy, w, EPS, oo)
-        return yy, oo
+        residual_rms_norm_norm_approx_rows(oo, yy, w, w, EPS, hh, yy2)
+        return yy, oo, hh, yy2
 
     monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "0")   # restored after the test
 
