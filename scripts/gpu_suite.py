@@ -88,6 +88,13 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                      "--result-dir", str(RESULTS / "decode")]),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),
+    # Huginn (width 5280) at batch 1: the exact norm's 3-launch path below 128 rows (the default until
+    # session 7) against the one-launch low-warp kernel for every row count, same call
+    "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
+                                "--iters 50", "profile-huginn")),
+    "profile-huginn-1launch": (150, ["env", "RLTBENCH_NORM_WIDE_MIN_ROWS=1"]
+                               + rlt("profile --model huginn-0125 --batch 1 --context 512 --arms exact "
+                                     "--iters 50", "profile-huginn-1launch")),
     # the exact arm with the K/V write folded into its RoPE launch (opt-in, RLTBENCH_FUSE_KV_WRITE=1):
     # its GPU tests, then the same profile as above for the before/after figure
     "fusekv-tests": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1", PY, "-m", "pytest", "-q", "--run-gpu", "-m",

@@ -155,6 +155,13 @@ ONELAUNCH_WIDE_ROW = 4096
 ONELAUNCH_WIDE_MIN_ROWS = 128
 
 
+def onelaunch_wide_min_rows() -> int:
+    """Rows from which rows wider than ONELAUNCH_WIDE_ROW take the one-launch exact norm:
+    ``RLTBENCH_NORM_WIDE_MIN_ROWS``, else the GPU's tuned ``norm_wide.min_rows``, else
+    ONELAUNCH_WIDE_MIN_ROWS (read at every call)."""
+    return int(tuned.knob("RLTBENCH_NORM_WIDE_MIN_ROWS", "norm_wide", "min_rows", ONELAUNCH_WIDE_MIN_ROWS))
+
+
 class Ops:
     """One arm's ops (method semantics = the functions in reference.py)."""
 
@@ -175,7 +182,7 @@ class Ops:
         wide rows and few tokens it is slower than the 3-launch path (H200, results/gpu/kernels:
         width 5280, T=1: 8.6 us one launch vs 6.0 us three); there the 3-launch path runs."""
         rows = x.numel() // max(1, x.shape[-1])
-        fast_enough = x.shape[-1] <= ONELAUNCH_WIDE_ROW or rows >= ONELAUNCH_WIDE_MIN_ROWS
+        fast_enough = x.shape[-1] <= ONELAUNCH_WIDE_ROW or rows >= onelaunch_wide_min_rows()
         ok = self.onelaunch_norm and fast_enough and norm_onelaunch.is_trusted(x)
         self.stats.paths[(op, "onelaunch" if ok else "3launch")] += 1
         return ok
@@ -300,7 +307,7 @@ class Ops:
         if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
             return None
         rv, bv = rows_view(residual), rows_view(branch)
-        if W > ONELAUNCH_WIDE_ROW and branch.numel() // W < ONELAUNCH_WIDE_MIN_ROWS:
+        if W > ONELAUNCH_WIDE_ROW and branch.numel() // W < onelaunch_wide_min_rows():
             return None
         if rv is None or bv is None or not norm_onelaunch.is_trusted(branch):
             return None

@@ -172,6 +172,8 @@ def test_wide_rows_with_few_tokens_keep_the_3_launch_exact_norm(monkeypatch) -> 
     from rltbench.kernels import OpSelection, make_ops
 
     calls: list[int] = []
+    monkeypatch.delenv("RLTBENCH_NORM_WIDE_MIN_ROWS", raising=False)
+    monkeypatch.setattr(ops_mod.tuned, "section", lambda name, device_name=None: None)
     monkeypatch.setattr(ops_mod.norm_onelaunch, "is_trusted", lambda x: True)
     monkeypatch.setattr(ops_mod, "rms_norm_onelaunch_rows", lambda x, *a, **k: calls.append(x.shape[0]))
     ops = make_ops(OpSelection(norm="exact", rope="off", act="off", scope="all"))
@@ -184,3 +186,8 @@ def test_wide_rows_with_few_tokens_keep_the_3_launch_exact_norm(monkeypatch) -> 
     many = torch.randn(ops_mod.ONELAUNCH_WIDE_MIN_ROWS, W, generator=g).to(torch.bfloat16)
     ops.rms_norm(many, w, 1e-6)
     assert calls == [ops_mod.ONELAUNCH_WIDE_MIN_ROWS] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
+    # the row count is a knob (environment, else the GPU's tuned file): 1 sends every row count
+    monkeypatch.setenv("RLTBENCH_NORM_WIDE_MIN_ROWS", "1")
+    ops.rms_norm(few, w, 1e-6)
+    assert calls == [ops_mod.ONELAUNCH_WIDE_MIN_ROWS, 2]
+    assert ops.stats.paths[("rms_norm", "onelaunch")] == 2
