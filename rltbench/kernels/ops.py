@@ -180,7 +180,9 @@ class Ops:
 
         The one-launch kernel follows torch's per-row reduction order, one program per row, so for
         wide rows and few tokens it is slower than the 3-launch path (H200, results/gpu/kernels:
-        width 5280, T=1: 8.6 us one launch vs 6.0 us three); there the 3-launch path runs."""
+        width 5280, T=1: 8.6 us one launch vs 6.0 us three; session 7, low-warp layout: a Huginn
+        decode step 33.78 ms with one launch everywhere vs 33.70 ms, results/gpu/profile-huginn*);
+        there the 3-launch path runs."""
         rows = x.numel() // max(1, x.shape[-1])
         fast_enough = x.shape[-1] <= ONELAUNCH_WIDE_ROW or rows >= onelaunch_wide_min_rows()
         ok = self.onelaunch_norm and fast_enough and norm_onelaunch.is_trusted(x)
