@@ -250,6 +250,16 @@ def _warps(tile: int, width: int) -> int:
                       width)
 
 
+def _row_block(R: int, W: int, block_c: int, interp: bool) -> tuple[int, int]:
+    """(rows per program, warps) of the one-row kernels. GPU: RLTBENCH_APPROX_NORM_ROWS (a power of
+    two, 1 by default; tuned per width), warps as Liger's calculate_settings per tile. Interpreter:
+    as many rows as fit a 16K-element tile, one warp (its cost is per program, not per element)."""
+    if interp:
+        return max(1, min(triton.next_power_of_2(R), 16384 // block_c)), 1
+    block_r = min(_rows_per_program(W), triton.next_power_of_2(R))
+    return block_r, _warps(block_r * block_c, W)
+
+
 def rms_norm_approx_rows(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -264,13 +274,7 @@ def rms_norm_approx_rows(
         return
     interp = interpret_mode()
     block_c = triton.next_power_of_2(W)
-    if interp:
-        block_r, nw = max(1, min(triton.next_power_of_2(R), 16384 // block_c)), 1
-    else:
-        # rows per program: 1 by default; RLTBENCH_APPROX_NORM_ROWS (a power of two) is the tuning knob
-        # the GPU suite's norm-tune stage sweeps. Warps as Liger's calculate_settings, per tile.
-        block_r = min(_rows_per_program(W), triton.next_power_of_2(R))
-        nw = _warps(block_r * block_c, W)
+    block_r, nw = _row_block(R, W, block_c, interp)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     persist = _persist(W)
@@ -326,11 +330,7 @@ def residual_rms_norm_norm_approx_rows(
         return
     interp = interpret_mode()
     block_c = triton.next_power_of_2(W)
-    if interp:
-        block_r, nw = max(1, min(triton.next_power_of_2(R), 16384 // block_c)), 1
-    else:
-        block_r = min(_rows_per_program(W), triton.next_power_of_2(R))
-        nw = _warps(block_r * block_c, W)
+    block_r, nw = _row_block(R, W, block_c, interp)
     _norm_norm_approx_kernel[(triton.cdiv(R, block_r),)](
         branch, residual, w1, w2, h_out, y_out, R, W, row_stride(branch), row_stride(residual), float(eps),
         DT=dtype_code(branch.dtype), INTERPRET=interp, BLOCK_R=block_r, BLOCK_C=block_c, STREAM=_stream(W),

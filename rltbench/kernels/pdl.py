@@ -95,11 +95,10 @@ def usable(t: torch.Tensor, interpret: bool) -> bool:
 
 
 def mode_for(t: torch.Tensor, interpret: bool, requested: int | None = None) -> int:
-    """The PDL mode a launch on t's device uses (0 where PDL cannot run); `requested` overrides
-    the global knob (a kernel with its own tuned mode, e.g. the approx norm)."""
+    """The PDL mode a launch on t's device uses (0 where PDL cannot run); `requested` (already
+    validated by the caller) overrides the global knob: a kernel with its own tuned mode, e.g. the
+    approx norm (norm_approx.pdl_requested)."""
     m = requested_mode() if requested is None else requested
-    if m not in MODES:
-        raise ValueError(f"PDL mode must be one of {MODES}, got {m}")
     return m if m and usable(t, interpret) else 0
 
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rltbench.kernels.rope_exact import copy_bits, launch_rope, rope_launch_shape
+from rltbench.kernels.rope_exact import launch_rope, rope_launch_shape, store_kv_rows
 from rltbench.kernels.rounding import dtype_code, load_f32, store_f32
 
 
@@ -79,22 +79,13 @@ def _neox_cache_tile(
     BLOCK_SIZE: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
-    """One kv head of a token tile: the rotated k and the raw v rows into each token's cache slot
-    (slot < 0: padding, nothing stored), as the exact arm's ``_neox_cache_tile``."""
+    """One kv head of a token tile: the rotated k (rounded once, at the store) and the raw v rows
+    into each token's cache slot (rope_exact.store_kv_rows)."""
     t, j, mask, o1, o2 = _neox_rotate(
         k_ptr, c_ptr, s_ptr, head, T, skt, skh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
     )
-    slot = tl.load(slot_ptr + t * s_slot, mask=t < T, other=-1).to(tl.int64)
-    keep = mask & (slot >= 0)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    kb = kc_ptr + blk * skcb + off * skct + head * skch
-    store_f32(kb + j, o1, keep, DT, INTERPRET)
-    store_f32(kb + j + HALF, o2, keep, DT, INTERPRET)
-    vb = v_ptr + t * svt + head * svh
-    vcb = vc_ptr + blk * svcb + off * svct + head * svch
-    copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
-    copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
+    store_kv_rows(v_ptr, kc_ptr, vc_ptr, slot_ptr, head, T, t, j, mask, o1, o2, svt, svh, s_slot,
+                  skcb, skct, skch, svcb, svct, svch, HALF, BLOCK_SIZE, DT, INTERPRET)
 
 
 @triton.jit

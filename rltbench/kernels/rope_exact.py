@@ -155,7 +155,7 @@ def _rope_neox_kernel(
 
 
 @triton.jit
-def copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+def _copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
     """Copy DT elements unchanged. A native load/store is a bit copy on the GPU; the interpreter
     converts bf16 through fp32 (losing subnormals), so there they move as unsigned integers."""
     if INTERPRET:
@@ -170,6 +170,28 @@ def copy_bits(src, dst, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def store_kv_rows(
+    v_ptr, kc_ptr, vc_ptr, slot_ptr, head, T, t, j, mask, k1, k2, svt, svh, s_slot,
+    skcb, skct, skch, svcb, svct, svch, HALF,
+    BLOCK_SIZE: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """The rotated k halves (k1, k2, fp32 holding DT values) and the raw v rows of one kv head of a
+    token tile into each token's paged cache slot (block = slot // BLOCK_SIZE); a row whose slot is
+    < 0 (padding) stores nothing. Shared by the exact and approx rope-and-store kernels."""
+    slot = tl.load(slot_ptr + t * s_slot, mask=t < T, other=-1).to(tl.int64)
+    keep = mask & (slot >= 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    kb = kc_ptr + blk * skcb + off * skct + head * skch
+    store_f32(kb + j, k1, keep, DT, INTERPRET)
+    store_f32(kb + j + HALF, k2, keep, DT, INTERPRET)
+    vb = v_ptr + t * svt + head * svh
+    vcb = vc_ptr + blk * svcb + off * svct + head * svch
+    _copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
+    _copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
+
+
+@triton.jit
 def _neox_cache_tile(
     k_ptr, v_ptr, kc_ptr, vc_ptr, c_ptr, s_ptr, slot_ptr, head, T,
     skt, skh, svt, svh, sct, sst, s_slot,
@@ -178,21 +200,12 @@ def _neox_cache_tile(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     """One kv head of a token tile: the rotated k (same rounding as ``_neox_tile``) and the raw v
-    rows go to each token's cache slot; a row whose slot is < 0 (padding) stores nothing."""
+    rows go to each token's cache slot (store_kv_rows)."""
     t, j, mask, o1, o2 = _neox_rotate(
         k_ptr, c_ptr, s_ptr, head, T, skt, skh, sct, sst, HALF, DT, INTERPRET, BLOCK_T, BLOCK_H
     )
-    slot = tl.load(slot_ptr + t * s_slot, mask=t < T, other=-1).to(tl.int64)
-    keep = mask & (slot >= 0)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    kb = kc_ptr + blk * skcb + off * skct + head * skch
-    store_f32(kb + j, o1, keep, DT, INTERPRET)
-    store_f32(kb + j + HALF, o2, keep, DT, INTERPRET)
-    vb = v_ptr + t * svt + head * svh
-    vcb = vc_ptr + blk * svcb + off * svct + head * svch
-    copy_bits(vb + j, vcb + j, keep, DT, INTERPRET)
-    copy_bits(vb + j + HALF, vcb + j + HALF, keep, DT, INTERPRET)
+    store_kv_rows(v_ptr, kc_ptr, vc_ptr, slot_ptr, head, T, t, j, mask, o1, o2, svt, svh, s_slot,
+                  skcb, skct, skch, svcb, svct, svch, HALF, BLOCK_SIZE, DT, INTERPRET)
 
 
 @triton.jit
