@@ -87,7 +87,10 @@ def e2e_command(
     concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32,128",
     input_len: Annotated[int, typer.Option(help="Burst prompt length (token ids).")] = 512,
     output_len: Annotated[int, typer.Option(help="Burst generated tokens per request (EOS ignored).")] = 128,
-    repeats: Annotated[int, typer.Option(help="Repetitions (fresh prompts each, shared by arms).")] = 2,
+    repeats: Annotated[
+        int | None,
+        typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of prompts, trace blocks and random weights.")] = 0,
     trace: Annotated[
         str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
@@ -143,6 +146,8 @@ def e2e_command(
         raise UsageError(f"--workload must be burst or session, not {workload!r}")
     if backend not in ("engine", "openai"):
         raise UsageError(f"--backend must be engine or openai, not {backend!r}")
+    if repeats is None:
+        repeats = 3 if workload == SESSION else 2
     if repeats < 1:
         raise UsageError("--repeats must be >= 1")
     if input_len < 1 or output_len < 1:
@@ -161,7 +166,7 @@ def e2e_command(
         raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
-    build_and_run(
+    path, mismatch = build_and_run(
         dict(
             model=model,
             weights=weights,
@@ -197,3 +202,5 @@ def e2e_command(
             argv=list(sys.argv),
         )
     )
+    if mismatch:
+        raise typer.Exit(code=1)  # an exact arm changed tokens on the reference's own batches

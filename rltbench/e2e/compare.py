@@ -7,9 +7,11 @@ Identity compares stored generated token ids. Statistics (relative deltas, arm /
   bootstrap: resample repetitions, then requests within each (2000 resamples, fixed seed).
 - cell throughput (output tok/s, steady tok/s): one paired ratio per repetition; estimate = median,
   95% interval = percentile bootstrap over repetitions (none with a single repetition).
-A difference whose interval contains 0, or whose size is inside the A/A spread (the largest
-|bound| of the same arm measured twice), is a tie; without an interval (one repetition of a cell
-metric) the verdict is n/a: one ratio is no evidence of a difference.
+Verdicts: a difference whose interval overlaps the A/A spread (the largest |bound| of the
+reference measured twice) is "within noise"; without an A/A arm, one whose interval contains 0 is
+a "tie"; without an interval (one repetition of a cell metric) the verdict is "n/a": one ratio is
+no evidence of a difference. Where the timings cannot mean anything (CPU, the Triton interpreter)
+there is no verdict at all ("no verdict: ..." with the reason).
 """
 
 from __future__ import annotations
@@ -143,7 +145,11 @@ def _boot_reps(vals: np.ndarray, rng: np.random.Generator) -> tuple[float | None
 
 
 def paired_deltas(
-    records: list[dict[str, Any]], cells: list[dict[str, Any]], ref: str, seed: int = 0
+    records: list[dict[str, Any]],
+    cells: list[dict[str, Any]],
+    ref: str,
+    seed: int = 0,
+    no_verdict: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows (arm, cell, C, metric, delta, ci_lo, ci_hi, reps, pairs, aa_spread, verdict); invalid out."""
     rng = np.random.default_rng(seed)
@@ -200,7 +206,7 @@ def paired_deltas(
                         arm, cell, conc.get(cell), metric, est, lo, hi, len(ok_reps), int(arr.size), excluded
                     )
                 )
-    _apply_aa(rows, ref)
+    _apply_aa(rows, ref, no_verdict)
     return rows
 
 
@@ -221,8 +227,9 @@ def _row(arm, cell, c, metric, est, lo, hi, reps, pairs, excluded) -> dict[str, 
     }
 
 
-def _apply_aa(rows: list[dict[str, Any]], ref: str) -> None:
-    """Fill the A/A spread beside every row and the verdict (tie / faster / slower / n/a)."""
+def _apply_aa(rows: list[dict[str, Any]], ref: str, no_verdict: str | None = None) -> None:
+    """Fill the A/A spread beside every row and the verdict (better / worse / within noise / tie /
+    n/a; `no_verdict` = why timings cannot carry one, e.g. "CPU timings")."""
     spread: dict[tuple, float] = {}
     for r in rows:
         if is_aa(r["arm"], ref) and r["delta"] is not None:
@@ -232,13 +239,16 @@ def _apply_aa(rows: list[dict[str, Any]], ref: str) -> None:
     for r in rows:
         r["aa_spread"] = spread.get((r["cell"], r["metric"]))
         d = r["delta"]
+        s = r["aa_spread"]
         if is_aa(r["arm"], ref):
             r["verdict"] = "A/A"
+        elif no_verdict:
+            r["verdict"] = f"no verdict: {no_verdict}"
         elif d is None or (isinstance(d, float) and math.isnan(d)) or r["ci_lo"] is None:
             r["verdict"] = "n/a"  # no interval (a cell metric from one repetition): no claim either way
+        elif s is not None and r["ci_lo"] <= s and r["ci_hi"] >= -s:
+            r["verdict"] = "within noise"  # the interval reaches into the A/A spread
         elif r["ci_lo"] <= 0.0 <= r["ci_hi"]:
-            r["verdict"] = "tie"
-        elif r["aa_spread"] is not None and abs(d) <= r["aa_spread"]:
             r["verdict"] = "tie"
         else:
             better = d > 0 if r["metric"] in HIGHER_IS_BETTER else d < 0

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltbench.e2e.workload import Request
+from rltbench.engine.coldwork import ColdWorkProbe
+from rltbench.engine.schedule import Schedule
 
 
 @dataclass
@@ -92,20 +94,29 @@ class EngineBackend:
         "Ouro-1.4B C=128 burst (~60 GiB each) would not fit on one GPU"
     )
 
+    supports_replay = True
+
     def __init__(self, engine: Any, sampling_cls: Any, arms: list[str]):
         self.engine = engine
         self.sampling_cls = sampling_cls
         self.arms = arms
+        # the last timed cell: its schedule (for replays), request ids -> requests, cold-work counts
+        self.last_schedule: Schedule | None = None
+        self.last_requests: dict[str, Request] = {}
+        self.last_cold_work: dict[str, int | None] = {}
 
     def warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
-        """Graph capture / autotune for `arm` plus a small warm-up burst; nothing is recorded."""
-        self.engine.set_arm(arm)
-        self.engine.warmup()
+        """Everything a timed cell of `arm` could otherwise pay for, done untimed: decode graphs for
+        every bucket and context class, the burst's prefill graphs (1..k whole prompts of one length;
+        session shapes vary and run eagerly), the largest eager prefill step (allocator and cuBLAS),
+        then a small burst through the real step loop. Timed cells then run frozen (no capture)."""
+        eng = self.engine
+        eng.set_arm(arm)
+        eng.warmup()
         lens = {len(r.prompt) for r in requests}
-        if len(lens) == 1 and hasattr(self.engine, "warmup_prefill"):
-            # a burst's prefill steps (1..k whole prompts of one length) are captured here, so no
-            # measured cell pays for a capture; session shapes vary and stay eager until repeated
-            self.engine.warmup_prefill(lens.pop())
+        if len(lens) == 1:
+            eng.warmup_prefill(lens.pop())
+        eng.warmup_eager_prefill()
         if requests:
             self.run_cell(
                 arm,
@@ -113,7 +124,24 @@ class EngineBackend:
                 requests,
                 Timeouts(timeouts.first_token, timeouts.stall, None),
                 reset_prefix_cache=True,
+                timed=False,
             )
+
+    def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request]) -> dict[int, list[int]]:
+        """Run `arm` untimed through `schedule` (recorded on another arm's timed cell of `requests`):
+        request index -> generated ids. Eager steps run the arm's kernels (scope forced to all) on
+        a GPU, so prefill is compared too; on CPU they would run in the Triton interpreter, so eager
+        steps keep the arm's own ops there."""
+        eng = self.engine
+        eng.set_arm(arm)
+        fused = eng.fused_ops if eng.device.type == "cuda" else None
+        out = eng.replay(
+            schedule,
+            {rid: list(r.prompt) for rid, r in requests.items()},
+            {rid: r.output_len for rid, r in requests.items()},
+            eager_ops=fused,
+        )
+        return {requests[rid].index: toks for rid, toks in out.items()}
 
     def stats(self, arm: str | None = None) -> dict[str, Any]:
         """The engine's counters for `arm` (the engine keeps counters per arm; switching needs it idle)."""
@@ -133,12 +161,40 @@ class EngineBackend:
         reset_prefix_cache: bool = True,
         progress: CellProgress | None = None,
         on_step: Callable[[], None] | None = None,
+        timed: bool = True,
     ) -> list[dict[str, Any]]:
-        """Serve `requests` (sent at cell start + arrival) and return one record per request."""
+        """Serve `requests` (sent at cell start + arrival) and return one record per request.
+
+        A timed cell runs on a frozen engine (no graph capture), records its schedule
+        (`last_schedule`, for replays on other arms) and counts cold work (`last_cold_work`)."""
         eng = self.engine
         eng.set_arm(arm)
         if reset_prefix_cache:
             eng.reset_prefix_cache()
+        probe = ColdWorkProbe(eng) if timed else None
+        if probe is not None:
+            eng.freeze(True)
+            probe.start()
+            eng.start_recording()
+        try:
+            return self._serve(arm, tag, requests, timeouts, progress, on_step)
+        finally:
+            if probe is not None:
+                self.last_schedule = eng.stop_recording()
+                self.last_cold_work = probe.delta()
+                self.last_requests = {f"{arm}/{tag}/{r.index}": r for r in requests}
+                eng.freeze(False)
+
+    def _serve(
+        self,
+        arm: str,
+        tag: str,
+        requests: list[Request],
+        timeouts: Timeouts,
+        progress: CellProgress | None,
+        on_step: Callable[[], None] | None,
+    ) -> list[dict[str, Any]]:
+        eng = self.engine
         pending = sorted(requests, key=lambda r: (r.arrival, r.index))
         recs: dict[str, dict[str, Any]] = {}
         order: list[str] = []

@@ -1,7 +1,7 @@
 """Glue of `rltbench e2e`: validated options -> model/engine or servers -> plan -> run dir -> report.
 
-Kept apart from cli.py so tests (and the lead's GPU script) can call `build_and_run(opts)` or
-`make_plan(...)` directly, with a fake or real backend.
+Kept apart from cli.py so tests and scripts can call `build_and_run(opts)` or `make_plan(...)`
+directly, with a fake or real backend.
 """
 
 from __future__ import annotations
@@ -151,8 +151,9 @@ def _check_before_build(opts: dict[str, Any]) -> None:
         )
 
 
-def build_and_run(opts: dict[str, Any]) -> Any:
-    """Everything after flag parsing: returns the RunDir path."""
+def build_and_run(opts: dict[str, Any]) -> tuple[Any, bool]:
+    """Everything after flag parsing: returns the RunDir path and whether an exact arm mismatched
+    (under schedule replay; the command then exits 1)."""
     from rltbench.results import RunDir
 
     sessionwl = opts["workload"] == "session"
@@ -290,7 +291,7 @@ def build_and_run(opts: dict[str, Any]) -> Any:
                 )
     if a is not None:
         _print_summary(display, a, run.path)
-    return run.path
+    return run.path, bool(a and a["summary"]["exact_arm_mismatch"])
 
 
 def _make_engine(
@@ -383,22 +384,37 @@ def _arm_stats(engine: Any, arms: list[str]) -> dict[str, Any]:
 def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     con = display.console
     s = a["summary"]
-    for r in a["identity"]:
-        if r.get("exact_unverified"):
-            con.print(
-                f"[yellow]exact arm {r['arm']} {r['cell']}: {r['identical']}/{r['compared']} identical to "
-                f"{a['ref']}; session batches depend on timing, so without an A/A arm this cannot tell a "
-                f"kernel bug from batch effects (run with --arms {a['ref']},exact,{a['ref']})[/]"
-            )
-        if r["exact_mismatch"]:
-            con.print(
-                f"[bold red]EXACT ARM MISMATCH: {r['arm']} {r['cell']}: {r['identical']}/{r['compared']} "
-                f"identical to {a['ref']} (first divergence at token {r['first_divergence_min']})[/]"
-            )
+    method = s.get("identity_method", "free-running")
+    for r in a["replay_identity"]:
+        con.print(
+            f"identity ({method}) {r['cell']:>8} {r['arm']:<10} {r['identical']}/{r['compared']} "
+            "identical to " + a["ref"] + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
+            highlight=False,
+            soft_wrap=True,
+        )
+    for m in s["exact_arm_unverified"]:
+        con.print(
+            f"[yellow]exact arm {m['arm']} {m['cell']}: identity unverified ({method}); see table.md[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+    for m in s["exact_arm_mismatches"]:
+        con.print(
+            f"[bold red]EXACT ARM MISMATCH ({method}): {report.mismatch_text(m)} identical to {a['ref']}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if s.get("cold_cells"):
+        con.print(
+            f"[yellow]{len(s['cold_cells'])} timed cell(s) did cold work (capture/compile/malloc): "
+            "see 'Cold work' in table.md[/]",
+            highlight=False,
+        )
     for r in a["comparison"]:
         if r["metric"] == "output_tok_s" and r["delta"] is not None:
             con.print(
-                f"{r['cell']:>8} {r['arm']:<10} speedup {1 + r['delta']:.3f}x  ({r['verdict']})",
+                f"{r['cell']:>8} {r['arm']:<10} output tok/s {1 + r['delta']:.3f}x of {a['ref']}  "
+                f"({r['verdict']})",
                 highlight=False,
                 soft_wrap=True,
             )

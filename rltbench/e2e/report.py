@@ -1,7 +1,9 @@
-"""Analysis and rendering of an e2e run from its raw files only (requests.jsonl, cell_meta.jsonl, manifest).
+"""Analysis and rendering of an e2e run from its raw files only (requests.jsonl, cell_meta.jsonl,
+replay.jsonl, manifest).
 
 `render(run_dir)` (called at the end of a run and by `rltbench report DIR`) recomputes cells,
-identity and paired statistics, then writes cells.csv/json, identity.csv/json, comparison.csv/json,
+identity (under schedule replay: the verdict; free-running: information) and paired statistics,
+then writes cells.csv/json, identity.csv/json, replay_identity.csv/json, comparison.csv/json,
 summary.json, table.md and the plots.
 """
 
@@ -15,9 +17,11 @@ import pandas as pd
 
 from rltbench.e2e import compare
 from rltbench.e2e.metrics import METRIC_DEFINITIONS, cell_summary, fmt_ms, percentiles, request_metrics
+from rltbench.engine.coldwork import is_cold
 from rltbench.results import RunDir
 
 CELL_KEYS = ("arm", "cell", "C", "rep")
+REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition), written by the runner
 
 
 def compute_cells(
@@ -43,13 +47,50 @@ def compute_cells(
             "engine_prefix_hit_rate",
             "interrupted",
             "note",
+            "cold_work",
         ):
             if k in m:
                 row[k] = m[k]
         if m.get("interrupted"):
             row["valid"] = False
+        row["cold"] = is_cold(m.get("cold_work"))
         rows.append(row)
     return rows
+
+
+def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list[dict[str, Any]]:
+    """Per arm and cell: identical / compared under schedule replay over all repetitions, the first
+    divergence (request, step, token) and whether it is an exact-arm mismatch (a kernel bug)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in replays:
+        groups[(r["arm"], r["cell"])].append(r)
+    rows = []
+    for (arm, cell), rs in groups.items():
+        done = [r for r in rs if "compared" in r]
+        divs = [dict(d, rep=r["rep"]) for r in done for d in r.get("divergences", [])]
+        first = min(divs, key=lambda d: (d["token_index"], d["rep"], d["request"])) if divs else None
+        row = {
+            "arm": arm,
+            "cell": cell,
+            "reps": len(done),
+            "compared": sum(r["compared"] for r in done),
+            "identical": sum(r["identical"] for r in done),
+            "skipped": [f"rep {r['rep']}: {r['skipped']}" for r in rs if "skipped" in r],
+            "first_divergence": first,
+            "same_schedule_free_running": sum(bool(r.get("same_schedule_free_running")) for r in rs),
+            "exact_arm": arm in exact_arms,
+        }
+        row["exact_mismatch"] = bool(row["exact_arm"] and row["identical"] < row["compared"])
+        row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
+        rows.append(row)
+    return rows
+
+
+def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
+    """Why the run's timings cannot carry a speed verdict, or None where they can."""
+    if cfg.get("device") == "cpu":
+        return "CPU timings (fused arms run torch ops or the Triton interpreter)"
+    return None
 
 
 def analyse(run: RunDir) -> dict[str, Any]:
@@ -70,7 +111,18 @@ def analyse(run: RunDir) -> dict[str, Any]:
             cell_order.index(r["cell"]) if r["cell"] in cell_order else len(cell_order),
         )
     )
-    comp = compare.paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0)) if ref in arms else []
+    replays = replay_identity(run.read_jsonl(REPLAY_FILE), exact_arms)
+    replays.sort(key=lambda r: (arms.index(r["arm"]) if r["arm"] in arms else len(arms)))
+    replay_on = cfg.get("backend", "engine") == "engine"
+    if replay_on:  # the verdict comes from the replays; free-running identity is information
+        for r in ident:
+            r["exact_mismatch"] = r["exact_unverified"] = False
+    no_verdict = no_verdict_reason(cfg)
+    comp = (
+        compare.paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
+        if ref in arms
+        else []
+    )
     pooled = []
     for arm in arms:
         for cell in dict.fromkeys(c["cell"] for c in cells):
@@ -99,8 +151,15 @@ def analyse(run: RunDir) -> dict[str, Any]:
             row["output_tok_s_median"] = float(pd.Series(tps).median()) if tps else None
             row["steady_tok_s_median"] = float(pd.Series(st).median()) if st else None
             pooled.append(row)
-    mismatch = [r for r in ident if r["exact_mismatch"]]
-    unverified = [r for r in ident if r.get("exact_unverified")]
+    if replay_on:
+        missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref})
+        mismatch = [_mismatch_row(r) for r in replays if r["exact_mismatch"]]
+        unverified = [_mismatch_row(r) for r in replays if r["exact_unverified"]]
+        unverified += [{"arm": a, "cell": "-", "compared": 0, "identical": 0} for a in missing]
+    else:
+        mismatch = [_mismatch_row(r) for r in ident if r["exact_mismatch"]]
+        unverified = [_mismatch_row(r) for r in ident if r.get("exact_unverified")]
+    cold = [{k: c[k] for k in (*CELL_KEYS, "cold_work")} for c in cells if c.get("cold")]
     summary = {
         "status": run.manifest.get("status"),
         "interrupted_by": run.manifest.get("interrupted_by"),
@@ -109,22 +168,21 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "arms": arms,
         "cells_total": len(cells),
         "cells_invalid": sum(1 for c in cells if not c["valid"]),
+        "identity_method": "schedule replay" if replay_on else "free-running (replay needs the engine)",
         "exact_arm_mismatch": bool(mismatch),
-        "exact_arm_mismatches": [
-            {k: r[k] for k in ("arm", "cell", "compared", "identical", "first_divergence_min")}
-            for r in mismatch
-        ],
-        "exact_arm_unverified": [
-            {k: r[k] for k in ("arm", "cell", "compared", "identical", "first_divergence_min")}
-            for r in unverified
-        ],
+        "exact_arm_mismatches": mismatch,
+        "exact_arm_unverified": unverified,
         "identity": ident,
+        "replay_identity": replays,
+        "cold_cells": cold,
+        "no_verdict": no_verdict,
         "interval_method": compare.INTERVAL_METHOD,
         "random_weights": bool(cfg.get("random_weights")),
     }
     return {
         "cells": cells,
         "identity": ident,
+        "replay_identity": replays,
         "comparison": comp,
         "pooled": pooled,
         "summary": summary,
@@ -132,6 +190,12 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "arms": arms,
         "ref": ref,
     }
+
+
+def _mismatch_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an identity row that name a mismatch (replay rows carry request/step/token)."""
+    keys = ("arm", "cell", "compared", "identical", "first_divergence", "first_divergence_min")
+    return {k: r[k] for k in keys if k in r}
 
 
 def status_text(s: dict[str, Any]) -> str:
@@ -174,15 +238,22 @@ def table_markdown(a: dict[str, Any]) -> str:
             f"no A/A arm ({ref} run twice, e.g. --arms {','.join(arms)},{ref}): identity has no "
             "batch-invariance baseline and the verdicts no noise floor"
         )
+    summ = a["summary"]
+    if summ.get("no_verdict"):
+        notes.append(f"no speed verdicts: {summ['no_verdict']} cannot say which arm is faster")
     for note in notes:
         L += [f"**note: {note}**", ""]
-    if a["summary"]["exact_arm_mismatch"]:
+    if summ["exact_arm_mismatch"]:
         L += [
-            "**EXACT ARM MISMATCH: an exact arm generated tokens different from torch (a bug):** "
-            + ", ".join(
-                f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
-                for m in a["summary"]["exact_arm_mismatches"]
-            ),
+            f"**EXACT ARM MISMATCH ({summ.get('identity_method', 'free-running')}): an exact arm "
+            "generated tokens different from the reference on the same batches (a kernel bug):** "
+            + "; ".join(mismatch_text(m) for m in summ["exact_arm_mismatches"]),
+            "",
+        ]
+    if summ.get("cold_cells"):
+        L += [
+            f"**{len(summ['cold_cells'])} timed cell(s) did cold work (graph capture, compile or device "
+            "malloc inside the timed window): their timings include it; see 'Cold work' below**",
             "",
         ]
     L += [
@@ -242,14 +313,21 @@ def table_markdown(a: dict[str, Any]) -> str:
                 + " | ".join(f"{_p3(p, m)} | {p[m + '_n']}" for m in ("ttft", "tpot", "itl", "e2e"))
                 + " |"
             )
+    L += _replay_section(a)
+    replayed = a["summary"].get("identity_method") == "schedule replay"
     L += [
         "",
-        f"## Token identity vs {ref} (A/A = {ref} run twice: the batch-invariance baseline)",
+        f"## Free-running token identity vs {ref} ({'information' if replayed else 'the verdict'}; "
+        f"A/A = {ref} run twice)",
         "",
-        "Bursts give every arm the same batches, so an exact-arm divergence there is a bug. Session "
-        "replays admit requests on the wall clock, so batch composition depends on each arm's speed "
-        "and greedy outputs are not batch-invariant: there an exact-arm divergence is a bug only when "
-        "it exceeds the A/A divergence of the same cell.",
+        "The tokens of the timed cells. Bursts give every arm the same batches; session loads admit "
+        "requests on the wall clock, so batch composition depends on each arm's speed and greedy "
+        "outputs are not batch-invariant: free-running divergences there mix kernels and timing. "
+        + (
+            "The verdict is the replay above."
+            if replayed
+            else "Without replay an exact-arm divergence is flagged only when it exceeds the A/A one."
+        ),
         "",
         "| cell | arm | identical / compared | first divergence (min, median) | note |",
         "|---|---|---|---|---|",
@@ -300,6 +378,7 @@ def table_markdown(a: dict[str, Any]) -> str:
             "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
             "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
         ]
+    L += _cold_section(cells)
     bad = [c for c in cells if not c["valid"]]
     if bad:
         L += [
@@ -332,9 +411,11 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
         L += [
             "",
-            "Verdict: `tie` when the 95% interval contains 0 or |delta| is inside the A/A spread "
-            "(largest |bound| of the A/A arm's delta); `n/a` when there is no interval (cell throughput "
-            "from one repetition); latency: lower is better, throughput: higher.",
+            "Verdict: `within noise` when the 95% interval reaches into the A/A spread (largest |bound| "
+            "of the A/A arm's delta); `tie` when it contains 0 and there is no A/A spread; `n/a` when "
+            "there is no interval (cell throughput from one repetition); `no verdict` where timings "
+            "cannot mean "
+            "anything (CPU); latency: lower is better, throughput: higher.",
         ]
         reps = int(cfg.get("repeats") or 0)
         if reps == 1:
@@ -349,6 +430,80 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
     L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
     return "\n".join(L)
+
+
+def mismatch_text(m: dict[str, Any]) -> str:
+    """'exact C=8 15/16 (first: request 3, step 41, token 7)'."""
+    s = f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
+    fd = m.get("first_divergence")
+    if isinstance(fd, dict):
+        s += f" (first: rep {fd['rep']} request {fd['request']}, step {fd['step']}, "
+        s += f"token {fd['token_index']})"
+    elif m.get("first_divergence_min") is not None:
+        s += f" (first divergence at token {m['first_divergence_min']})"
+    return s
+
+
+def _replay_section(a: dict[str, Any]) -> list[str]:
+    """The identity verdict: every other arm run untimed on the reference's recorded batches."""
+    ref, rows = a["ref"], a.get("replay_identity") or []
+    L = ["", f"## Token identity vs {ref} under schedule replay (the verdict)", ""]
+    if a["config"].get("backend", "engine") != "engine":
+        return L + ["Replay needs the in-process engine: with servers only free-running identity exists."]
+    if not rows:
+        return L + ["No replay ran (no finished block of cells with more than one arm)."]
+    L += [
+        f"Each arm ran, untimed, the exact batches {ref} ran in its timed cell (same requests, prompt "
+        "chunks and decode rows per step; eager steps with the arm's kernels on), so a divergence is a "
+        "property of the kernels, not of timing. Exact arms must be 100% identical.",
+        "",
+        "| cell | arm | identical / compared | reps | first divergence (rep, request, step, token) | "
+        "free-running batches equal | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        fd = r["first_divergence"]
+        fdt = "-" if fd is None else f"{fd['rep']}, {fd['request']}, {fd['step']}, {fd['token_index']}"
+        note = (
+            "**MISMATCH: exact arm must match (kernel bug)**"
+            if r["exact_mismatch"]
+            else ("exact arm" if r["exact_arm"] else "")
+        )
+        if r["skipped"]:
+            note += ("; " if note else "") + "; ".join(r["skipped"])
+        L.append(
+            f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {r['reps']} | {fdt} | "
+            f"{r['same_schedule_free_running']}/{r['reps'] + len(r['skipped'])} | {note} |"
+        )
+    return L
+
+
+def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
+    """Cold work per timed cell: graph captures, compiles and device mallocs inside the window."""
+    counted = [c for c in cells if c.get("cold_work")]
+    if not counted:
+        return []
+    L = ["", "## Cold work in timed cells", ""]
+    cold = [c for c in counted if c.get("cold")]
+    keys = sorted({k for c in counted for k in c["cold_work"]})
+    unobserved = [k for k in keys if all(c["cold_work"].get(k) is None for c in counted)]
+    if not cold:
+        L.append(
+            f"None: all {len(counted)} timed cells ran warm ("
+            + ", ".join(f"0 {k}" for k in keys if k not in unobserved)
+            + (f"; not observable here: {', '.join(unobserved)}" if unobserved else "")
+            + ")."
+        )
+        return L
+    L += ["| cell | arm | rep | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+    for c in cold:
+        vals = [c["cold_work"].get(k) for k in keys]
+        L.append(
+            f"| {c['cell']} | {c['arm']} | {c['rep']} | "
+            + " | ".join("n/a" if v is None else str(v) for v in vals)
+            + " |"
+        )
+    return L
 
 
 def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:
@@ -444,6 +599,8 @@ def render(run_dir: str | Path) -> dict[str, Any]:
         run.write_table("cells", pd.DataFrame(a["cells"]))
     if a["identity"]:
         run.write_table("identity", pd.DataFrame(a["identity"]))
+    if a["replay_identity"]:
+        run.write_table("replay_identity", pd.DataFrame(a["replay_identity"]))
     if a["comparison"]:
         run.write_table("comparison", pd.DataFrame(a["comparison"]))
     run.write_json("summary.json", a["summary"])

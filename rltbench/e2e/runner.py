@@ -1,8 +1,13 @@
-"""The e2e schedule: warm-up per arm, then cells (arm x concurrency x repetition) interleaved A B C C B A.
+"""The e2e schedule: warm-up per arm, then cells (arm x concurrency x repetition) interleaved A B C C B A,
+then, per block of one cell and repetition, the identity replays.
 
 Works with any backend offering `warmup(arm, requests, timeouts)`, `run_cell(arm, tag, requests,
-timeouts, reset_prefix_cache, progress)` and `stats()` (EngineBackend, OpenAIBackend). Each finished
-cell is appended to requests.jsonl / cell_meta.jsonl at once, so a crash or Ctrl-C keeps it.
+timeouts, reset_prefix_cache, progress)` and `stats()` (EngineBackend, OpenAIBackend). A backend
+with `supports_replay` (the in-process engine) also gives each timed cell's schedule and cold-work
+counts and runs `replay(arm, schedule, requests)`: after every arm has run a block's timed cell,
+each other arm runs the reference arm's exact batches untimed, and that token comparison is the
+identity verdict (free-running identity stays as information: session batches depend on timing).
+Each finished cell and replay is appended to its JSONL file at once, so a crash or Ctrl-C keeps it.
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ from rltbench.e2e import compare
 from rltbench.e2e.display import RunDisplay
 from rltbench.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts
 from rltbench.e2e.metrics import cell_summary
+from rltbench.e2e.report import REPLAY_FILE, compute_cells
 from rltbench.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_rate
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
-    "repetitions; warm-up (graph capture + a small burst) per arm before any measured cell"
+    "repetitions; warm-up per arm before any measured cell (decode graphs for every batch bucket and "
+    "context class, the burst's prefill graphs, the largest eager prefill step, a small burst); timed "
+    "cells run frozen (no graph capture) and record their cold work"
 )
+
 
 
 @dataclass
@@ -80,6 +89,8 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
     sched = schedule(plan.arms, plan.cells, plan.repeats)
     status = "complete"
+    replay = bool(getattr(backend, "supports_replay", False))
+    block_runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]] = {}
     for order, (rep, cell, arm) in enumerate(sched):
         if plan.timeouts.deadline_passed():
             run.update_manifest(skipped_cells=len(sched) - order)
@@ -113,6 +124,10 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             raise
         after = backend.stats(arm)
         meta["wall_s"] = time.time() - started
+        if replay:
+            meta["cold_work"] = dict(backend.last_cold_work)
+            meta["schedule"] = backend.last_schedule.summary()
+            block_runs[arm] = (backend.last_schedule, backend.last_requests, recs)
         pb, pa = _engine_prefix(before), _engine_prefix(after)
         if pb is not None and pa is not None and pa[1] > pb[1]:
             meta["engine_prefix_hit_rate"] = (pa[0] - pb[0]) / (pa[1] - pb[1])
@@ -130,14 +145,75 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
         if status == "deadline":
             run.update_manifest(skipped_cells=len(sched) - order - 1)
             break
+        if replay and len(block_runs) == len(plan.arms):
+            _replay_block(plan, backend, run, display, cell, rep, block_runs)
+            block_runs = {}
     return status
+
+
+def _replay_block(
+    plan: Plan,
+    backend: Any,
+    run: Any,
+    display: RunDisplay,
+    cell: Cell,
+    rep: int,
+    runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]],
+) -> None:
+    """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
+    identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
+    finish cleanly (a cut cell's schedule stops mid-request)."""
+    ref_sched, ref_reqs, ref_recs = runs[plan.ref]
+    ref_tokens = {r["request"]: r.get("token_ids") for r in ref_recs}
+    clean = all(r.get("status") == "ok" for r in ref_recs)
+    ref_sig = ref_sched.signature()
+    for arm in plan.arms:
+        if arm == plan.ref:
+            continue
+        row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": plan.ref}
+        row["same_schedule_free_running"] = runs[arm][0].signature() == ref_sig
+        if not clean:
+            row["skipped"] = f"the {plan.ref} cell has unfinished requests: its schedule cannot be replayed"
+            run.append_jsonl(REPLAY_FILE, row)
+            continue
+        display.note(f"identity replay: {arm} on {plan.ref}'s schedule ({cell.name} rep {rep}, untimed)")
+        t0 = time.perf_counter()
+        try:
+            got = backend.replay(arm, ref_sched, ref_reqs)
+        except Exception as exc:  # a replay failure is reported, never taken for identity
+            row["skipped"] = f"replay failed: {type(exc).__name__}: {exc}"
+            run.append_jsonl(REPLAY_FILE, row)
+            continue
+        row["seconds"] = time.perf_counter() - t0
+        index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
+        divergences = []
+        for idx, want in sorted(ref_tokens.items()):
+            have = got.get(idx, [])
+            d = compare.first_divergence(have, want or [])
+            if d is not None:
+                step = ref_sched.step_of_token(index_to_rid[idx], d)
+                divergences.append(
+                    {
+                        "request": idx,
+                        "token_index": d,
+                        "step": step,
+                        "ref_token": want[d] if want and d < len(want) else None,
+                        "arm_token": have[d] if d < len(have) else None,
+                    }
+                )
+        row.update(
+            compared=len(ref_tokens),
+            identical=len(ref_tokens) - len(divergences),
+            divergences=divergences,
+            exact_arm=arm in plan.exact_arms,
+            steps=ref_sched.summary()["steps"],
+        )
+        run.append_jsonl(REPLAY_FILE, row)
 
 
 def _write_cells_so_far(run: Any) -> None:
     """cells.csv/json after every cell, so a run cut short still has its cell table (render redoes it)."""
     import pandas as pd
-
-    from rltbench.e2e.report import compute_cells
 
     cells = compute_cells(run.read_jsonl("requests.jsonl"), run.read_jsonl("cell_meta.jsonl"))
     if cells:

@@ -29,6 +29,7 @@ from rltbench.engine.paged_context import (
     kv_bytes_per_block,
     prefill_plan_from_host,
 )
+from rltbench.engine.schedule import ABORT, DECODE, PREFILL, ReplayError, Schedule, StepRecord
 from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
 from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
 from rltbench.errors import UsageError
@@ -128,6 +129,19 @@ def prefill_key(rows: Seq[tuple[int, int]], width: int, finishing: Seq[int]) -> 
     return tuple((int(a), int(n)) for a, n in rows), int(width), tuple(int(i) for i in finishing)
 
 
+def _step_record(batch: PrefillBatch | DecodeBatch) -> StepRecord:
+    """The record of a scheduled batch, taken before it runs (num_computed is still the chunk start)."""
+    if isinstance(batch, PrefillBatch):
+        return StepRecord(
+            PREFILL,
+            tuple(
+                (seq.request_id, seq.num_computed, n, seq.num_computed + n == seq.prompt_len)
+                for seq, n in batch.chunks
+            ),
+        )
+    return StepRecord(DECODE, tuple((seq.request_id,) for seq in batch.seqs))
+
+
 def _synthetic_prefill(key: PrefillKey) -> _PrefillStep:
     """A step of shape `key` that touches no KV: token ids 0, slots -1, block tables 0 (warm-up)."""
     rows, width, finishing = key
@@ -217,6 +231,8 @@ class _ArmState:
             prefill_graph_captures=0,
             prefill_graph_failures=0,
             prefill_eager=0,
+            frozen_graph_misses=0,
+            buffer_growths=0,
             batch_size_hist={},
         )
 
@@ -305,8 +321,22 @@ class Engine:
         self._bench_active = False
         # ---- prefill graphs: one static int64 metadata buffer, graphs per arm keyed by step shape ---
         self.use_prefill_graphs = self.use_graphs and cfg.prefill_graphs and prefill_replay_safe(model)
-        self._pf_dev = torch.zeros(MIN_PREFILL_BUFFER, dtype=torch.int64, device=self.device)
+        self._pf_dev = torch.zeros(self._prefill_buffer_elems(), dtype=torch.int64, device=self.device)
         self._pf_warned = False
+        # frozen: no graph is captured (a missing decode bucket or prefill shape runs eagerly and is
+        # counted), so a timed window never pays a capture; see `freeze`
+        self.frozen = False
+        self._recording: Schedule | None = None
+        self._eager_ops: Any = None  # replay: the ops eager steps use instead of the arm's
+
+    def _prefill_buffer_elems(self) -> int:
+        """Int64 elements of the largest prefill step's packed metadata (ids, positions, slots per
+        token; qsl, seq_lens, ctx_lens, last_idx per row; block tables), allocated once: growing the
+        buffer later drops every captured prefill graph, which a measured window must never pay."""
+        cfg = self.config
+        rows = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        need = 3 * cfg.max_num_batched_tokens + 4 * rows + 1 + rows * self.max_blocks_per_seq
+        return max(MIN_PREFILL_BUFFER, 1 << (need - 1).bit_length())
 
     # ---- arms ---------------------------------------------------------------------------------
     def _build_arms(self, arms: Mapping[str, Any] | Iterable[str] | None) -> dict[str, _ArmState]:
@@ -421,6 +451,8 @@ class Engine:
         seq = self._live.pop(request_id, None)
         if seq is None:
             return False
+        if self._recording is not None:
+            self._recording.steps.append(StepRecord(ABORT, ((request_id,),)))
         seq.finish_reason = "abort"
         self.scheduler.finish(seq)
         return True
@@ -431,6 +463,100 @@ class Engine:
     def reset_prefix_cache(self) -> None:
         self.blocks.reset_prefix_cache()
 
+    # ---- schedules: record one arm's batches, replay them on another ------------------------------
+    def start_recording(self) -> None:
+        """Record every step from now on (cheap: one tuple per step), for `stop_recording`."""
+        clean = self.blocks.num_cached_blocks == 0 and not self.has_unfinished()
+        self._recording = Schedule(clean_start=clean)
+
+    def stop_recording(self) -> Schedule:
+        """The steps run since `start_recording` (recording stops)."""
+        rec, self._recording = self._recording, None
+        if rec is None:
+            raise RuntimeError("stop_recording without start_recording")
+        return rec
+
+    def replay(
+        self,
+        schedule: Schedule,
+        prompts: Mapping[str, Seq[int]],
+        max_tokens: Mapping[str, int],
+        eager_ops: Any = None,
+    ) -> dict[str, list[int]]:
+        """Run the current arm through exactly the batches of `schedule` (recorded on any arm of this
+        engine, from an empty prefix cache) and return each request's generated ids.
+
+        `prompts` and `max_tokens` (the request's SamplingParams.max_tokens when it was recorded: it
+        sizes its KV blocks, so the pool and prefix cache evolve as they did) are keyed by the
+        schedule's request ids. Each request stops where the recorded run stopped it, whatever it
+        generates. Graphs are replayed where captured and never captured here; eager steps use
+        `eager_ops` when given (e.g. the arm's kernels forced on outside graphs, so prefill is
+        compared too). Raises ReplayError when the schedule cannot be reproduced."""
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("replay needs an idle engine")
+        if not schedule.clean_start:
+            raise ReplayError("the schedule was recorded on a warm prefix cache and cannot be replayed")
+        self.reset_prefix_cache()
+        emitted = schedule.emitted()
+        aborted = {st.rows[0][0] for st in schedule.steps if st.kind == ABORT}
+        seqs: dict[str, Sequence] = {}
+        out: dict[str, list[int]] = {}
+        frozen, self.frozen, self._eager_ops = self.frozen, True, eager_ops
+        try:
+            for i, st in enumerate(schedule.steps):
+                if st.kind == ABORT:
+                    self.abort_request(st.rows[0][0])
+                    continue
+                if st.kind == DECODE:
+                    batch: PrefillBatch | DecodeBatch = DecodeBatch([seqs[r[0]] for r in st.rows])
+                else:
+                    chunks = []
+                    for rid, start, n, _done in st.rows:
+                        if rid not in seqs:
+                            seqs[rid] = self._admit_replayed(
+                                rid, prompts[rid], max_tokens[rid], emitted.get(rid, 0), rid in aborted
+                            )
+                        seq = seqs[rid]
+                        if seq.num_computed != start:
+                            raise ReplayError(
+                                f"step {i}: request {rid} starts at token {seq.num_computed}, recorded "
+                                f"{start} (prefix cache differs from the recorded run)"
+                            )
+                        chunks.append((seq, n))
+                    batch = PrefillBatch(chunks)
+                for ev in self._run_batch(batch):
+                    out.setdefault(ev.request_id, []).extend(ev.token_ids)
+        finally:
+            self.frozen, self._eager_ops = frozen, None
+            for rid in [r for r in seqs if r in self._live]:
+                self.abort_request(rid)
+        return out
+
+    def _admit_replayed(
+        self, rid: str, prompt: Seq[int], max_tokens: int, emitted: int, aborted: bool
+    ) -> Sequence:
+        """Queue and admit a replayed request with the recorded block budget (`max_tokens`), then make
+        it finish after `emitted` tokens (or run on until its recorded abort) and ignore stop ids."""
+        self.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        seq = self._live[rid]
+        if not self.scheduler.admit(seq):
+            raise ReplayError(f"request {rid} could not be admitted where the recorded run admitted it")
+        seq.max_new = emitted + 1 if aborted else emitted
+        seq.stop_ids = frozenset()
+        return seq
+
+    @property
+    def fused_ops(self) -> Any:
+        """The current arm's ops with its kernels on outside CUDA graphs too (scope "all"): what a
+        replay's eager steps use, so prefill steps compare the kernels and not the reference ops."""
+        return self._arm.warm_ops
+
+    def freeze(self, frozen: bool = True) -> None:
+        """Forbid (or allow again) graph captures: a frozen engine replays the graphs it holds and runs
+        everything else eagerly, counted. Timed windows run frozen after a warm-up that covered
+        their shapes, so none of them pays a capture."""
+        self.frozen = frozen
+
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         """Run one scheduled batch; returns one event per request that produced a token."""
@@ -439,6 +565,11 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        return self._run_batch(batch)
+
+    def _run_batch(self, batch: PrefillBatch | DecodeBatch) -> list[TokenEvent]:
+        if self._recording is not None:
+            self._recording.steps.append(_step_record(batch))
         c = self._arm.counters
         c["steps"] += 1
         with torch.no_grad():
@@ -519,11 +650,11 @@ class Engine:
         entry = None
         if self.use_prefill_graphs:
             entry = arm.prefill.get(step.key)
-            if entry is None and arm.prefill.should_capture(step.key):
+            if entry is None and not self.frozen and arm.prefill.should_capture(step.key):
                 entry = self._capture_prefill(step)
         if entry is None:
             c["prefill_eager"] += 1
-            out = self._prefill_forward(step, arm.ops)
+            out = self._prefill_forward(step, self._eager_ops or arm.ops)
         else:
             graph, out = entry
             graph.replay()
@@ -545,6 +676,7 @@ class Engine:
         one, so they are dropped (hot shapes recapture on their next sighting)."""
         size = max(MIN_PREFILL_BUFFER, 1 << (need - 1).bit_length())
         self._pf_dev = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._arm.counters["buffer_growths"] += 1
         for arm in self._arms.values():
             arm.prefill.clear()
 
@@ -680,12 +812,13 @@ class Engine:
             self._grow_meta(rows)
         max_len = self._fill_decode_rows(seqs, rows)
         self._upload(rows)
-        if bucket is not None:
-            graph, out = self._graph(bucket, self.len_class(max_len))
+        entry = self._graph(bucket, self.len_class(max_len)) if bucket is not None else None
+        if entry is not None:
+            graph, out = entry
             graph.replay()
             c["graph_replays"] += 1
         else:
-            out = self._decode_forward(rows, self._arm.ops, self.eager_len(max_len))
+            out = self._decode_forward(rows, self._eager_ops or self._arm.ops, self.eager_len(max_len))
             if self.use_graphs:
                 c["eager_fallbacks"] += 1
         return self._emit(seqs, out[:b].tolist())
@@ -699,13 +832,19 @@ class Engine:
         self._meta_dev = torch.zeros(self._meta_host.shape, dtype=torch.int32, device=self.device)
         self._meta_rows = rows
         self._decode_key = None
+        self._arm.counters["buffer_growths"] += 1
         for arm in self._arms.values():
             arm.graphs.clear()
 
     # ---- CUDA graphs --------------------------------------------------------------------------
-    def _graph(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    def _graph(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
+        """The decode graph of (bucket, class): captured lazily (counted) unless the engine is frozen,
+        where a missing graph means an eager step (counted as a frozen miss)."""
         g = self._arm.graphs.get((bucket, len_class))
-        if g is None:  # lazy capture (counted); warmup() avoids it inside measurements
+        if g is None:
+            if self.frozen:
+                self._arm.counters["frozen_graph_misses"] += 1
+                return None
             g = self._capture(bucket, len_class)
         return g
 
@@ -780,6 +919,21 @@ class Engine:
             pg.should_capture(key)  # counts as seen: an evicted warm shape recaptures on its next step
             captured += self._capture_prefill(step) is not None
         return captured
+
+    def warmup_eager_prefill(self) -> None:
+        """Run one synthetic eager prefill step of the largest size a step can have (the token budget,
+        capped by the context), touching no KV: the caching allocator grows to its peak and cuBLAS
+        meets the largest shape here, not inside a timed window that runs such a step eagerly."""
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("warmup_eager_prefill needs an idle engine")
+        n = min(self.config.max_num_batched_tokens, self.max_model_len)
+        key = prefill_key([(0, n)], -(-n // self.config.block_size), [0])
+        step = _synthetic_prefill(key)
+        self._upload_prefill(step.packed)
+        with torch.no_grad():
+            self._prefill_forward(step, self._arm.ops)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(

@@ -114,6 +114,14 @@ class Scheduler:
         self.running.append(seq)
         return True
 
+    def admit(self, seq: Sequence) -> bool:
+        """Admit a waiting `seq` out of FCFS order (a schedule replay decides the order); False when it
+        does not fit."""
+        if not self._try_admit(seq):
+            return False
+        self.waiting.remove(seq)
+        return True
+
     def schedule(self) -> PrefillBatch | DecodeBatch | None:
         budget = self.max_num_batched_tokens
         chunks: list[tuple[Sequence, int]] = []

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from rltbench.engine.schedule import DECODE, Schedule, StepRecord
+
 
 @dataclass(frozen=True)
 class FakeParams:
@@ -37,6 +39,36 @@ class FakeEngine:
         self.warmed: list[str] = []
         self.resets = 0
         self.arm_log: list[str] = []
+        self.frozen = False
+        self.recording: Schedule | None = None
+        self.replays: list[str] = []
+        self.device = SimpleNamespace(type="cpu")
+        self.fused_ops = None
+        self.captures_in_timed = 0  # set > 0 to make timed cells report cold work
+
+    def freeze(self, frozen: bool = True) -> None:
+        self.frozen = frozen
+
+    def warmup_prefill(self, prompt_len: int) -> int:
+        return 0
+
+    def warmup_eager_prefill(self) -> None:
+        pass
+
+    def start_recording(self) -> None:
+        self.recording = Schedule()
+
+    def stop_recording(self) -> Schedule:
+        rec, self.recording = self.recording, None
+        return rec
+
+    def replay(self, schedule, prompts, max_tokens, eager_ops=None):
+        """Tokens of the current arm for the recorded number of steps of each request."""
+        self.replays.append(self.arm)
+        return {
+            rid: [self.token(list(prompts[rid]), i, self.arm) for i in range(n)]
+            for rid, n in schedule.emitted().items()
+        }
 
     def _idx(self, rid: str) -> str:
         return rid.rsplit("/", 1)[-1]
@@ -80,6 +112,7 @@ class FakeEngine:
         events = []
         active = [r for r in self.live if self._idx(r) not in self.silent]
         self.hist[len(active)] = self.hist.get(len(active), 0) + 1
+        rows = []
         for rid in active:
             st = self.live[rid]
             idx = self._idx(rid)
@@ -87,6 +120,7 @@ class FakeEngine:
             if stalls and idx in self.stall_after and st["n"] >= self.stall_after[idx]:
                 continue
             tok = self.token(st["prompt"], st["n"], self.arm)
+            rows.append((rid,))
             st["n"] += 1
             limit = min(st["max"], self.short.get(idx, st["max"]))
             done = st["n"] >= limit
@@ -102,7 +136,18 @@ class FakeEngine:
             )
             if done:
                 del self.live[rid]
+        if self.recording is not None and rows:
+            self.recording.steps.append(StepRecord(DECODE, tuple(rows)))
+        if self.frozen:
+            self.captures += self.captures_in_timed
         return events
 
+    captures = 0
+
     def stats(self):
-        return {"batch_size_hist": dict(self.hist), "prefix_hit_tokens": 0, "prefix_query_tokens": 0}
+        return {
+            "batch_size_hist": dict(self.hist),
+            "prefix_hit_tokens": 0,
+            "prefix_query_tokens": 0,
+            "graph_captures": self.captures,
+        }

@@ -99,15 +99,38 @@ def test_run_plan_interleaves_warms_up_and_flags_exact_mismatch(tmp_path):
     assert len(run.read_jsonl("cell_meta.jsonl")) == 12
     run.update_manifest(status="complete")
     a = render(run.path)
-    ident = {(r["arm"], r["cell"]): r for r in a["identity"]}
-    assert ident[("exact", "C=3")]["exact_mismatch"] and ident[("exact", "C=3")]["first_divergence_min"] == 2
-    assert ident[("torch#2", "C=3")]["identical"] == 6
-    assert a["summary"]["exact_arm_mismatch"] is True
+    # free-running identity is information; the verdict is the replay on torch's own batches
+    free = {(r["arm"], r["cell"]): r for r in a["identity"]}[("exact", "C=3")]
+    assert free["first_divergence_min"] == 2 and not free["exact_mismatch"]
+    rep = {(r["arm"], r["cell"]): r for r in a["replay_identity"]}
+    assert eng.replays.count("exact") == 4 and eng.replays.count("torch#2") == 4  # 2 cells x 2 reps
+    assert rep[("exact", "C=3")]["exact_mismatch"] and rep[("exact", "C=3")]["identical"] == 0
+    fd = rep[("exact", "C=3")]["first_divergence"]
+    assert fd["token_index"] == 2 and fd["step"] is not None
+    assert rep[("torch#2", "C=3")]["identical"] == rep[("torch#2", "C=3")]["compared"] == 6
+    assert a["summary"]["exact_arm_mismatch"] is True and a["summary"]["identity_method"] == "schedule replay"
     text = (run.path / "table.md").read_text()
-    assert "EXACT ARM MISMATCH" in text and "TPOT = (E2E - TTFT) / (N - 1)" in text
+    assert "EXACT ARM MISMATCH (schedule replay)" in text and "TPOT = (E2E - TTFT) / (N - 1)" in text
+    assert "None: all 12 timed cells ran warm" in text
+    assert all(c["cold_work"]["graph_captures"] == 0 for c in run.read_jsonl("cell_meta.jsonl"))
     assert {c["max_decode_batch"] for c in run.read_jsonl("cell_meta.jsonl") if c["C"] == 3} == {3}
     for f in ("cells.csv", "comparison.csv", "identity.csv", "summary.json", "throughput.png", "speedup.png"):
         assert (run.path / f).is_file(), f
+
+
+def test_cold_work_inside_a_timed_cell_is_flagged(tmp_path):
+    eng = FakeEngine()
+    eng.captures_in_timed = 1  # a capture on every timed step: the cell records and the table flag it
+    arms = ["torch", "torch#2"]
+    be = EngineBackend(eng, FakeParams, arms)
+    run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": arms})
+    with RunDisplay(live=False) as d:
+        run_plan(_plan(arms, [Cell("C=2", 2)], repeats=1), be, run, d)
+    run.update_manifest(status="complete")
+    a = render(run.path)
+    assert len(a["summary"]["cold_cells"]) == 2
+    assert all(c["cold_work"]["graph_captures"] > 0 for c in a["summary"]["cold_cells"])
+    assert "did cold work" in (run.path / "table.md").read_text()
 
 
 def test_ctrl_c_leaves_a_readable_run(tmp_path):

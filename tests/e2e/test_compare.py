@@ -94,10 +94,25 @@ def test_paired_deltas_exact_speedup_and_aa_tie():
     aa = rows[("torch#2", "ttft")]
     assert aa["verdict"] == "A/A" and aa["delta"] == pytest.approx(0.01)
     assert r["aa_spread"] == pytest.approx(0.01)
-    # an arm 0.5% slower sits inside the 1% A/A spread: a tie
+    # an arm 0.5% slower sits inside the 1% A/A spread: within noise, never "worse"
     tiny = _records(speed=1.005)
     rows2 = {(r["arm"], r["metric"]): r for r in paired_deltas(tiny, compute_cells(tiny), "torch")}
-    assert rows2[("exact", "ttft")]["verdict"] == "tie"
+    assert rows2[("exact", "ttft")]["verdict"] == "within noise"
+    # an arm 1.5% slower whose interval still reaches into the 1% spread: within noise too
+    near = _records(speed=1.015)
+    rows3 = {(r["arm"], r["metric"]): r for r in paired_deltas(near, compute_cells(near), "torch")}
+    r3 = rows3[("exact", "ttft")]
+    if r3["ci_lo"] <= r3["aa_spread"]:
+        assert r3["verdict"] == "within noise"
+    else:
+        assert r3["verdict"] == "worse"
+
+
+def test_no_speed_verdict_where_timings_cannot_carry_one():
+    recs = _records(speed=0.5)
+    rows = paired_deltas(recs, compute_cells(recs), "torch", no_verdict="CPU timings")
+    assert {r["verdict"] for r in rows if r["arm"] == "exact"} == {"no verdict: CPU timings"}
+    assert {r["verdict"] for r in rows if r["arm"] == "torch#2"} == {"A/A"}
 
 
 def test_invalid_cell_is_excluded_from_pairs():

@@ -23,21 +23,31 @@ def test_gpu_burst_graphs_exact_identity(tmp_path):
     assert len(recs) == 3 * 5 and all(r["status"] == "ok" for r in recs)
     summary = run.read_json("summary.json")
     assert summary["exact_arm_mismatch"] is False, summary["exact_arm_mismatches"]
+    assert summary["identity_method"] == "schedule replay" and not summary["exact_arm_unverified"]
+    replays = {(r["arm"], r["cell"]): r for r in summary["replay_identity"]}
+    assert replays[("exact", "C=4")]["identical"] == replays[("exact", "C=4")]["compared"] == 4
     meta = run.read_jsonl("cell_meta.jsonl")
     assert {m["max_decode_batch"] for m in meta if m["C"] == 4} == {4}
     assert run.manifest["engine_stats"]["exact"]["graph_replays"] > 0
+    # every timed cell warm: no capture, no compile, no new device memory inside it
+    assert not summary["cold_cells"], summary["cold_cells"]
+    assert all(m["cold_work"]["device_mallocs"] == 0 for m in meta)
 
 
 @pytest.mark.gpu
 def test_gpu_session_prefix_hits(tmp_path):
     out = tmp_path / "session"
     args = (
-        "e2e --model ouro-tiny --device cuda --arms torch,exact --workload session --trace mooncake-tiny "
-        "--max-requests 16 --repeats 1 --no-live --kv-cache-gib 1"
+        "e2e --model ouro-tiny --device cuda --arms torch,exact,torch --workload session --trace "
+        "mooncake-tiny --max-requests 16 --repeats 2 --no-live --kv-cache-gib 1"
     ).split()
     assert main([*args, "--result-dir", str(out)]) == 0
     run = RunDir.open(out)
-    assert run.read_json("summary.json")["exact_arm_mismatch"] is False
+    summary = run.read_json("summary.json")
+    assert summary["exact_arm_mismatch"] is False and not summary["exact_arm_unverified"]
+    exact = [r for r in summary["replay_identity"] if r["arm"] == "exact"]
+    assert exact and all(r["identical"] == r["compared"] > 0 for r in exact)
+    assert not summary["cold_cells"], summary["cold_cells"]
     assert all(r["status"] == "ok" for r in run.read_jsonl("requests.jsonl"))
     assert all(c["measured_prefix_hit_rate"] is not None for c in run.read_json("cells.json"))
 

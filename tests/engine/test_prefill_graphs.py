@@ -147,6 +147,29 @@ def test_warmup_prefill_captures_burst_shapes_without_touching_kv(ouro_tiny, ops
     assert make_engine(ouro_tiny, ops, graphs=False).warmup_prefill(8) == 0  # CPU: graphs off
 
 
+def test_static_buffer_holds_the_largest_step_so_warmed_graphs_survive(ouro_tiny, ops):
+    """The static prefill buffer is sized for the largest step at construction: capturing steps of
+    1..4 whole prompts never grows it (growth drops every arm's captured graphs, which once put a
+    capture inside the first measured burst cell)."""
+    eng = make_engine(ouro_tiny, ops, block_size=16, max_num_batched_tokens=2048, max_num_seqs=128)
+    assert eng.warmup_prefill(512) == 4
+    s = eng.stats()
+    assert s["buffer_growths"] == 0 and len(eng._arm.prefill.graphs) == 4
+
+
+def test_frozen_engine_never_captures(ouro_tiny, ops):
+    eng = make_engine(ouro_tiny, ops)
+    eng.freeze(True)
+    ps = prompts(3, [8] * 4)
+    run(eng, ps)
+    run(eng, ps)
+    s = eng.stats()
+    assert s["prefill_graph_captures"] == 0 and s["prefill_eager"] == s["prefill_steps"]
+    eng.freeze(False)
+    run(eng, ps)
+    assert eng.stats()["prefill_graph_captures"] == 1
+
+
 def test_lru_cap_bounds_the_graphs_held(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops, prefill_graph_cap=1, max_num_batched_tokens=64)
     for n in (3, 5, 3, 5, 3, 5):
