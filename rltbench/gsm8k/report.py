@@ -21,6 +21,8 @@ from typing import Any
 from rltbench.errors import UsageError
 from rltbench.gsm8k.stats import (
     check_gate,
+    cp_lower,
+    cp_upper,
     exit_code,
     gate_verdict,
     needed_n,
@@ -208,7 +210,8 @@ def needed_cell(c: dict[str, Any]) -> str:
 
 
 def accuracy_figure(summary: dict[str, Any]) -> Any:
-    """Left: per-arm gate accuracy with 95% (normal) intervals. Right: discordant pairs per variant."""
+    """Left: per-arm gate accuracy with exact (Clopper-Pearson) 95% intervals, which stay open at 0%
+    and 100% where a normal interval has width 0. Right: discordant pairs per variant."""
     import matplotlib.pyplot as plt
 
     import rltbench.results.plotting  # noqa: F401  (Agg backend)
@@ -217,10 +220,14 @@ def accuracy_figure(summary: dict[str, Any]) -> Any:
     arms = list(summary["arms"])
     n = max(summary["n"], 1)
     accs = [summary["arms"][a]["gate_acc"] for a in arms]
-    errs = [1.96 * 100.0 * math.sqrt(max(p / 100.0 * (1 - p / 100.0), 0.0) / n) for p in accs]
+    correct = [round(p / 100.0 * n) if math.isfinite(p) else 0 for p in accs]
+    errs = [
+        [p - 100.0 * cp_lower(k, n, 0.025) for p, k in zip(accs, correct, strict=True)],
+        [100.0 * cp_upper(k, n, 0.025) - p for p, k in zip(accs, correct, strict=True)],
+    ]
     ax1.bar(arms, accs, yerr=errs, capsize=6, color=["#555555"] + ["#1f77b4"] * (len(arms) - 1))
     ax1.set_ylabel(f"accuracy % ({summary['gate_filter']})")
-    ax1.set_title(f"GSM8K accuracy, n={summary['n']} (95% CI)")
+    ax1.set_title(f"GSM8K accuracy, n={summary['n']} (exact 95% CI)")
     ax1.set_ylim(0, 100)
     if summary.get("random_weights"):
         ax1.text(
