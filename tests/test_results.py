@@ -135,3 +135,18 @@ def test_extend_jsonl_writes_a_unit(tmp_path: Path) -> None:
     run.extend_jsonl("rows.jsonl", [{"a": 3}])
     assert [r["a"] for r in run.read_jsonl("rows.jsonl")] == [1, 2, 3]
     assert "rows.jsonl" in RunDir.open(tmp_path / "r").manifest["files"]
+
+
+def test_an_opened_run_never_rewrites_its_manifest(tmp_path: Path) -> None:
+    """`rltbench report` used to add re-rendered files to a committed manifest.json (rewriting it)."""
+    run = RunDir.create("x", tmp_path / "r")
+    run.update_manifest(status="complete")
+    before = (tmp_path / "r" / "manifest.json").read_bytes()
+    stored = RunDir.open(tmp_path / "r")
+    stored.write_markdown("table.md", "| a |\n|---|")
+    stored.write_json("summary.json", {"v": 1})
+    assert (tmp_path / "r" / "manifest.json").read_bytes() == before
+    assert (tmp_path / "r" / "table.md").exists()
+    with pytest.raises(RuntimeError, match="read-only"):
+        stored.update_manifest(status="running")
+    assert (tmp_path / "r" / "manifest.json").read_bytes() == before

@@ -2,14 +2,18 @@
 
 The same model answers the same questions greedily once per arm (one process, one model, the
 engine switches arms); lm-eval builds the prompts and scores them (see tasks.py); the paired
-statistics and the verdict are ours (stats.py). Exit codes: 0 pass, 1 fail, 3 inconclusive
-(2 = usage error, from the CLI). With random weights the run still works (pipeline check and
-sequence identity) but accuracies mean nothing; that is printed on the console, in table.md and in
-the manifest.
+statistics and the verdict are ours (stats.py). Exit codes: 0 identical or pass, 1 fail, 3
+inconclusive (2 = usage error, from the CLI). With random weights the run still works (pipeline check
+and sequence identity) but accuracies mean nothing: an arm that is not identical to torch is
+"inconclusive: random weights", and that is printed on the console, in table.md and in the manifest.
+
+Every input is checked before the run directory is made (`validate_numbers`, `parse_arms`,
+`check_model_inputs`): a bad flag, model, tokenizer or checkpoint leaves no run directory behind.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +26,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from rltbench.errors import UsageError
-from rltbench.gsm8k import report
+from rltbench.gsm8k import report, textcodec
+from rltbench.gsm8k.stats import NEEDED_N_CAP, verdict_label
 from rltbench.gsm8k.tasks import DATA_DIR, FILTERS, TASKS, lm_eval_version, set_offline_env
 
 console = Console()
@@ -76,13 +81,12 @@ def validate_numbers(
     batch_size: int,
     max_gen_toks: int,
     num_fewshot: int | None,
-    gate_mode: str,
     task: str,
     backend: str,
     gate_filter: str,
 ) -> None:
-    if gate < 0:
-        raise UsageError(f"--gate must be >= 0 points, got {gate}")
+    if not math.isfinite(gate) or not 0.0 <= gate <= 100.0:  # nan compares false: it decides nothing
+        raise UsageError(f"--gate must be a finite number of points in [0, 100], got {gate}")
     if limit is not None and not 1 <= limit <= GSM8K_TEST_SIZE:
         raise UsageError(f"--limit must be in 1..{GSM8K_TEST_SIZE}, got {limit}")
     if batch_size < 1:
@@ -91,8 +95,6 @@ def validate_numbers(
         raise UsageError(f"--max-gen-toks must be >= 1, got {max_gen_toks}")
     if num_fewshot is not None and num_fewshot < 0:
         raise UsageError(f"--num-fewshot must be >= 0, got {num_fewshot}")
-    if gate_mode not in ("ucb", "point"):
-        raise UsageError(f"--gate-mode must be ucb or point, got {gate_mode!r}")
     if task not in TASKS:
         raise UsageError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
     if backend not in ("engine", "openai"):
@@ -128,11 +130,35 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return device, dtype_from_name(dtype)
 
 
+def _check_vocab(vocab: int | None, model_vocab: int) -> None:
+    if vocab is not None and vocab > model_vocab:
+        raise UsageError(f"tokenizer vocab {vocab} exceeds the model's vocab {model_vocab}")
+
+
+def check_model_inputs(
+    model_name: str, weights: str, tokenizer: str | None, device: str, dtype: str, backend: str
+) -> None:
+    """What `build_engine_side` would reject, found without building the model, so that a bad
+    preset, checkpoint, tokenizer, device or dtype is one line before any run directory exists."""
+    if backend != "engine":
+        return
+    from rltbench.models import config_from_hf, get_config  # imports torch: only where a model is used
+
+    _device_and_dtype(device, dtype)
+    if weights == "random":
+        model_cfg = get_config(model_name)  # lists the presets for an unknown name
+    else:
+        model_cfg = config_from_hf(Path(weights) / "config.json")
+        if tokenizer is None and not (Path(weights) / "tokenizer.json").is_file():
+            raise UsageError(f"no tokenizer.json in {weights}: add it or pass --tokenizer PATH")
+    if tokenizer is not None:
+        _check_vocab(textcodec.load_tokenizer_file(tokenizer).vocab_size(), model_cfg.vocab_size)
+
+
 def build_engine_side(
     model_name: str, weights: str, tokenizer: str | None, device: str, dtype: str, seed: int, run_dir: Path
 ) -> tuple[Any, Any, bool]:
     """(model, codec, random_weights): a preset with random weights or a checkpoint, and its text codec."""
-    from rltbench.gsm8k import textcodec
     from rltbench.models import build_model, cpu_size_note, get_config, load_model
 
     dev, dt = _device_and_dtype(device, dtype)
@@ -155,9 +181,7 @@ def build_engine_side(
         console.print(
             f"[yellow]no tokenizer given: using a {codec.source} (saved as fallback_tokenizer.json)[/]"
         )
-    vocab = codec.vocab_size()
-    if vocab is not None and vocab > model.config.vocab_size:
-        raise UsageError(f"tokenizer vocab {vocab} exceeds the model's vocab {model.config.vocab_size}")
+    _check_vocab(codec.vocab_size(), model.config.vocab_size)
     return model, codec, bool(getattr(model, "random_weights", weights == "random"))
 
 
@@ -186,43 +210,74 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
     return Engine(model, arms={a: ARMS[a] for a in arms}, config=cfg)
 
 
+VERDICT_COLORS = {"identical": "green", "pass": "green", "fail": "red", "inconclusive": "yellow"}
+CONSOLE_CAPTION = (
+    "Drop = reference minus arm accuracy, in points. LCB95 / UCB95: exact one-sided 95% bounds of "
+    "the drop. p: McNemar's exact p-value. differ: generated sequences not identical to the "
+    "reference's. Identical arms pass; otherwise pass needs UCB95 <= gate, fail LCB95 > gate."
+)
+
+
+def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
+    """Why an arm is inconclusive and what would decide it."""
+    if c.get("verdict_reason"):
+        return (
+            f"{arm}: {verdict_label(c['verdict'], c['verdict_reason'])}: {c['sequences_differ']}/{c['n']} "
+            "sequences differ from the reference, and random weights score near 0% in every arm; "
+            "only identical sequences are evidence here (run real weights: --weights DIR)"
+        )
+    bounds = f"the 95% bounds [{report._fmt(c['lcb95'])}, {report._fmt(c['ucb95'])}] points contain the gate"
+    if c["needed_n"] is None:
+        return (
+            f"{arm}: inconclusive: {bounds}; no number of questions up to {NEEDED_N_CAP:,} decides it "
+            "at the observed rates"
+        )
+    beyond = ""
+    if c["needed_n"] > GSM8K_TEST_SIZE:
+        beyond = f" (more than the {GSM8K_TEST_SIZE} GSM8K test questions)"
+    return (
+        f"{arm}: inconclusive: {bounds}; deciding it needs about {c['needed_n']} questions{beyond} "
+        "at the observed discordance and drop"
+    )
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     """The gate table, narrow enough for an 80-column log: arm names and verdicts are never cut."""
     t = Table(
         title=f"GSM8K gate vs {summary['reference']} ({summary['n']} questions, gate "
-        f"{summary['gate']:g} points, {summary['gate_mode']}, {summary['gate_filter']})",
-        caption="points; p: McNemar exact; differ: generated sequences not identical to the reference",
+        f"{summary['gate']:g} points, {summary['gate_rule']}, {summary['gate_filter']})",
+        caption=CONSOLE_CAPTION,
+        caption_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 0),
         show_edge=False,
     )
     t.add_column("arm", no_wrap=True)
-    for col in ("acc %", "drop", "SE", "UCB95", "n10/n01", "p", "differ"):
+    for col in ("acc %", "drop", "LCB95", "UCB95", "n10/n01", "p", "differ"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
-    needed = []
+    t.add_column("verdict")  # 'inconclusive: random weights' wraps at its space, never cut
+    lines = []
     for arm, a in summary["arms"].items():
         c = next((c for c in summary["comparisons"] if c["arm"] == arm), None)
         if c is None:
             t.add_row(arm, report._fmt(a["gate_acc"]), "", "", "", "", "", "", "reference")
         else:
-            color = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[c["verdict"]]
+            color = VERDICT_COLORS[c["verdict"]]
             if c["verdict"] == "inconclusive":
-                n_txt = f"about {c['needed_n']} questions" if c["needed_n"] else "an unknown number"
-                needed.append(f"{arm}: inconclusive; a conclusive answer needs {n_txt} at this drop and sd")
+                lines.append(_inconclusive_line(arm, c))
             t.add_row(
                 arm,
                 report._fmt(a["gate_acc"]),
                 report._fmt(c["drop"]),
-                report._fmt(c["se"]),
+                report._fmt(c["lcb95"]),
                 report._fmt(c["ucb95"]),
                 f"{c['n10']}/{c['n01']}",
                 report._p(c["mcnemar_p"]),
                 f"{c['sequences_differ']}/{c['n']}",
-                f"[{color}]{c['verdict']}[/]",
+                f"[{color}]{verdict_label(c['verdict'], c['verdict_reason'])}[/]",
             )
     console.print(t)
-    for line in needed:
+    for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
 
 
@@ -248,7 +303,13 @@ def gsm8k_command(
             "Default torch,exact,approx (engine) or every --arm."
         ),
     ] = None,
-    gate: Annotated[float, typer.Option(help="Largest tolerated accuracy drop, in points.")] = 1.0,
+    gate: Annotated[
+        float,
+        typer.Option(
+            help="Largest tolerated accuracy drop, in points (0-100). Pass: identical sequences, or "
+            "an exact 95% upper bound of the drop <= gate."
+        ),
+    ] = 1.0,
     task: Annotated[
         str, typer.Option(help="lm-eval task: gsm8k_cot (8-shot CoT) or gsm8k (5-shot).")
     ] = "gsm8k_cot",
@@ -259,8 +320,8 @@ def gsm8k_command(
     ] = 32,
     max_gen_toks: Annotated[int, typer.Option(help="Most generated tokens per question.")] = 256,
     gate_mode: Annotated[
-        str, typer.Option(help="ucb: pass iff drop + 1.645 SE <= gate; point: fail iff drop > gate.")
-    ] = "ucb",
+        str | None, typer.Option(hidden=True, help="Removed: the gate has one rule (exact bounds).")
+    ] = None,
     gate_filter: Annotated[
         str, typer.Option("--filter", help="Which lm-eval extraction decides correctness.")
     ] = "strict-match",
@@ -283,28 +344,35 @@ def gsm8k_command(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of random weights.")] = 0,
 ) -> None:
-    """GSM8K quality gate: paired accuracy of each arm vs torch. Exit 0 pass, 1 fail, 3 inconclusive."""
+    """GSM8K quality gate: paired accuracy of each arm vs torch.
+    Exit 0 identical or pass, 1 fail, 3 inconclusive."""
     set_offline_env()
+    if gate_mode is not None:
+        # the point rule passed without evidence and the normal bound passed at SE = 0
+        raise UsageError(
+            f"--gate-mode {gate_mode} was removed: the gate has one rule, exact 95% bounds (pass: "
+            "identical sequences or an upper bound of the drop <= --gate); drop --gate-mode"
+        )
     arm_urls = parse_arm_urls(arm or [])
-    validate_numbers(
-        gate, limit, batch_size, max_gen_toks, num_fewshot, gate_mode, task, backend, gate_filter
-    )
+    validate_numbers(gate, limit, batch_size, max_gen_toks, num_fewshot, task, backend, gate_filter)
     arm_names = parse_arms(arms, backend, arm_urls)
     if backend == "engine" and weights != "random" and not Path(weights).is_dir():
         raise UsageError(
             f"--weights must be a checkpoint directory or 'random': {weights} is not a directory"
         )
+    label = model_label(model, weights, backend)
+    check_model_inputs(label, weights, tokenizer, device, dtype, backend)
     from rltbench.gsm8k.tasks import build_task
 
     build_task(task)  # fail fast (lm-eval missing, data missing) before any model work
     from rltbench.results import RunDir
 
     config: dict[str, Any] = {
-        "model": model_label(model, weights, backend),
+        "model": label,
         "weights": weights,
         "arms": arm_names,
         "gate": gate,
-        "gate_mode": gate_mode,
+        "gate_rule": report.GATE_RULE,
         "gate_filter": gate_filter,
         "task": task,
         "num_fewshot": num_fewshot,
@@ -329,7 +397,7 @@ def gsm8k_command(
         done = ""
         if (run.path / report.QUESTIONS_FILE).exists():
             try:
-                report.render(run.path)
+                report.render_run(run)
                 done = " (table.md covers them)"
             except Exception as exc:  # the raw files are what matters; say why the table is missing
                 done = f" (table.md not written: {exc})"
@@ -439,8 +507,16 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
     _print_summary(summary)
     if config["random_weights"]:
         _banner_random()
+    overall = verdict_label(summary["overall"], summary["overall_reason"])
     console.print(
-        f"[bold]overall: {summary['overall']}[/] (exit {summary['exit_code']}); results in {run.path}"
+        f"[bold]overall: {overall}[/] (exit {summary['exit_code']}); results in {run.path}",
+        highlight=False,
+        soft_wrap=True,
     )
-    run.update_manifest(status="complete", verdict=summary["overall"], exit_code=summary["exit_code"])
+    run.update_manifest(
+        status="complete",
+        verdict=summary["overall"],
+        verdict_reason=summary["overall_reason"],
+        exit_code=summary["exit_code"],
+    )
     return summary

@@ -1,5 +1,10 @@
 """Gate analysis and rendering from the stored raw files only.
 
+The verdict rule (stats.py says why): an arm whose generated sequences all equal the reference's is
+"identical" (exit 0); otherwise, with random weights, "inconclusive: random weights" (exit 3); else
+pass iff the exact one-sided 95% upper bound of the drop is <= the gate, fail iff the exact 95%
+lower bound is > the gate, inconclusive otherwise. `GATE_CAPTION` states it under every table.md.
+
 Raw files (written by the command): `questions.jsonl` (one row per question: doc id, target and,
 per arm, the answer text, strict/flexible extractions and correctness, generated token count and
 ids) and `arms.json` (per-arm timing and counters). `analyze` turns them into the summary
@@ -13,12 +18,35 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rltbench.gsm8k.stats import exit_code, needed_n, overall_verdict, paired_stats, verdict
+from rltbench.errors import UsageError
+from rltbench.gsm8k.stats import (
+    check_gate,
+    cp_lower,
+    cp_upper,
+    exit_code,
+    gate_verdict,
+    needed_n,
+    overall_verdict,
+    paired_stats,
+    verdict_label,
+)
 from rltbench.results import RunDir
 
 REFERENCE_ARM = "torch"
 QUESTIONS_FILE = "questions.jsonl"
 ARMS_FILE = "arms.json"
+GATE_RULE = "exact 95% bounds"
+GATE_CAPTION = (
+    "Verdicts: **identical** when every generated sequence equals the reference's (token ids, or "
+    "text where the backend has no ids); otherwise, with random weights, **inconclusive: random "
+    "weights** whatever the numbers; else **pass** when UCB95 <= gate, **fail** when LCB95 > gate, "
+    "**inconclusive** in between. LCB95 / UCB95 are exact one-sided 95% bounds of the drop "
+    "(Clopper-Pearson bounds on the discordance rate (n10 + n01) / n and on the share n10 / "
+    "(n10 + n01), 2.5% each); they stay valid with no discordant question, where the standard "
+    "error is 0. SE is the normal-approximation standard error, for comparison only: it decides "
+    "nothing. n needed: the questions at which the same bounds would decide the gate if the "
+    "observed rates n10 / n and n01 / n held (unknown: no size decides it, e.g. drop = gate)."
+)
 RANDOM_WEIGHTS_BANNER = (
     "RANDOM WEIGHTS: accuracies are meaningless (near zero); this run only checks "
     "that the gate pipeline works and whether arms generate identical sequences."
@@ -37,11 +65,11 @@ def analyze(
     arms: list[str],
     arm_info: dict[str, dict[str, Any]],
     gate: float,
-    gate_mode: str,
     gate_filter: str,
     random_weights: bool,
 ) -> dict[str, Any]:
     """The summary: per-arm accuracy/throughput, per-variant paired stats and verdicts, the overall."""
+    check_gate(gate)
     key = "strict_correct" if gate_filter == "strict-match" else "flexible_correct"
     n = len(rows)
     per_arm: dict[str, Any] = {}
@@ -70,29 +98,32 @@ def analyze(
         ref = [bool(r["arms"][REFERENCE_ARM].get(key)) for r in rows]
         var = [bool(r["arms"][arm].get(key)) for r in rows]
         st = paired_stats(ref, var)
-        v = verdict(st, gate, gate_mode)
         differ = sum(1 for r in rows if _seq_differs(r["arms"][REFERENCE_ARM], r["arms"][arm]))
+        v, reason = gate_verdict(st, gate, differ, random_weights)
         comparisons.append(
             {
                 "arm": arm,
                 "reference": REFERENCE_ARM,
                 **st.to_dict(),
                 "verdict": v,
-                "needed_n": needed_n(st, gate) if v == "inconclusive" else None,
+                "verdict_reason": reason,
+                # more questions cannot cure random weights: no size is quoted for them
+                "needed_n": needed_n(st, gate) if v == "inconclusive" and reason is None else None,
                 "sequences_differ": differ,
             }
         )
-    overall = overall_verdict([c["verdict"] for c in comparisons])
+    overall, overall_reason = overall_verdict([(c["verdict"], c["verdict_reason"]) for c in comparisons])
     return {
         "n": n,
         "gate": gate,
-        "gate_mode": gate_mode,
+        "gate_rule": GATE_RULE,
         "gate_filter": gate_filter,
         "reference": REFERENCE_ARM,
         "random_weights": random_weights,
         "arms": per_arm,
         "comparisons": comparisons,
         "overall": overall if comparisons else "n/a",
+        "overall_reason": overall_reason if comparisons else None,
         "exit_code": exit_code(overall),
     }
 
@@ -112,7 +143,7 @@ def _p(x: float) -> str:
 def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
         f"# GSM8K gate: {config.get('task', '?')} ({config.get('num_fewshot_used', '?')}-shot), "
-        f"{summary['n']} questions, gate {summary['gate']:g} points ({summary['gate_mode']}, "
+        f"{summary['n']} questions, gate {summary['gate']:g} points ({summary['gate_rule']}, "
         f"{summary['gate_filter']})",
         "",
     ]
@@ -148,39 +179,39 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
         "",
         f"## Paired comparison vs {summary['reference']} (points; drop = ref - variant)",
         "",
-        "| arm | ref acc | arm acc | drop | SE | 95% CI | UCB95 | n10 | n01 | McNemar p | seqs differ "
+        "| arm | ref acc | arm acc | drop | LCB95 | UCB95 | SE | n10 | n01 | McNemar p | seqs differ "
         "| verdict | n needed |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for c in summary["comparisons"]:
         lines.append(
             f"| {c['arm']} | {_fmt(c['ref_acc'])} | {_fmt(c['var_acc'])} | {_fmt(c['drop'])} | "
-            f"{_fmt(c['se'])} | [{_fmt(c['ci95_low'])}, {_fmt(c['ci95_high'])}] | {_fmt(c['ucb95'])} | "
-            f"{c['n10']} | {c['n01']} | "
-            f"{_p(c['mcnemar_p'])} | {c['sequences_differ']}/{c['n']} | **{c['verdict']}** | "
-            f"{_fmt(c['needed_n'])} |"
+            f"{_fmt(c['lcb95'])} | {_fmt(c['ucb95'])} | {_fmt(c['se'])} | {c['n10']} | {c['n01']} | "
+            f"{_p(c['mcnemar_p'])} | {c['sequences_differ']}/{c['n']} | "
+            f"**{verdict_label(c['verdict'], c['verdict_reason'])}** | {needed_cell(c)} |"
         )
     if not summary["comparisons"]:
         lines.append("| (no variant arm) | | | | | | | | | | | | |")
     overall = (
-        f"**Overall: {summary['overall']}** (exit code {summary['exit_code']}: 0 pass, 1 fail, "
-        "3 inconclusive, 2 usage error)"
+        f"**Overall: {verdict_label(summary['overall'], summary['overall_reason'])}** (exit code "
+        f"{summary['exit_code']}: 0 identical or pass, 1 fail, 3 inconclusive, 2 usage error)"
         if summary["comparisons"]
         else "**Overall: n/a** (no variant arm has results: nothing was gated)"
     )
-    lines += [
-        "",
-        overall,
-        "",
-        "Rule: pass if drop + 1.645 SE <= gate; fail if drop > gate; else inconclusive "
-        "(`--gate-mode point`: fail iff drop > gate). n needed = ceil((1.645 sd / (gate - drop))^2) "
-        "at the observed drop and per-question sd.",
-    ]
+    lines += ["", overall, "", GATE_CAPTION]
     return "\n".join(lines) + "\n"
 
 
+def needed_cell(c: dict[str, Any]) -> str:
+    """The 'n needed' of a comparison: a size, 'unknown' (no size decides it) or '-' (not asked)."""
+    if c["verdict"] != "inconclusive" or c.get("verdict_reason"):
+        return "-"
+    return "unknown" if c.get("needed_n") is None else str(c["needed_n"])
+
+
 def accuracy_figure(summary: dict[str, Any]) -> Any:
-    """Left: per-arm gate accuracy with 95% (normal) intervals. Right: discordant pairs per variant."""
+    """Left: per-arm gate accuracy with exact (Clopper-Pearson) 95% intervals, which stay open at 0%
+    and 100% where a normal interval has width 0. Right: discordant pairs per variant."""
     import matplotlib.pyplot as plt
 
     import rltbench.results.plotting  # noqa: F401  (Agg backend)
@@ -189,10 +220,14 @@ def accuracy_figure(summary: dict[str, Any]) -> Any:
     arms = list(summary["arms"])
     n = max(summary["n"], 1)
     accs = [summary["arms"][a]["gate_acc"] for a in arms]
-    errs = [1.96 * 100.0 * math.sqrt(max(p / 100.0 * (1 - p / 100.0), 0.0) / n) for p in accs]
+    correct = [round(p / 100.0 * n) if math.isfinite(p) else 0 for p in accs]
+    errs = [
+        [p - 100.0 * cp_lower(k, n, 0.025) for p, k in zip(accs, correct, strict=True)],
+        [100.0 * cp_upper(k, n, 0.025) - p for p, k in zip(accs, correct, strict=True)],
+    ]
     ax1.bar(arms, accs, yerr=errs, capsize=6, color=["#555555"] + ["#1f77b4"] * (len(arms) - 1))
     ax1.set_ylabel(f"accuracy % ({summary['gate_filter']})")
-    ax1.set_title(f"GSM8K accuracy, n={summary['n']} (95% CI)")
+    ax1.set_title(f"GSM8K accuracy, n={summary['n']} (exact 95% CI)")
     ax1.set_ylim(0, 100)
     if summary.get("random_weights"):
         ax1.text(
@@ -227,7 +262,11 @@ def accuracy_figure(summary: dict[str, Any]) -> Any:
         )
         ax2.set_xticks(list(x))
         ax2.set_xticklabels(
-            [f"{c['arm']}\n{c['verdict']} (drop {_fmt(c['drop'])}±{_fmt(c['se'])})" for c in comps]
+            [
+                f"{c['arm']}\n{verdict_label(c['verdict'], c['verdict_reason'])}\n"
+                f"drop {_fmt(c['drop'])} [{_fmt(c['lcb95'])}, {_fmt(c['ucb95'])}]"
+                for c in comps
+            ]
         )
         ax2.legend(fontsize=8)
     ax2.set_title(f"discordant pairs vs {summary['reference']}")
@@ -251,12 +290,20 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
     wanted = list(cfg.get("arms") or (rows[0]["arms"].keys() if rows else []))
     # An interrupted run stores the arms that finished: analyse those (every row has them).
     arms = [a for a in wanted if rows and all(a in r.get("arms", {}) for r in rows)]
+    gate = cfg.get("gate", 1.0)
+    try:
+        check_gate(gate)
+    except ValueError:  # a run stored before gates were checked (nan is stored as null)
+        raise UsageError(
+            f"{run.path}/manifest.json: config.gate {gate!r} is not a gate (a finite number of points "
+            "in [0, 100]); this run cannot be gated"
+        ) from None
+    # the stored gate_mode of older runs is ignored: the verdict follows today's rule, stated in table.md
     summary = analyze(
         rows,
         arms,
         arm_info,
-        float(cfg.get("gate", 1.0)),
-        cfg.get("gate_mode", "ucb"),
+        float(gate),
         cfg.get("gate_filter", "strict-match"),
         bool(cfg.get("random_weights", False)),
     )
@@ -266,11 +313,8 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
     return summary
 
 
-def render(run_dir: str | Path) -> Path:
-    """`rltbench report DIR`: re-create summary.json, table.md and accuracy.png from the raw files."""
-    from rltbench.errors import UsageError
-
-    run = RunDir.open(run_dir)
+def render_run(run: RunDir) -> Path:
+    """summary.json, table.md and accuracy.png of `run` from its raw files; the path of table.md."""
     if not (run.path / QUESTIONS_FILE).exists():
         raise UsageError(f"{run.path} has no {QUESTIONS_FILE}: the gsm8k run stored no results")
     summary = summarize_run(run)
@@ -278,3 +322,9 @@ def render(run_dir: str | Path) -> Path:
         raise UsageError(f"{run.path}/{QUESTIONS_FILE} holds no question answered by every arm")
     write_outputs(run, summary, run.manifest.get("config", {}))
     return run.path / "table.md"
+
+
+def render(run_dir: str | Path) -> Path:
+    """`rltbench report DIR`: re-create summary.json, table.md and accuracy.png from the raw files.
+    The stored run is opened read-only: its manifest.json (provenance) is never rewritten."""
+    return render_run(RunDir.open(run_dir))

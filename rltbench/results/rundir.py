@@ -2,7 +2,8 @@
 
 Layout of `results/<command>-<UTC time>/` (or `--result-dir`):
   manifest.json   provenance + the command's configuration + status (running/complete/interrupted/failed)
-  *.json/*.jsonl  raw results (the source of truth; `rltbench report` re-renders from these only)
+  *.json/*.jsonl  raw results (the source of truth; `rltbench report` re-renders from these only,
+                  and never rewrites manifest.json: `RunDir.open` gives a read-only manifest)
   *.csv           the same tables for spreadsheets / pandas
   table.md        the human summary; *.png plots
 
@@ -108,9 +109,12 @@ def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
 class RunDir:
     """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`."""
 
-    def __init__(self, path: Path, manifest: dict[str, Any]):
+    def __init__(self, path: Path, manifest: dict[str, Any], *, manifest_writable: bool = True):
         self.path = Path(path)
         self.manifest = manifest
+        # False for a stored run (`open`): re-rendering adds table.md and plots, never touches the
+        # manifest, which is committed provenance (its status, commit and file list stay as recorded)
+        self.manifest_writable = manifest_writable
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -146,7 +150,7 @@ class RunDir:
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
-        """Open a stored run (for `rltbench report`)."""
+        """Open a stored run (for `rltbench report`), its manifest read-only."""
         path = Path(path)
         mf = path / "manifest.json"
         if not mf.is_file():
@@ -155,7 +159,7 @@ class RunDir:
             manifest = json.loads(mf.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read {mf}: {exc}") from None
-        return cls(path, manifest)
+        return cls(path, manifest, manifest_writable=False)
 
     # -- manifest -----------------------------------------------------------------------------
     @property
@@ -163,13 +167,16 @@ class RunDir:
         return str(self.manifest.get("command"))
 
     def _write_manifest(self) -> None:
+        if not self.manifest_writable:
+            raise RuntimeError(f"{self.path}: a stored run's manifest.json is read-only")
         atomic_write_text(self.path / "manifest.json", dumps(self.manifest) + "\n")
 
     def _note_file(self, name: str) -> None:
         files = self.manifest.setdefault("files", [])
         if name not in files:
             files.append(name)
-            self._write_manifest()
+            if self.manifest_writable:
+                self._write_manifest()
 
     def update_manifest(self, **fields: Any) -> None:
         """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically."""

@@ -126,10 +126,11 @@ def test_flag_parsing() -> None:
         lambda: parse_arm_urls(["nourl"]),
         lambda: parse_arms("torch,exact", "openai", urls),
         lambda: parse_arms(None, "engine", urls),
-        lambda: validate_numbers(1.0, 0, 1, 1, None, "ucb", "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(1.0, None, 1, 1, None, "max", "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(-1, None, 1, 1, None, "ucb", "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(1.0, None, 1, 1, None, "ucb", "mmlu", "engine", "strict-match"),
+        lambda: validate_numbers(1.0, 0, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
+        lambda: validate_numbers(-1, None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
+        lambda: validate_numbers(float("nan"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
+        lambda: validate_numbers(float("inf"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
+        lambda: validate_numbers(1.0, None, 1, 1, None, "mmlu", "engine", "strict-match"),
         lambda: completions_url("localhost:8000"),
     ):
         with pytest.raises(UsageError):

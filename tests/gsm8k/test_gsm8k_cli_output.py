@@ -11,12 +11,12 @@ import rltbench.gsm8k.cli as gcli
 
 
 def _summary() -> dict:
-    cmp = dict(ucb95=3.2, n=1319, needed_n=None)
+    cmp = dict(n=1319, needed_n=None, verdict_reason=None)
     return {
         "reference": "torch",
         "n": 1319,
         "gate": 1.0,
-        "gate_mode": "ucb",
+        "gate_rule": "exact 95% bounds",
         "gate_filter": "flexible-extract",
         "arms": {a: {"gate_acc": 68.97} for a in ("torch", "exact", "approx", "approx_long")},
         "comparisons": [
@@ -24,18 +24,20 @@ def _summary() -> dict:
                 **cmp,
                 "arm": "exact",
                 "drop": 0.0,
-                "se": 0.0,
+                "lcb95": -0.28,
+                "ucb95": 0.28,
                 "n10": 0,
                 "n01": 0,
                 "mcnemar_p": 1.0,
                 "sequences_differ": 0,
-                "verdict": "pass",
+                "verdict": "identical",
             },
             {
                 **cmp,
                 "arm": "approx",
                 "drop": -10.5,
-                "se": 1.62,
+                "lcb95": -13.25,
+                "ucb95": 3.2,
                 "n10": 300,
                 "n01": 1000,
                 "mcnemar_p": 1.2e-5,
@@ -47,7 +49,8 @@ def _summary() -> dict:
                 **cmp,
                 "arm": "approx_long",
                 "drop": -28.74,
-                "se": 12.56,
+                "lcb95": -31.5,
+                "ucb95": -25.0,
                 "n10": 1000,
                 "n01": 1000,
                 "mcnemar_p": 0.45,
@@ -58,16 +61,48 @@ def _summary() -> dict:
     }
 
 
-def test_gate_table_is_never_cut_on_an_80_column_log(monkeypatch) -> None:
-    """Old table: 10 padded columns on 80 columns printed 'appr…', 'verd…', 'refe…'."""
+def _console_text(monkeypatch, summary: dict) -> str:
     con = Console(width=80, force_terminal=False, record=True)
     monkeypatch.setattr(gcli, "console", con)
-    gcli._print_summary(_summary())
-    text = con.export_text()
+    gcli._print_summary(summary)
+    return con.export_text()
+
+
+def test_gate_table_is_never_cut_on_an_80_column_log(monkeypatch) -> None:
+    """Old table: 10 padded columns on 80 columns printed 'appr…', 'verd…', 'refe…'."""
+    text = _console_text(monkeypatch, _summary())
     assert "…" not in text
-    for cell in ("approx_long", "inconclusive", "reference", "1000/1000", "1.2e-05", "1319/1319", "-28.74"):
+    for cell in ("approx_long", "inconclusive", "identical", "reference", "1000/1000", "1.2e-05", "-28.74"):
         assert cell in text, cell
-    assert "approx: inconclusive; a conclusive answer needs about 12345 questions" in text
+    assert "approx: inconclusive: the 95% bounds [-13.25, 3.20] points contain the gate" in text
+    assert "needs about 12345 questions (more than the 1319 GSM8K test questions)" in text
+
+
+def test_gate_caption_is_whole_sentences(monkeypatch) -> None:
+    """The old caption began mid-sentence: 'points; p: McNemar exact; differ: ...'."""
+    text = _console_text(monkeypatch, _summary())
+    assert "points; p:" not in text and gcli.CONSOLE_CAPTION.startswith("Drop = reference minus arm")
+    flat = " ".join(text.split())
+    assert "Drop = reference minus arm accuracy, in points." in flat
+    assert "Identical arms pass; otherwise pass needs UCB95 <= gate, fail LCB95 > gate." in flat
+
+
+def test_random_weights_verdict_is_printed_whole(monkeypatch) -> None:
+    summary = _summary()
+    approx = summary["comparisons"][1]
+    approx.update(verdict_reason="random weights", needed_n=None)
+    text = _console_text(monkeypatch, summary)
+    assert "…" not in text
+    assert "approx: inconclusive: random weights: 1319/1319 sequences differ" in text
+    assert "about" not in text  # no question count is quoted: more questions cannot cure random weights
+    assert "random" in text.split("approx:")[0]  # in the table itself, not only below it
+
+
+def test_undecidable_arm_says_so(monkeypatch) -> None:
+    summary = _summary()
+    summary["comparisons"][1]["needed_n"] = None
+    text = _console_text(monkeypatch, summary)
+    assert "approx: inconclusive" in text and "no number of questions up to 1,000,000 decides it" in text
 
 
 @pytest.mark.parametrize(
