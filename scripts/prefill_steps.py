@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
 """GPU evidence for prefill CUDA graphs: one engine prefill step of ROWS x LEN tokens (default 4 x 512 =
-2048, the step of a 512-token burst under the default 2048-token budget) per arm, eager vs graph replay.
+2048, the step of a 512-token burst under the default 2048-token budget) per arm, eager vs graph replay,
+arms and modes interleaved ABBA over repetitions, with an A/A arm (torch#2: torch measured twice).
 
-Per arm: the step's metadata is uploaded and the step run eagerly (the engine's eager path: torch ops
-for scope-graph arms) ITERS times, then captured once (as the engine does on a shape's second sighting)
-and replayed ITERS times. Each timing covers upload + forward + argmax + the D2H read of the sampled
-ids; CUDA events give the GPU-side span (host-bound eager steps show their launch cost there too) and
-perf_counter the wall time. Also: whether replay and eager sample the same ids (and the exact arm the
-torch arm's), and how much the graph pool grew for the capture (the memory that must fit in
-kv_headroom_gib). Random-weight Ouro-1.4B, bf16; well under a minute on an H200.
+Warm-up (untimed), per arm: the step is scheduled and captured once (as the engine does on a shape's
+second sighting), then run eagerly and replayed `--warmup` times, so every shape a timed sample runs has
+been seen and every kernel compiled. Timing: the units (arm, eager|graph) in ABBA order over `--reps`
+repetitions, `--iters` samples per unit and repetition; a sample is upload + forward (eager) or replay
+(graph) + argmax + the D2H read of the sampled ids: CUDA events give the GPU-side span (host-bound
+eager steps show their launch cost there too), perf_counter the wall time. Each unit's repetition runs
+inside a WarmCheck (graph captures, Triton compiles, allocator growth: all must be 0, else the table
+flags it).
+
+Reported per unit: median and p10-p90 over all samples. Speedups are paired per repetition (graph over
+eager for each arm; each arm over torch in each mode) with their order-statistic interval, beside the
+A/A spread of the same mode; one whose interval reaches into that spread is "within noise". Also:
+whether replay and eager sample the same ids (and each arm the torch arm's), and how much the graph
+pool grew for the capture (the memory that must fit in kv_headroom_gib). Random-weight Ouro-1.4B, bf16;
+about a minute on an H200.
 
     python scripts/prefill_steps.py --result-dir results/gpu/prefill
 """
@@ -16,7 +25,6 @@ kv_headroom_gib). Random-weight Ouro-1.4B, bf16; well under a minute on an H200.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -25,118 +33,206 @@ from typing import Any
 import torch
 
 from rltbench.engine import Engine, EngineConfig, SamplingParams
+from rltbench.engine.bench import engine_captures
 from rltbench.engine.scheduler import PrefillBatch
 from rltbench.kernels import ARMS, norm_onelaunch
+from rltbench.kernels.timing import WarmCheck, cold_cells, summarize
 from rltbench.models import build_model
 from rltbench.results import RunDir
+from rltbench.results.stats import (
+    aa_name,
+    abba_order,
+    compare_to_reference,
+    format_interval,
+    format_spread,
+    noise_label,
+    paired_ratio_interval,
+    rep_medians,
+)
+
+MODES = ("eager", "graph")
+REF = "torch"
 
 
-def time_step(fn: Callable[[], list[int]], iters: int, warmup: int = 2) -> tuple[dict[str, Any], list[int]]:
-    """Median/p10/p90 (ms) of `fn` by CUDA events and by wall clock; `fn` ends in a D2H read (a sync)."""
-    for _ in range(warmup):
-        fn()
-    ev, wall, ids = [], [], []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def unit_name(arm: str, mode: str) -> str:
+    return f"{arm}/{mode}"
+
+
+def timed_call(fn: Callable[[], list[int]], cuda: bool) -> tuple[float, float, list[int]]:
+    """(GPU ms by CUDA events, wall ms, sampled ids) of one call; `fn` ends in a D2H read (a sync).
+    Without CUDA the GPU span is the wall time."""
+    if not cuda:
         t0 = time.perf_counter()
-        a.record()
         ids = fn()
-        b.record()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) * 1e3)
-        ev.append(a.elapsed_time(b))
-
-    def q(xs: list[float], p: float) -> float:
-        return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]
-
-    stats = {
-        "median_ms": statistics.median(ev),
-        "p10_ms": q(ev, 0.1),
-        "p90_ms": q(ev, 0.9),
-        "wall_median_ms": statistics.median(wall),
-        "n": iters,
-    }
-    return stats, ids
+        wall = (time.perf_counter() - t0) * 1e3
+        return wall, wall, ids
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    a.record()
+    ids = fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b), (time.perf_counter() - t0) * 1e3, ids
 
 
-def arm_row(engine: Engine, arm: str, prompts: list[list[int]], iters: int) -> dict[str, Any]:
-    """Schedule one prefill step of `prompts`, time it eager and replayed, then abort the requests."""
-    engine.set_arm(arm)
+def interleaved_samples(
+    units: dict[str, Callable[[], list[int]]],
+    reps: int,
+    iters: int,
+    cuda: bool,
+    captures: Callable[[], int] | None = None,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
+    """Time every unit `iters` times per repetition, units in ABBA order over `reps` repetitions, each
+    repetition of a unit inside a WarmCheck. Returns {"gpu_ms": {unit: [[rep samples]...]}, "wall_ms":
+    same, "warm": [records], "order": [...], "ids": {unit: last sampled ids}}."""
+    names = list(units)
+    out: dict[str, Any] = {"gpu_ms": {n: [] for n in names}, "wall_ms": {n: [] for n in names},
+                           "warm": [], "order": abba_order(names, reps), "ids": {}}  # fmt: skip
+    for i, name in enumerate(out["order"]):
+        gpu, wall = [], []
+        with WarmCheck(captures, device) as check:
+            for _ in range(iters):
+                g, w, out["ids"][name] = timed_call(units[name], cuda)
+                gpu.append(g)
+                wall.append(w)
+        out["gpu_ms"][name].append(gpu)
+        out["wall_ms"][name].append(wall)
+        out["warm"].append({"unit": name, "rep": i // len(names), **check.to_dict()})
+    return out
+
+
+def summarize_units(timed: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """Per unit: median and p10-p90 over every sample (GPU and wall), per-repetition medians; the
+    paired speedups with their intervals, A/A spreads and labels."""
+    units: dict[str, Any] = {}
+    for name, reps in timed["gpu_ms"].items():
+        gpu = summarize([x for r in reps for x in r])
+        wall = summarize([x for r in timed["wall_ms"][name] for x in r])
+        units[name] = {"median_ms": gpu.median, "p10_ms": gpu.p10, "p90_ms": gpu.p90, "n": gpu.n,
+                       "wall_median_ms": wall.median, "rep_median_ms": rep_medians(reps)}  # fmt: skip
+    aa = aa_name(REF) if aa_name(REF) in arms else None
+    vs_torch, aa_iv = {}, {}
+    for mode in MODES:
+        per_rep = {a: units[unit_name(a, mode)]["rep_median_ms"] for a in arms}
+        vs_torch[mode] = compare_to_reference(per_rep, REF, aa) if REF in arms else []
+        aa_iv[mode] = paired_ratio_interval(per_rep[REF], per_rep[aa]) if aa else None
+    # graph over eager is judged against the wider of the two modes' A/A spreads
+    noise = max((iv for iv in aa_iv.values() if iv is not None), key=lambda iv: iv.spread, default=None)
+    graph_over_eager = []
+    for a in arms:
+        iv = paired_ratio_interval(units[unit_name(a, "eager")]["rep_median_ms"],
+                                   units[unit_name(a, "graph")]["rep_median_ms"])  # fmt: skip
+        graph_over_eager.append({"arm": a, "speedup": iv.to_dict() if iv else None,
+                                 "aa_spread": noise.spread if noise else None,
+                                 "label": noise_label(iv, noise)})  # fmt: skip
+    return {"units": units, "vs_torch": vs_torch, "graph_over_eager": graph_over_eager,
+            "aa": aa, "cold_cells": cold_cells(timed["warm"])}  # fmt: skip
+
+
+def schedule_step(engine: Engine, tag: str, prompts: list[list[int]]) -> tuple[Any, list[str]]:
+    """Queue `prompts` and schedule them as one prefill step; returns (step layout, request ids)."""
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"pf-{arm}-{i}", p, params)
+    ids = [f"pf-{tag}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, p, params)
     batch = engine.scheduler.schedule()
     assert isinstance(batch, PrefillBatch) and batch.num_tokens == sum(map(len, prompts)), batch
     step, done = engine._prefill_layout(batch)
     assert len(done) == len(prompts)
+    return step, ids
+
+
+def step_units(engine: Engine, arm: str, step: Any) -> dict[str, Callable[[], list[int]]]:
+    """The eager step (the engine's eager path: torch ops for scope-graph arms) and the replay of the
+    arm's captured graph for `step`'s shape, each reading `step`'s metadata from the static buffer."""
+    state = engine._arms[arm]
 
     def eager() -> list[int]:
         engine._upload_prefill(step.packed)
-        out = engine._prefill_forward(step, engine.ops)
+        out = engine._prefill_forward(step, state.ops)
         assert out is not None
         return out.tolist()
 
-    eager_stats, eager_ids = time_step(eager, iters)
-    torch.cuda.synchronize()
-    reserved0 = torch.cuda.memory_reserved()
-    t0 = time.perf_counter()
-    entry = engine._capture_prefill(step)
-    capture_s = time.perf_counter() - t0
+    entry = state.prefill.get(step.key)
     if entry is None:
-        raise RuntimeError(f"{arm}: prefill capture failed (see the warning above)")
-    pool_mib = (torch.cuda.memory_reserved() - reserved0) / 2**20
-    graph, out = entry
-    assert out is not None
+        raise RuntimeError(f"{arm}: no prefill graph for the step's shape (capture failed or evicted)")
+    graph, gout = entry
+    assert gout is not None
 
     def replay() -> list[int]:
         engine._upload_prefill(step.packed)
         graph.replay()
-        return out.tolist()
+        return gout.tolist()
 
-    graph_stats, graph_ids = time_step(replay, iters)
-    for i in range(len(prompts)):
-        engine.abort_request(f"pf-{arm}-{i}")
-    row = {
-        "arm": arm,
-        "tokens": batch.num_tokens,
-        "rows": len(prompts),
-        "eager": eager_stats,
-        "graph": graph_stats,
-        "speedup": eager_stats["median_ms"] / graph_stats["median_ms"],
-        "wall_speedup": eager_stats["wall_median_ms"] / graph_stats["wall_median_ms"],
-        "capture_s": capture_s,
-        "pool_growth_mib": pool_mib,
-        "graph_ids_equal_eager": graph_ids == eager_ids,
-        "eager_ids": eager_ids,
-        "graph_ids": graph_ids,
-    }
-    print(
-        f"prefill {arm} {batch.num_tokens} tok: eager {eager_stats['median_ms']:.2f} ms "
-        f"(wall {eager_stats['wall_median_ms']:.2f}), graph {graph_stats['median_ms']:.2f} ms "
-        f"(wall {graph_stats['wall_median_ms']:.2f}), {row['speedup']:.2f}x; capture {capture_s:.1f} s, "
-        f"pool +{pool_mib:.0f} MiB; ids graph==eager {row['graph_ids_equal_eager']}",
-        flush=True,
-    )
-    return row
+    return {unit_name(arm, "eager"): eager, unit_name(arm, "graph"): replay}
+
+
+def warm_arm(engine: Engine, arm: str, prompts: list[list[int]], warmup: int) -> dict[str, Any]:
+    """Untimed: capture the arm's graph for the step's shape, then run eager and replay `warmup`
+    times; returns capture seconds, pool growth and whether replay samples the eager ids."""
+    engine.set_arm(arm)
+    step, ids = schedule_step(engine, f"warm-{arm}", prompts)
+    engine._upload_prefill(step.packed)  # sizes the static buffer before the capture reads it
+    torch.cuda.synchronize()
+    reserved0 = torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    if engine._capture_prefill(step) is None:
+        raise RuntimeError(f"{arm}: prefill capture failed (see the warning above)")
+    capture_s = time.perf_counter() - t0
+    pool_mib = (torch.cuda.memory_reserved() - reserved0) / 2**20
+    got: dict[str, list[int]] = {}
+    for name, fn in step_units(engine, arm, step).items():
+        for _ in range(max(1, warmup)):
+            got[name] = fn()
+    for rid in ids:
+        engine.abort_request(rid)
+    eager_ids, graph_ids = got[unit_name(arm, "eager")], got[unit_name(arm, "graph")]
+    return {"arm": arm, "tokens": step.n_tok, "rows": step.nb, "capture_s": capture_s,
+            "pool_growth_mib": pool_mib, "graph_ids_equal_eager": graph_ids == eager_ids}  # fmt: skip
 
 
 def table(summary: dict[str, Any]) -> str:
+    """table.md from summary.json."""
+    s, res = summary, summary["result"]
     lines = [
-        f"# Prefill step, {summary['rows']} x {summary['length']} tokens (random-weight {summary['model']})",
+        f"# Prefill step, {s['rows']} x {s['length']} tokens (random-weight {s['model']})",
         "",
-        "| arm | eager ms (p10-p90) | eager wall ms | graph ms (p10-p90) | graph wall ms | speedup | "
-        "pool MiB | ids = eager | ids = torch |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Units (arm/mode) ABBA over {s['reps']} repetitions x {s['iters']} samples, every kernel and graph "
+        "warmed first. ms = CUDA-event span of upload + step + argmax + D2H ids (median, p10-p90 over all "
+        "samples); wall = perf_counter. Speedups are medians of per-repetition ratios with their "
+        "order-statistic interval; within noise = the interval reaches into the A/A spread "
+        f"({s['aa'] or 'no A/A arm'}).",
+        "",
     ]
-    for r in summary["arms"]:
-        e, g = r["eager"], r["graph"]
+    cold = res["cold_cells"]
+    lines += [f"**{len(cold)} timed cells were not warm**: " + ", ".join(
+        f"{c['unit']} rep {c['rep']}" for c in cold), ""] if cold else [
+        f"All {len(summary['warm'])} timed cells warm (0 captures, 0 compiles, 0 pool growth).", ""]
+    lines += ["| arm | eager ms (p10-p90) | eager wall ms | graph ms (p10-p90) | graph wall ms | graph/eager "
+              "speedup | A/A | label | pool MiB | ids = eager | ids = torch |", "|" + "---|" * 11]
+    goe = {r["arm"]: r for r in res["graph_over_eager"]}
+    for w in summary["warmup"]:
+        a = w["arm"]
+        e, g = res["units"][unit_name(a, "eager")], res["units"][unit_name(a, "graph")]
         lines.append(
-            f"| {r['arm']} | {e['median_ms']:.2f} ({e['p10_ms']:.2f}-{e['p90_ms']:.2f}) | "
-            f"{e['wall_median_ms']:.2f} | {g['median_ms']:.2f} ({g['p10_ms']:.2f}-{g['p90_ms']:.2f}) | "
-            f"{g['wall_median_ms']:.2f} | {r['speedup']:.2f}x | {r['pool_growth_mib']:.0f} | "
-            f"{r['graph_ids_equal_eager']} | {r.get('graph_ids_equal_torch', '-')} |"
+            f"| {a} | {_ms(e)} | {e['wall_median_ms']:.2f} | {_ms(g)} | {g['wall_median_ms']:.2f} | "
+            f"{_speedup(goe[a], 2)} | {w['pool_growth_mib']:.0f} | {w['graph_ids_equal_eager']} | "
+            f"{summary['ids_equal_torch'].get(a, '-')} |"
         )
+    for mode in MODES:
+        lines += ["", f"| {mode}: arm vs torch | speedup (interval) | A/A spread | label |", "|" + "---|" * 4]
+        lines += [f"| {r['arm']} | {_speedup(r)} |" for r in res["vs_torch"][mode]]
     return "\n".join(lines)
+
+
+def _ms(u: dict[str, Any]) -> str:
+    return f"{u['median_ms']:.2f} ({u['p10_ms']:.2f}-{u['p90_ms']:.2f})"
+
+
+def _speedup(r: dict[str, Any], digits: int = 3) -> str:
+    """'speedup (interval) | A/A spread | label' cells of one comparison row."""
+    return f"{format_interval(r['speedup'], digits)} | {format_spread(r['aa_spread'])} | {r['label']}"
 
 
 def main() -> int:
@@ -144,21 +240,30 @@ def main() -> int:
     ap.add_argument("--result-dir", default=None)
     ap.add_argument("--model", default="ouro-1.4b")
     ap.add_argument("--arms", default="torch,exact,approx")
+    ap.add_argument("--no-aa", action="store_true", help="leave out the A/A arm (torch#2)")
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--length", type=int, default=512)
-    ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=8, help="ABBA repetitions (8: the median's min-max "
+                    "interval covers 99%%)")
+    ap.add_argument("--iters", type=int, default=3, help="samples per unit and repetition")
+    ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("prefill_steps.py needs a CUDA GPU", file=sys.stderr)
         return 2
     arms = [a for a in args.arms.split(",") if a]
+    if REF not in arms or any(a not in ARMS for a in arms):
+        print(f"--arms must include {REF} and name arms of {sorted(ARMS)}", file=sys.stderr)
+        return 2
+    if not args.no_aa:
+        arms.append(aa_name(REF))
     run = RunDir.create(
         "prefill",
         args.result_dir,
         argv=list(sys.argv),
         config={"model": args.model, "arms": arms, "rows": args.rows, "length": args.length,
-                "iters": args.iters, "selections": {a: ARMS[a].to_dict() for a in arms},
-                "random_weights": True},
+                "reps": args.reps, "iters": args.iters, "warmup": args.warmup,
+                "selections": {a: ARMS[a.split("#")[0]].to_dict() for a in arms}, "random_weights": True},
     )  # fmt: skip
     model = build_model(args.model, device="cuda", dtype=torch.bfloat16, seed=0)
     norm_onelaunch.prevalidate([model.config.hidden_size], [torch.bfloat16])
@@ -174,16 +279,28 @@ def main() -> int:
     )
     g = torch.Generator().manual_seed(1234)
     prompts = torch.randint(3, model.config.vocab_size, (args.rows, args.length), generator=g).tolist()
-    summary: dict[str, Any] = {"model": args.model, "rows": args.rows, "length": args.length, "arms": []}
-    with torch.inference_mode():
-        engine = Engine(model, arms, cfg)
-        for arm in arms:
-            summary["arms"].append(arm_row(engine, arm, prompts, args.iters))
+    summary: dict[str, Any] = {"model": args.model, "rows": args.rows, "length": args.length,
+                               "reps": args.reps, "iters": args.iters, "arms": arms, "aa": None}  # fmt: skip
+    try:
+        with torch.inference_mode():
+            engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
+            summary["warmup"] = [warm_arm(engine, a, prompts, args.warmup) for a in arms]
             run.write_json("summary.json", summary)
-    ref = next((r["graph_ids"] for r in summary["arms"] if r["arm"] == "torch"), None)
-    for r in summary["arms"]:
-        if ref is not None:
-            r["graph_ids_equal_torch"] = r["graph_ids"] == ref
+            step, _ids = schedule_step(engine, "timed", prompts)
+            units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
+            timed = interleaved_samples(units, args.reps, args.iters, True, lambda: engine_captures(engine),
+                                        torch.device("cuda"))  # fmt: skip
+    except BaseException as exc:
+        run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                            error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        raise
+    summary["order"], summary["warm"] = timed["order"], timed["warm"]
+    summary["samples_ms"] = timed["gpu_ms"]
+    summary["result"] = summarize_units(timed, arms)
+    summary["aa"] = summary["result"]["aa"]
+    ref_ids = timed["ids"][unit_name(REF, "graph")]
+    summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
+    summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
     run.write_json("summary.json", summary)
     text = table(summary)
     run.write_markdown("table.md", text)

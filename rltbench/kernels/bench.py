@@ -9,6 +9,12 @@ One *case* is (op, dtype, width, tokens). For each case and arm this module prod
   (counted), GB/s, % of the measured device copy, speedup over torch. Without a GPU the timing
   fields are NaN: timings are never made up.
 
+Every headline figure is a plain launch (pdl.plain_launches): programmatic dependent launch lets a
+kernel overlap the tail of an identical predecessor, which back-to-back calls of one op offer and a
+model step does not. Where the device's tuned file gives an arm a PDL mode for the case, that arm is
+also captured with it and timed in the same interleaving; its figures go to `graph_pdl_*` fields,
+reported beside the headline and labelled PDL.
+
 Correctness always runs the fused arms with scope "all" so the kernels are exercised even outside
 a CUDA graph; on a GPU the graph-captured outputs are compared with torch as well. The user scope
 only changes what eager *timing* runs (scope "graph": the fused arms run torch in eager mode).
@@ -26,11 +32,12 @@ from typing import Any
 
 import torch
 
-from rltbench.kernels import timing
+from rltbench.kernels import pdl, timing
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 MODES = ("graph", "eager", "hot")
+PDL_SUFFIX = "+pdl"  # runner name of an arm's PDL graph in the interleaving
 SCOPES = ("graph", "all")
 PEER_ARM = "liger"
 PEER_OPS = ("rmsnorm", "rope_neox", "silu_mul")
@@ -368,6 +375,13 @@ class TimingContext:
         return cls(device, l2, timing.measure_copy_bandwidth(device), timing.L2Flusher(device, l2))
 
 
+def tuned_pdl_mode(run: Callable[[], Any]) -> int:
+    """The highest PDL mode the launches of `run()` choose on this device (0: none applies)."""
+    with pdl.launch_modes() as counts:
+        run()
+    return max((mode for mode, n in counts.items() if n), default=0)
+
+
 def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
               ops_factory: Callable[[str, str], Any] = make_arm_ops) -> tuple[dict[str, dict[str, Any]],
                                                                               list[dict[str, Any]]]:
@@ -395,13 +409,20 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     # project arms (and their graph-output check) keep reading the original inputs.
     arm_sets = {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
     if "graph" in cfg.modes:
-        graphs = {}
-        for arm in arms:
+        def capture(arm: str) -> timing.GraphCalls:
             ops = ops_factory(arm, cfg.scope)
-            graphs[arm] = timing.GraphCalls(
+            return timing.GraphCalls(
                 lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k, keep_outputs=plan.sets)
-        times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k,
-                                        rounds=rounds, reps=reps, before_sample=before)
+
+        with pdl.plain_launches():
+            graphs = {arm: capture(arm) for arm in arms}
+        # beside the plain figure: the arms whose tuned launch mode for this case is PDL
+        pdl_modes = {a: tuned_pdl_mode(lambda a=a: oc.run(ops_factory(a, "all"), clone_tree(first)))
+                     for a in arms if a != PEER_ARM}
+        runners = {a: g.replay for a, g in graphs.items()}
+        pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
+        runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
+        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before)
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
             f = fields[arm]
@@ -415,7 +436,16 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                 torch.cuda.synchronize()
                 f["graph_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
             samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm]})
-        del graphs
+        for arm, g in pdl_graphs.items():
+            f = fields[arm]
+            f.update(timing.summarize(times[f"{arm}{PDL_SUFFIX}"]).to_dict("graph_pdl_us_"))
+            f["graph_pdl_mode"] = pdl_modes[arm]
+            g.replay()
+            torch.cuda.synchronize()
+            f["graph_pdl_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
+            samples.append({**case.key, "arm": arm, "mode": "graph-pdl",
+                            "samples_us": times[f"{arm}{PDL_SUFFIX}"]})
+        del graphs, pdl_graphs
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
         # finds the activations the previous kernel just wrote (the spec's latency table is hot);
@@ -424,8 +454,9 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         graphs = {}
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
-            graphs[arm] = timing.GraphCalls(lambda i, ops=ops, s0=arm_sets[arm][0]: oc.run(ops, s0), k_hot,
-                                            keep_outputs=1)
+            with pdl.plain_launches():
+                graphs[arm] = timing.GraphCalls(lambda i, ops=ops, s0=arm_sets[arm][0]: oc.run(ops, s0),
+                                                k_hot, keep_outputs=1)
         times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k_hot, rounds=rounds,
                                         reps=reps)
         for arm, g in graphs.items():
@@ -440,8 +471,9 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
             runners[arm] = lambda ops=ops, ss=arm_sets[arm]: [oc.run(ops, s) for s in ss]
-        times = timing.time_interleaved(runners, calls=plan.sets, rounds=rounds, reps=reps,
-                                        before_sample=before)
+        with pdl.plain_launches():  # eager launches choose their mode at every call
+            times = timing.time_interleaved(runners, calls=plan.sets, rounds=rounds, reps=reps,
+                                            before_sample=before)
         for arm in runners:
             stats = timing.summarize(times[arm])
             fields[arm].update(stats.to_dict("eager_us_"))
@@ -460,6 +492,13 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             f[f"{mode}_pct_copy"] = 100.0 * bw / copy_gbps if copy_gbps and math.isfinite(copy_gbps) else None
             torch_med = fields.get("torch", {}).get(f"{mode}_us_median", float("nan"))
             f[f"{mode}_speedup"] = torch_med / med if med and math.isfinite(med) else float("nan")
+        med = f.get("graph_pdl_us_median")
+        if med is not None:  # PDL beside the plain launch: same bytes, same copy, vs torch's plain figure
+            f["graph_pdl_gbps"] = timing.gbps(nbytes, med * 1e-6)
+            f["graph_pdl_pct_copy"] = (100.0 * f["graph_pdl_gbps"] / copy_gbps
+                                       if copy_gbps and math.isfinite(copy_gbps) else None)
+            torch_med = fields.get("torch", {}).get("graph_us_median", float("nan"))
+            f["graph_pdl_speedup"] = torch_med / med if med and math.isfinite(med) else float("nan")
     torch.cuda.empty_cache()
     return fields, samples
 
@@ -508,6 +547,9 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             if arm == "exact" and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
                 rows[arm]["status"] = "MISMATCH"
                 rows[arm]["note"] = "graph-captured outputs differ from torch"
+            if arm == "exact" and (f.get("graph_pdl_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
+                rows[arm]["status"] = "MISMATCH"
+                rows[arm]["note"] = "graph-captured outputs with PDL differ from torch"
     if ctx is not None and cfg.scope == "graph" and "eager" in cfg.modes:
         for a, r in rows.items():
             if a in ("exact", "approx"):

@@ -19,12 +19,19 @@ Rules every PDL kernel here follows (``wait`` below):
 Selection: ``RLTBENCH_PDL`` (0 off, 1 wait, 2 wait + early trigger), else the device's tuned
 ``pdl.mode``, else off. Needs a CUDA device of compute capability >= 9.0, Triton with
 ``launch_pdl`` and ``gdc_wait``, and no interpreter; anything else means off.
+
+Benchmarks: ``plain_launches()`` turns PDL off for every launch inside it (a kernel's headline figure
+must not depend on overlapping with an identical predecessor, which a model never launches), and
+``launch_modes()`` records the modes the launches inside it chose (where a tuned mode applies).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -94,12 +101,43 @@ def usable(t: torch.Tensor, interpret: bool) -> bool:
     return _capability(idx) >= (9, 0)
 
 
+_plain_depth = 0
+_recorders: list[Counter[int]] = []
+
+
+@contextlib.contextmanager
+def plain_launches() -> Iterator[None]:
+    """Every launch inside uses mode 0 (a plain launch), whatever the environment or tuned file ask.
+    A captured graph keeps the modes it was captured with: replays need no context."""
+    global _plain_depth
+    _plain_depth += 1
+    try:
+        yield
+    finally:
+        _plain_depth -= 1
+
+
+@contextlib.contextmanager
+def launch_modes() -> Iterator[Counter[int]]:
+    """Counts the modes the launches inside chose (mode -> launches): `counts[1] + counts[2]` > 0
+    means a PDL mode applies to what ran."""
+    counts: Counter[int] = Counter()
+    _recorders.append(counts)
+    try:
+        yield counts
+    finally:
+        _recorders.remove(counts)
+
+
 def mode_for(t: torch.Tensor, interpret: bool, requested: int | None = None) -> int:
-    """The PDL mode a launch on t's device uses (0 where PDL cannot run); `requested` (already
-    validated by the caller) overrides the global knob: a kernel with its own tuned mode, e.g. the
-    approx norm (norm_approx.pdl_requested)."""
+    """The PDL mode a launch on t's device uses (0 where PDL cannot run, and inside
+    `plain_launches`); `requested` (already validated by the caller) overrides the global knob: a
+    kernel with its own tuned mode, e.g. the approx norm (norm_approx.pdl_requested)."""
     m = requested_mode() if requested is None else requested
-    return m if m and usable(t, interpret) else 0
+    mode = m if m and not _plain_depth and usable(t, interpret) else 0
+    for counts in _recorders:
+        counts[mode] += 1
+    return mode
 
 
 def launch_kwargs(mode: int) -> dict[str, Any]:
@@ -117,5 +155,6 @@ def describe() -> dict[str, Any]:
 
 
 __all__ = [
-    "MODES", "describe", "launch_kwargs", "mode_for", "requested_mode", "triton_supports", "usable", "wait",
+    "MODES", "describe", "launch_kwargs", "launch_modes", "mode_for", "plain_launches", "requested_mode",
+    "triton_supports", "usable", "wait",
 ]

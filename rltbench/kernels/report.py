@@ -76,8 +76,24 @@ def _mismatch_cell(row: pd.Series, markdown: bool) -> str:
 
 COLUMNS = ["op", "dtype", "width", "tokens", "arm", "status", "mismatches vs torch", "max ULP vs torch",
            "max ULP vs oracle", "err / bound", "share != oracle", "graph us (p10-p90)", "eager us (p10-p90)",
-           "hot us (p10-p90)", "kernels/call", "GB/s", "% copy", "speedup"]
+           "hot us (p10-p90)", "kernels/call", "GB/s", "% copy", "speedup", "PDL us (p10-p90)", "PDL % copy"]
 HOT_COL = COLUMNS.index("hot us (p10-p90)")   # shown only when a row has an L2-hot timing
+# shown only when an arm was also timed with its tuned programmatic-dependent-launch mode
+PDL_COLS = (COLUMNS.index("PDL us (p10-p90)"), COLUMNS.index("PDL % copy"))
+PDL_NOTE = ("The headline (% copy, speedup) is the plain launch. PDL us / PDL % copy: the same arm "
+            "captured with the programmatic dependent launch mode the device's tuned file gives it for the "
+            "case, timed in the same interleaving; consecutive calls of one op then overlap, which a model "
+            "step (the op after a GEMM) does not offer.")
+
+
+def _shown(df: pd.DataFrame, n: int) -> list[int]:
+    """Column indices shown: the hot and PDL columns only where some row has those timings."""
+    hidden = set()
+    if not has_timings(df, "hot"):
+        hidden.add(HOT_COL)
+    if not has_timings(df, "graph_pdl"):
+        hidden.update(PDL_COLS)
+    return [i for i in range(n) if i not in hidden]
 
 
 def _bound_cell(row: pd.Series, markdown: bool) -> str:
@@ -111,7 +127,8 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             _fmt(row.get("max_ulp_vs_oracle")), _bound_cell(row, markdown),
             "-" if not math.isfinite(share) else f"{100 * share:.2f}%",
             span("graph"), span("eager"), span("hot"), _fmt(kpc, 1), _fmt(row.get(f"{main}_gbps"), 0),
-            _fmt(row.get(f"{main}_pct_copy"), 1), _fmt(row.get(f"{main}_speedup"))]
+            _fmt(row.get(f"{main}_pct_copy"), 1), _fmt(row.get(f"{main}_speedup")), span("graph_pdl"),
+            _fmt(row.get("graph_pdl_pct_copy"), 1)]
 
 
 def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any]) -> str:
@@ -136,6 +153,8 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
               "input set: L2-hot, as a decode step); GB/s, % copy and speedup are of the graph (else eager) "
               "time; GB/s counts each input read once and each output written once; speedup is over the "
               "torch arm in the same mode; kernels/call is counted.", ""]
+    if has_timings(df, "graph_pdl"):
+        lines += [PDL_NOTE, ""]
     notes = list(summary.get("notes") or [])
     if notes:
         lines += ["Notes:", *[f"- {n}" for n in notes], ""]
@@ -145,7 +164,7 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     bad = df[(df["arm"] == "exact") & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
     if len(bad):
         lines += [f"**FAIL: {len(bad)} exact case(s) differ from torch.**", ""]
-    keep = [i for i in range(len(COLUMNS)) if i != HOT_COL or has_timings(df, "hot")]
+    keep = _shown(df, len(COLUMNS))
     lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")
     lines.append("|" + "---|" * len(keep))
     for _, row in _sorted(df).iterrows():
@@ -160,7 +179,7 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
 
 
 SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "e/b", "!=o", "graph us",
-         "eager us", "hot us", "k/call", "GB/s", "%copy", "x torch"]
+         "eager us", "hot us", "k/call", "GB/s", "%copy", "x torch", "PDL us", "PDL %copy"]
 TIMING_COLS = range(SHORT.index("graph us"), len(SHORT))
 
 
@@ -170,8 +189,7 @@ def rich_table(df: pd.DataFrame) -> Table:
     Timing columns are left out when no row has a timing (machines without a GPU).
     """
     timed = any(has_timings(df, m) for m in ("graph", "eager", "hot"))
-    keep = [i for i in range(len(SHORT)) if (timed or i not in TIMING_COLS)
-            and (i != HOT_COL or has_timings(df, "hot"))]
+    keep = [i for i in _shown(df, len(SHORT)) if timed or i not in TIMING_COLS]
     table = Table(title="rltbench kernels (diff = elements != torch, ulp/t = max ULP vs torch, ulp/o = max "
                   "ULP vs fp64 oracle, e/b = error / approx bound, !=o = share != oracle)", show_lines=False,
                   pad_edge=False)

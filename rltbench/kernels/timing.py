@@ -12,6 +12,8 @@ Why each piece exists (see /work/shared/specs/kernels.md, "Timing"):
   state and neighbours hit every arm alike; `summarize` reports median and spread (p10/p90, IQR).
 - `measure_copy_bandwidth` gives the device-to-device copy rate of *this* run, the yardstick for GB/s.
 - `count_graph_kernels` / `count_kernels_profiler` count kernels per call instead of assuming them.
+- `WarmCheck` counts, around a timed region, the work that must not be inside it (Triton compiles,
+  graph captures, allocator growth), so every timed cell carries the proof that it was warm.
 
 The pure-logic parts (order, statistics, rotation sizing) run anywhere; the rest needs CUDA.
 """
@@ -22,9 +24,12 @@ import ctypes
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
+
+from rltbench.results.stats import abba_order
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024  # H100/H200 when the device cannot be asked
 
@@ -37,14 +42,9 @@ def interleave_order(names: Sequence[str], rounds: int) -> list[str]:
 
     Every arm gets the same number of slots and, over two rounds, the same average position, so a
     slow drift of the device (clocks, temperature) does not favour the arm that runs first.
+    (rltbench.results.stats.abba_order, the one definition every benchmark shares.)
     """
-    if rounds < 0:
-        raise ValueError("rounds must be >= 0")
-    names = list(names)
-    order: list[str] = []
-    for r in range(rounds):
-        order.extend(names if r % 2 == 0 else names[::-1])
-    return order
+    return abba_order(list(names), rounds)
 
 
 def _quantile(sorted_vals: Sequence[float], q: float) -> float:
@@ -361,3 +361,86 @@ def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | No
     moved = 2 * src.numel() * src.element_size()
     return {"bytes": moved, "median_us": stats.median, "p10_us": stats.p10, "p90_us": stats.p90,
             "gbps": gbps(moved, stats.median * 1e-6)}
+
+
+# ----------------------------------------------------------------------------------------------
+# warm-ness of a timed region
+# ----------------------------------------------------------------------------------------------
+def _triton_runtime_knobs() -> Any:
+    """Triton's runtime knobs (its JIT hooks), None on a Triton without them (< 3.4)."""
+    try:
+        import triton.knobs as knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if runtime is not None and hasattr(runtime, "jit_post_compile_hook") else None
+
+
+class WarmCheck:
+    """Counts what must not happen inside a timed region while it runs (a context manager):
+
+    - `compiles`: Triton JIT compiles (or loads from Triton's disk cache) in this process, seen
+      through Triton's post-compile hook (chained, restored on exit); None where the hook does not
+      exist. The Triton interpreter compiles nothing (0).
+    - `captures`: graph captures, from the caller's counter (e.g. the engine's per-arm counters);
+      None without one.
+    - `pool_growth_bytes`: growth of the CUDA caching allocator's reserved memory; None off CUDA.
+
+    `to_dict()` goes into the timed cell's record; `warm` is False when any count is non-zero, and
+    tables flag such cells instead of quoting them.
+    """
+
+    def __init__(self, captures: Callable[[], int] | None = None, device: torch.device | None = None):
+        self._captures_fn = captures
+        self._cuda = device is not None and device.type == "cuda"
+        self._device = device
+        self.compiles: int | None = None
+        self.captures: int | None = None
+        self.pool_growth_bytes: int | None = None
+        self._runtime: Any = None
+        self._previous_hook: Any = None
+        self._captures0 = 0
+        self._reserved0 = 0
+
+    def _on_compile(self, *args: Any, **kwargs: Any) -> Any:
+        self.compiles = (self.compiles or 0) + 1
+        if self._previous_hook is not None:
+            return self._previous_hook(*args, **kwargs)
+        return None
+
+    def __enter__(self) -> WarmCheck:
+        self._runtime = _triton_runtime_knobs()
+        if self._runtime is not None:
+            self.compiles = 0
+            self._previous_hook = self._runtime.jit_post_compile_hook
+            self._runtime.jit_post_compile_hook = self._on_compile
+        if self._captures_fn is not None:
+            self._captures0 = int(self._captures_fn())
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+            self._reserved0 = int(torch.cuda.memory_reserved(self._device))
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._runtime is not None:
+            self._runtime.jit_post_compile_hook = self._previous_hook
+        if self._captures_fn is not None:
+            self.captures = int(self._captures_fn()) - self._captures0
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+            self.pool_growth_bytes = int(torch.cuda.memory_reserved(self._device)) - self._reserved0
+
+    @property
+    def warm(self) -> bool:
+        return not any((self.compiles, self.captures, self.pool_growth_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compiles": self.compiles, "captures": self.captures,
+                "pool_growth_bytes": self.pool_growth_bytes, "warm": self.warm}
+
+
+def cold_cells(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The timed cells (records holding a WarmCheck's fields) that saw a compile, a capture or pool
+    growth."""
+    return [r for r in records if r.get("warm") is False]

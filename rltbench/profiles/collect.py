@@ -2,8 +2,9 @@
 
 GPU order, chosen so the profiler cannot disturb the timings:
 1. copy bandwidth; weight bytes of one eager token (floors.py);
-2. timing: per arm a `decode_benchmark` graph, CUDA events around back-to-back replays, arms
-   interleaved A B C C B A (the pool is shared, so each slot re-creates the benchmark); no profiler;
+2. timing: the engine's decode-step figure (rltbench.engine.bench.decode_step_cells, the same routine
+   and engine sizing as the engine's decode table): per arm a `decode_benchmark` graph, CUDA events
+   around back-to-back replays, arms interleaved A B C C B A, every timed cell warm; no profiler;
 3. per arm: the graph-node census (exact kernels per replay), then ONE profiler session with two
    annotated phases: `rltbench.replays` (R replays of the benchmark graph: cross-check of the
    count, class breakdown, one replay kept as trace-<arm>.json) and `rltbench.engine_steps`
@@ -75,22 +76,19 @@ def decode_tokens(spec: ProfileSpec) -> int:
 
 
 def build_engine(model: Any, spec: ProfileSpec) -> Any:
-    from rltbench.engine import Engine, EngineConfig
+    """The engine of the decode-step figure (rltbench.engine.bench.decode_engine_config, shared with
+    the engine's decode table): the serving context class and graph bucket for (batch, context) and,
+    on a GPU, the serving KV pool; on CPU a pool just big enough for the profiled requests."""
+    from rltbench.engine import Engine
+    from rltbench.engine.bench import decode_engine_config
     from rltbench.kernels import ARMS
 
-    block = 16
-    max_len = spec.context + max(64, decode_tokens(spec) + 16)
-    blocks_per_seq = -(-max_len // block)
-    cfg = EngineConfig(
-        block_size=block,
-        max_num_seqs=spec.batch,
-        max_num_batched_tokens=max(2048, spec.context + 1),
-        enable_prefix_caching=False,
-        use_cuda_graph=not spec.cpu,
-        num_blocks=spec.batch * blocks_per_seq + 8,
-        max_model_len=max_len,
-        graph_batch_sizes=(spec.batch,),
-    )
+    extra = max(64, decode_tokens(spec) + 16)
+    cfg = decode_engine_config(spec.batch, spec.context, extra_tokens=extra, use_cuda_graph=not spec.cpu,
+                               model_max_len=int(model.config.max_position_embeddings))
+    if spec.cpu:
+        blocks_per_seq = -(-cfg.max_model_len // cfg.block_size)
+        cfg.num_blocks = spec.batch * blocks_per_seq + 8
     return Engine(model, arms={a: ARMS[a] for a in spec.arms}, config=cfg)
 
 
@@ -145,20 +143,18 @@ def _export(prof: Any) -> dict[str, Any]:
         os.unlink(path)
 
 
-def time_arms_gpu(eng: Any, spec: ProfileSpec) -> dict[str, list[float]]:
-    """Per-replay microseconds per arm: CUDA events around back-to-back replays, arms interleaved."""
-    from rltbench.kernels.timing import interleave_order, time_interleaved
+def time_arms_gpu(eng: Any, spec: ProfileSpec) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Per-replay microseconds per arm and the cells' facts (context class, bucket, warm checks):
+    the engine's decode-step timing (rltbench.engine.bench.decode_step_cells), arms ABBA over
+    `rounds` repetitions of iters / rounds replays each."""
+    from rltbench.engine.bench import decode_step_cells
 
-    samples: dict[str, list[float]] = {a: [] for a in spec.arms}
     per_slot = max(1, spec.iters // max(1, spec.rounds))
-    for arm in interleave_order(spec.arms, spec.rounds):
-        eng.set_arm(arm)
-        bench = eng.decode_benchmark(spec.batch, spec.context)
-        try:
-            samples[arm] += time_interleaved({arm: bench.replay}, rounds=1, reps=per_slot, warmup=3)[arm]
-        finally:
-            bench.release()
-    return samples
+    cells = decode_step_cells(eng, spec.arms, [spec.batch], spec.context, reps=spec.rounds, iters=per_slot)
+    samples = {a: [ms * 1e3 for ms in cells.pooled(a, spec.batch)] for a in spec.arms}
+    facts = {"len_class": cells.len_class[spec.batch], "bucket": cells.bucket[spec.batch],
+             "num_blocks": eng.num_blocks, "order": cells.order, "warm": cells.warm}
+    return samples, facts
 
 
 def profile_arm_gpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> tuple[dict[str, Any], dict]:
@@ -314,7 +310,8 @@ def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
     out["copy_bandwidth"] = bw
     out["weight_floor_ms"] = floors.weight_floor_ms(wb["bytes"], bw["gbps"])
     log(f"timing {len(spec.arms)} arms x {spec.iters} replays (interleaved, no profiler)")
-    samples = time_arms_gpu(eng, spec)
+    samples, facts = time_arms_gpu(eng, spec)
+    out["decode_step"] = facts
     for arm in spec.arms:
         log(f"profiling arm {arm}: graph census + {spec.replays} replays + {spec.steps} engine steps")
         res, small = profile_arm_gpu(eng, spec, arm, vocab)

@@ -36,6 +36,24 @@ def _step_ms(arm: dict[str, Any], mode: str) -> tuple[float, float, float]:
     return st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3
 
 
+def _decode_step_facts(facts: dict[str, Any] | None) -> list[str]:
+    """What the timed graph was (context class, bucket, pool) and whether every timed cell was warm;
+    nothing for runs recorded before these facts were (their table re-renders unchanged)."""
+    if not facts:
+        return []
+    cold = [w for w in facts.get("warm", []) if w.get("warm") is False]
+    warm = (f"**{len(cold)} of {len(facts.get('warm', []))} timed cells were not warm** (a capture, "
+            "compile or pool growth inside them)" if cold else
+            f"all {len(facts.get('warm', []))} timed cells warm (no capture, compile or pool growth)")
+    return [
+        f"Timed graph: context class {facts.get('len_class')} (attention covers that many positions), "
+        f"batch bucket {facts.get('bucket')}, KV pool {facts.get('num_blocks')} blocks; arms ABBA "
+        f"({' '.join(facts.get('order', []))}); {warm}. Same routine and engine sizing as the engine's "
+        "decode table (docs/measurement.md).",
+        "",
+    ]
+
+
 def table_markdown(s: dict[str, Any]) -> str:
     mode, batch = s.get("mode", "gpu"), int(s.get("batch", 1))
     arms: dict[str, Any] = s.get("arms", {})
@@ -55,6 +73,7 @@ def table_markdown(s: dict[str, Any]) -> str:
             "",
         ]
         unit, tunit = "kernels", "GPU ms"
+        lines += _decode_step_facts(s.get("decode_step"))
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
     lines.append(
         f"| arm | {unit}/step | {unit}/token | graph nodes = profiler | {tunit}/step (p10-p90) | "

@@ -294,14 +294,23 @@ def test_decode_benchmark_cpu_and_release(ouro_tiny, ops):
 
 
 def test_decode_step_table_cpu(ouro_tiny):
-    from rltbench.engine.bench import decode_step_table, interleaved_order
+    from rltbench.engine.bench import decode_step_table
 
-    assert interleaved_order(["A", "B", "C"], 2) == ["A", "B", "C", "C", "B", "A"]
-    eng = Engine(ouro_tiny, {"a": torch_ops(), "b": torch_ops()}, EngineConfig(block_size=4, num_blocks=64))
-    res = decode_step_table(eng, batch_sizes=(1, 2), context_len=8, iters=2, warmup=0, host_tokens=4)
-    assert [(r["arm"], r["batch"]) for r in res["rows"]] == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
-    assert all(r["n"] == 4 for r in res["rows"])
-    assert [h["arm"] for h in res["host_overhead"]] == ["a", "b"]
+    ops = {"a": torch_ops(), "b": torch_ops(), "a#2": torch_ops()}
+    eng = Engine(ouro_tiny, ops, EngineConfig(block_size=4, num_blocks=64))
+    res = decode_step_table(eng, batch_sizes=(1, 2), context_len=8, iters=2, warmup=0, reps=2, host_tokens=4)
+    assert res["order"] == ["a", "b", "a#2", "a#2", "b", "a"]  # ABBA with the A/A arm
+    assert (res["ref"], res["aa"]) == ("a", "a#2")
+    assert [(r["arm"], r["batch"]) for r in res["rows"]] == [
+        ("a", 1), ("b", 1), ("a#2", 1), ("a", 2), ("b", 2), ("a#2", 2)]
+    assert all(r["n"] == 4 and len(r["rep_median_ms"]) == 2 for r in res["rows"])
+    assert all(r["len_class"] == 12 and r["bucket"] == r["batch"] for r in res["rows"])  # CPU: eager
+    # every timed cell is warm (CPU: no compile observable in the interpreter, no pool to grow)
+    assert len(res["warm"]) == 12 and all(w["captures"] == 0 and w["warm"] for w in res["warm"])
+    labels = {(s["batch"], s["arm"]): s["label"] for s in res["speedups"]}
+    assert labels[(1, "a#2")] == "A/A" and set(labels) == {(b, a) for b in (1, 2) for a in ("b", "a#2")}
+    assert all(s["speedup"]["n"] == 2 for s in res["speedups"])
+    assert [h["arm"] for h in res["host_overhead"]] == ["a", "b", "a#2"]
     assert all(h["n_tokens"] == 4 and h["ratio"] > 0 for h in res["host_overhead"])
     assert_idle_and_free(eng)
 

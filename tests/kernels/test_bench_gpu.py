@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
@@ -52,3 +53,32 @@ def test_kernels_command_on_gpu(tmp_path, monkeypatch):
             assert r["graph_speedup"] == pytest.approx(1.0)
             assert r["eager_kernels_per_call"] == kpc  # torch launches the same kernels either way
     assert (out / "latency_graph_bf16.png").exists() and (out / "speedup_graph_bf16.png").exists()
+
+
+@pytest.mark.gpu
+def test_approx_norm_headline_is_plain_and_pdl_is_labelled_beside_it(tmp_path, monkeypatch):
+    """RLTBENCH_APPROX_NORM_PDL=2 from 1024 rows (what the H200's tuned file asks at width 2048): the
+    headline graph figure of the approx norm at T=1024 is the plain launch, the PDL figure sits in
+    graph_pdl_* beside it (and in the table's PDL columns); torch and exact get no PDL figure."""
+    from rltbench.kernels import pdl
+
+    if not pdl.usable(torch.zeros(1, device="cuda"), False):
+        pytest.skip("this GPU/Triton cannot launch with PDL")
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "2")
+    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "1024")
+    out = tmp_path / "pdl"
+    args = ["kernels", "--ops", "rmsnorm", "--tokens", "8,1024", "--dtypes", "bf16", "--widths", "2048",
+            "--repeats", "20", "--mode", "graph", "--no-peer", "--result-dir", str(out)]
+    res = CliRunner().invoke(_app(), args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = {(r["arm"], r["tokens"]): r for r in
+            (json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines() if x.strip())}
+    a = rows[("approx", 1024)]
+    assert a["graph_pdl_mode"] == 2 and a["graph_pdl_us_median"] > 0 and a["graph_us_median"] > 0
+    assert a["graph_pdl_mismatches"] == a["graph_mismatches"]
+    for key in (("approx", 8), ("torch", 1024), ("exact", 1024)):
+        assert rows[key].get("graph_pdl_us_median") is None, key
+    table = (out / "table.md").read_text()
+    assert "PDL % copy" in table
+    print(f"approx T=1024: plain {a['graph_us_median']:.2f} us ({a['graph_pct_copy']:.1f}% copy), "
+          f"PDL {a['graph_pdl_us_median']:.2f} us ({a['graph_pdl_pct_copy']:.1f}% copy)")

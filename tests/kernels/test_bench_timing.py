@@ -91,6 +91,33 @@ def test_gbps():
     assert math.isnan(timing.gbps(1e9, 0.0))
 
 
+def test_warm_check_counts_compiles_and_captures(monkeypatch):
+    """A compile (Triton's post-compile hook fired) or a capture inside the region marks it cold;
+    the previous hook is chained and restored; CPU has no pool to grow (None)."""
+    import types
+
+    runtime = types.SimpleNamespace(jit_post_compile_hook=None)
+    seen = []
+    runtime.jit_post_compile_hook = lambda *a, **k: seen.append(k.get("key"))
+    monkeypatch.setattr(timing, "_triton_runtime_knobs", lambda: runtime)
+    previous = runtime.jit_post_compile_hook
+    captures = [3]
+    with timing.WarmCheck(lambda: captures[0], torch.device("cpu")) as warm:
+        pass
+    assert warm.to_dict() == {"compiles": 0, "captures": 0, "pool_growth_bytes": None, "warm": True}
+    with timing.WarmCheck(lambda: captures[0], torch.device("cpu")) as cold:
+        runtime.jit_post_compile_hook(key="k1")
+        captures[0] += 1
+    assert (cold.compiles, cold.captures, cold.warm) == (1, 1, False)
+    assert seen == ["k1"] and runtime.jit_post_compile_hook is previous
+    assert timing.cold_cells([{"arm": "a", **warm.to_dict()}, {"arm": "b", **cold.to_dict()}]) == [
+        {"arm": "b", **cold.to_dict()}]
+    monkeypatch.setattr(timing, "_triton_runtime_knobs", lambda: None)  # Triton without the hook
+    with timing.WarmCheck() as unknown:
+        pass
+    assert unknown.to_dict() == {"compiles": None, "captures": None, "pool_growth_bytes": None, "warm": True}
+
+
 def test_profiler_count_is_none_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")
@@ -129,3 +156,30 @@ def test_profiler_counts_eager_and_graph_kernels():
     eager = timing.count_kernels_profiler(lambda: [xs[i] * 2.0 + 1.0 for i in range(k)], k)
     assert eager == pytest.approx(2.0)
     assert timing.count_kernels_profiler(g.replay, k) == pytest.approx(2.0)  # kernels inside a graph replay
+
+
+@pytest.mark.gpu
+def test_warm_check_sees_a_real_triton_compile_and_pool_growth():
+    """On the GPU the hook really fires: a kernel specialised for a new constexpr compiles (or loads
+    from the disk cache) inside the first region, not inside the second; a new allocation grows the
+    reserved pool."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _fill(out_ptr, VALUE: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, 16), tl.full((16,), VALUE, tl.float32))
+
+    out = torch.empty(16, device="cuda")
+    dev = torch.device("cuda")
+    value = float(torch.randint(1, 10**6, ()).item())  # a specialisation this process has not built
+    with timing.WarmCheck(device=dev) as first:
+        _fill[(1,)](out, VALUE=value)
+    with timing.WarmCheck(device=dev) as second:
+        _fill[(1,)](out, VALUE=value)
+    assert first.compiles == 1 and not first.warm
+    assert second.compiles == 0 and second.pool_growth_bytes == 0 and second.warm
+    with timing.WarmCheck(device=dev) as grows:
+        big = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    assert grows.pool_growth_bytes > 0 and not grows.warm
+    del big

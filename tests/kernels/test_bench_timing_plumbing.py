@@ -184,3 +184,67 @@ def test_hot_column_hidden_when_not_timed(fake_cuda):
 
     headers = [c.header for c in report.rich_table(pd.DataFrame(rows)).columns]
     assert "graph us" in headers and "hot us" not in headers
+
+
+def test_headline_is_the_plain_launch_and_pdl_is_beside_it(fake_cuda, monkeypatch, tmp_path):
+    """Every headline graph is captured with PDL off (pdl.plain_launches); an arm whose tuned launch
+    mode for the case is PDL (here approx, as the tuned approx norm at T >= 1024) is captured again
+    with it and timed in the same interleaving, into graph_pdl_* fields, shown labelled PDL."""
+    from rltbench.kernels import pdl
+
+    plain_at_capture = []
+
+    class RecordingGraph(FakeGraph):
+        def __init__(self, *a, **k):
+            plain_at_capture.append(pdl._plain_depth > 0)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(timing, "GraphCalls", RecordingGraph)
+    modes = {"torch": 0, "exact": 0, "approx": 2}
+    seen = []
+
+    def fake_mode(run):
+        run()
+        seen.append(len(seen))
+        return list(modes.values())[len(seen) - 1]
+
+    monkeypatch.setattr(bench, "tuned_pdl_mode", fake_mode)
+    monkeypatch.setitem(MEDIANS, "approx+pdl", 3.5)
+    cfg = bench.BenchConfig(ops=["rmsnorm"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact", "approx"], modes=["graph"], repeats=20)
+    rows, samples = bench.case_rows(bench.Case("rmsnorm", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                                    _ctx(1024))
+    assert plain_at_capture == [True, True, True, False]  # three plain headline graphs, one PDL graph
+    by_arm = {r["arm"]: r for r in rows}
+    a = by_arm["approx"]
+    assert a["graph_us_median"] == pytest.approx(4.0) and a["graph_pct_copy"] == pytest.approx(
+        a["nbytes"] / 4e-6 / 1e9)                           # headline: the plain launch
+    assert a["graph_pdl_us_median"] == pytest.approx(3.5) and a["graph_pdl_mode"] == 2
+    assert a["graph_pdl_pct_copy"] == pytest.approx(a["nbytes"] / 3.5e-6 / 1e9)
+    assert a["graph_pdl_speedup"] == pytest.approx(10.0 / 3.5)
+    assert a["graph_pdl_mismatches"] == a["graph_mismatches"]  # same kernels, same bits
+    assert "graph_pdl_us_median" not in by_arm["exact"] and "graph_pdl_us_median" not in by_arm["torch"]
+    assert {(s["arm"], s["mode"]) for s in samples} >= {("approx", "graph"), ("approx", "graph-pdl")}
+
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    for r in rows:
+        run.append_jsonl(report.ROWS, r)
+    report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "PDL us (p10-p90)" in table and "PDL % copy" in table and report.PDL_NOTE in table
+    approx_line = next(ln for ln in table.splitlines() if ln.startswith("| rmsnorm | bf16 | 16 | 2 | approx"))
+    assert "3.50 (" in approx_line
+    headers = [c.header for c in report.rich_table(report.load_rows(run)).columns]
+    assert headers[-2:] == ["PDL us", "PDL %copy"]
+
+
+def test_pdl_columns_hidden_without_pdl_timings(fake_cuda):
+    import pandas as pd
+
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph"], repeats=5)
+    rows, _ = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                              _ctx(1024))
+    df = pd.DataFrame(rows)
+    assert "PDL" not in report.markdown_table(df, {}, {})
+    assert "PDL us" not in [c.header for c in report.rich_table(df).columns]

@@ -87,3 +87,28 @@ def test_decode_step_refuses_a_noop_step(one_thread: None) -> None:
     eng.abort_request(ids[0])
     with pytest.raises(RuntimeError, match="no token"):
         _decode_step(eng, ids)
+
+
+def test_profile_engine_uses_the_decode_tables_context_class() -> None:
+    """`profile` and the engine's decode table time the same graph for the same (batch, context):
+    the serving context class (300 cached tokens -> class 512, not capped at context + 64 as the
+    profile's engine once was: 368; on Ouro-1.4B 512 -> 1024, not 576) and the same batch bucket."""
+    from dataclasses import replace
+
+    from rltbench.engine import Engine
+    from rltbench.engine.bench import decode_engine_config, serving_len_class
+
+    spec = replace(_spec(["torch"], iters=1), context=300, batch=3)
+    model = build_model(spec, "cpu")
+    max_pos = int(model.config.max_position_embeddings)
+    prof = build_engine(model, spec)
+    table_cfg = decode_engine_config(128, 300, extra_tokens=128, use_cuda_graph=False, num_blocks=300,
+                                     model_max_len=max_pos)
+    table = Engine(model, ["torch"], table_cfg)
+    assert prof.len_class(301) == table.len_class(301) == serving_len_class(301) == 512
+    assert serving_len_class(513) == 1024 and serving_len_class(512) == 512 and serving_len_class(2) == 256
+    assert decode_engine_config(1, 512).max_model_len == 1024  # Ouro-1.4B's profile: class 1024
+    assert prof.config.max_model_len >= spec.context + decode_tokens(spec) + 2
+    gpu = decode_engine_config(3, 512, use_cuda_graph=True)
+    assert gpu.num_blocks is None and gpu.graph_batch_sizes is None  # serving pool and buckets
+    assert min(b for b in prof.buckets if b >= 3) == min(b for b in table.buckets if b >= 3) == 4

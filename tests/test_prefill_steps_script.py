@@ -1,0 +1,93 @@
+"""scripts/prefill_steps.py without a GPU: units (arm/mode) timed ABBA over repetitions with an A/A
+arm, each repetition inside a WarmCheck (a capture there flags the cell), paired speedups labelled
+against the A/A spread, and the table that says so."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "prefill_steps.py"
+ARMS = ["torch", "exact", "torch#2"]
+# eager: the same torch ops in every arm (scope graph); graph: exact's fused kernels are faster
+BASE_MS = {"torch/eager": 150.0, "torch/graph": 70.0, "exact/eager": 150.0, "exact/graph": 50.0,
+           "torch#2/eager": 150.0, "torch#2/graph": 70.0}
+
+
+@pytest.fixture(scope="module")
+def ps() -> dict:
+    return runpy.run_path(str(SCRIPT))
+
+
+def _units(calls: list[str]) -> dict:
+    def unit(name: str):
+        def run() -> list[int]:
+            calls.append(name)
+            return [1, 2]
+
+        run.unit = name  # type: ignore[attr-defined]
+        return run
+
+    return {name: unit(name) for name in BASE_MS}
+
+
+def _fake_timer(calls: list[str]):
+    """GPU ms = the unit's base, slowly drifting upward (as a warming device does) by call count."""
+    def timed_call(fn, cuda):
+        ids = fn()
+        ms = BASE_MS[fn.unit] * (1 + 0.002 * len(calls))
+        return ms, ms + 0.05, ids
+
+    return timed_call
+
+
+def test_units_interleave_abba_and_label_speedups(ps, monkeypatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setitem(ps["interleaved_samples"].__globals__, "timed_call", _fake_timer(calls))
+    captures = [0]
+    run = ps["interleaved_samples"]
+    timed = run(_units(calls), reps=4, iters=2, cuda=False, captures=lambda: captures[0])
+    names = list(BASE_MS)
+    assert timed["order"] == names + names[::-1] + names + names[::-1]
+    assert all(len(timed["gpu_ms"][n]) == 4 and all(len(r) == 2 for r in timed["gpu_ms"][n]) for n in names)
+    assert len(timed["warm"]) == 24 and all(w["warm"] and w["captures"] == 0 for w in timed["warm"])
+    res = ps["summarize_units"](timed, ARMS)
+    assert res["aa"] == "torch#2" and res["cold_cells"] == []
+    eager = {r["arm"]: r for r in res["vs_torch"]["eager"]}
+    graph = {r["arm"]: r for r in res["vs_torch"]["graph"]}
+    assert eager["exact"]["label"] == "within noise"   # two identical computations: no verdict
+    assert graph["exact"]["label"] == "faster"
+    assert graph["exact"]["speedup"]["estimate"] == pytest.approx(1.4, 0.01)
+    assert graph["torch#2"]["label"] == "A/A"
+    goe = {r["arm"]: r for r in res["graph_over_eager"]}
+    assert goe["exact"]["label"] == "faster"
+    assert goe["exact"]["speedup"]["estimate"] == pytest.approx(3.0, 0.01)
+    assert res["units"]["exact/graph"]["n"] == 8 and res["units"]["exact/graph"]["median_ms"] > 50.0
+
+
+def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setitem(ps["interleaved_samples"].__globals__, "timed_call", _fake_timer(calls))
+    captures = [0]
+    units = _units(calls)
+    slow = units["exact/graph"]
+
+    def capturing() -> list[int]:
+        if captures[0] == 0:
+            captures[0] += 1  # a lazy capture inside the first timed sample
+        return slow()
+
+    capturing.unit = "exact/graph"  # type: ignore[attr-defined]
+    units["exact/graph"] = capturing
+    timed = ps["interleaved_samples"](units, reps=2, iters=1, cuda=False, captures=lambda: captures[0])
+    res = ps["summarize_units"](timed, ARMS)
+    assert [(c["unit"], c["rep"], c["captures"]) for c in res["cold_cells"]] == [("exact/graph", 0, 1)]
+    summary = {"model": "m", "rows": 4, "length": 512, "reps": 2, "iters": 1, "aa": res["aa"],
+               "result": res, "warm": timed["warm"], "ids_equal_torch": {a: True for a in ARMS},
+               "warmup": [{"arm": a, "pool_growth_mib": 0.0, "graph_ids_equal_eager": True} for a in ARMS]}
+    text = ps["table"](summary)
+    assert "**1 timed cells were not warm**: exact/graph rep 0" in text
+    assert "| eager: arm vs torch |" in text and "| graph: arm vs torch |" in text
+    assert "| torch#2 | " in text and "A/A" in text
