@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rltbench.e2e.metrics import request_metrics
+from rltbench.engine.schedule import first_divergence
 
 BOOTSTRAP = 2000
 INTERVAL_METHOD = "95% two-stage percentile bootstrap (repetitions, then requests), 2000 resamples"
@@ -34,14 +35,6 @@ HIGHER_IS_BETTER = {"output_tok_s", "steady_tok_s"}
 def is_aa(arm: str, ref: str) -> bool:
     """`torch#2` is the reference arm run a second time (A/A)."""
     return arm.split("#", 1)[0] == ref and arm != ref
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (length difference counts), None when identical."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def compare_pair(rec: dict[str, Any], base: dict[str, Any]) -> tuple[bool, int | None]:

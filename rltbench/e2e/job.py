@@ -412,9 +412,11 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
         )
     for r in a["comparison"]:
         if r["metric"] == "output_tok_s" and r["delta"] is not None:
+            ci = "" if r["ci_lo"] is None else f" [{1 + r['ci_lo']:.3f}, {1 + r['ci_hi']:.3f}]"
+            aa = "" if r["aa_spread"] is None else f", A/A spread ±{r['aa_spread']:.1%}"
             con.print(
-                f"{r['cell']:>8} {r['arm']:<10} output tok/s {1 + r['delta']:.3f}x of {a['ref']}  "
-                f"({r['verdict']})",
+                f"{r['cell']:>8} {r['arm']:<10} output tok/s {1 + r['delta']:.3f}x{ci} of {a['ref']}"
+                f"{aa}  ({r['verdict']})",
                 highlight=False,
                 soft_wrap=True,
             )

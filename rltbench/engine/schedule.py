@@ -22,6 +22,15 @@ from typing import Any
 PREFILL, DECODE, ABORT = "prefill", "decode", "abort"
 
 
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token of two generations (a length difference counts), None
+    when identical: how replayed tokens are compared with the recorded run's."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 class ReplayError(RuntimeError):
     """A schedule that cannot be replayed as recorded (a bug, never a kernel difference): e.g. the
     prefix cache holds a different hit than it did for the reference run."""

@@ -84,6 +84,8 @@ class EngineBackend:
         self.max_context = int(max_context)
         self.progress = progress
         self.stats = BackendStats()
+        # the last generate call's requests, id -> (prompt ids, max tokens): what a replay needs
+        self.last_requests: dict[str, tuple[list[int], int]] = {}
 
     def _prompt_ids(self, prompt: str, max_new: int) -> tuple[list[int], bool]:
         ids = self.codec.encode(prompt)
@@ -112,6 +114,7 @@ class EngineBackend:
         text_stops = [[s for s in u if s and self.codec.token_id(s) is None] for u in until]
         meta: list[tuple[int, bool]] = []
         stop_ids = [self.codec.stop_token_ids(u, self.model_eos) for u in until]
+        self.last_requests = {}
         t0 = time.perf_counter()
         for i, prompt in enumerate(prompts):
             ids, truncated = self._prompt_ids(prompt, max_gen_toks[i])
@@ -120,6 +123,7 @@ class EngineBackend:
                 max_tokens=int(max_gen_toks[i]), ignore_eos=False, stop_token_ids=stop_ids[i]
             )
             rid = f"{self.arm}-{i}"
+            self.last_requests[rid] = (ids, int(max_gen_toks[i]))
             try:
                 self.engine.add_request(rid, ids, params)
             except ValueError as exc:  # EngineRequestError

@@ -68,8 +68,12 @@ def parse_arms(arms: str | None, backend: str, arm_urls: dict[str, str]) -> list
         unknown = [a for a in names if a not in ARMS]
         if unknown:  # before any model or tokenizer work
             raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
+        if names.count(report.REFERENCE_ARM) == 2:  # torch,exact,torch: the A/A noise-floor arm
+            second = len(names) - 1 - names[::-1].index(report.REFERENCE_ARM)
+            names[second] = f"{report.REFERENCE_ARM}#2"
     if len(set(names)) != len(names):
-        raise UsageError(f"--arms lists an arm twice: {','.join(names)}")
+        raise UsageError(f"--arms lists an arm twice: {','.join(names)} (only {report.REFERENCE_ARM} may "
+                         "repeat, once: the A/A arm)")
     if report.REFERENCE_ARM not in names:
         raise UsageError(f"--arms must include the reference arm '{report.REFERENCE_ARM}'")
     return [report.REFERENCE_ARM] + [a for a in names if a != report.REFERENCE_ARM]
@@ -189,7 +193,7 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
     from rltbench.engine import Engine, EngineConfig
     from rltbench.kernels import ARMS
 
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a.split("#", 1)[0] not in ARMS]
     if unknown:
         raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
     on_cuda = next(model.parameters()).device.type == "cuda"
@@ -207,7 +211,7 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
         max_model_len=max_context,
         num_blocks=(batch_size + 1) * blocks_per_seq,
     )
-    return Engine(model, arms={a: ARMS[a] for a in arms}, config=cfg)
+    return Engine(model, arms={a: ARMS[a.split("#", 1)[0]] for a in arms}, config=cfg)
 
 
 VERDICT_COLORS = {"identical": "green", "pass": "green", "fail": "red", "inconclusive": "yellow"}
@@ -415,6 +419,7 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
     from rltbench.e2e.arms import eager_reference_arms
     from rltbench.gsm8k.backends import EngineBackend, OpenAIBackend
     from rltbench.gsm8k.evaluate import run_arm
+    from rltbench.gsm8k.interleave import CachedArmBackend, InterleavedGenerator
     from rltbench.gsm8k.lm import RltbenchLM
     from rltbench.kernels import ARMS
 
@@ -431,12 +436,13 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
         )
         config["random_weights"] = random_w
         config["tokenizer_source"] = codec.source
+        config["engine_device"] = next(model.parameters()).device.type
         if config["weights"] != "random":
             config["model_family"] = model.config.family
         max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
         config["max_context"] = max_context
         engine = make_engine(model, arm_names, config["batch_size"], max_context)
-        same = eager_reference_arms({a: ARMS[a] for a in arm_names}, bool(engine.use_graphs))
+        same = eager_reference_arms({a: ARMS[a.split("#", 1)[0]] for a in arm_names}, bool(engine.use_graphs))
         if same:
             config["notes"] = [
                 f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
@@ -449,34 +455,47 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
     if config["random_weights"]:
         _banner_random()
 
+    if engine is not None:
+        backends: dict[str, Any] = {
+            name: EngineBackend(engine, codec, name, tuple(model.config.eos_token_ids), config["max_context"])
+            for name in arm_names
+        }
+        for name in arm_names:  # every arm warm before any timed chunk (decode graphs, largest prefill)
+            console.print(f"[bold]arm {name}[/]: warming up (graph capture) ...")
+            engine.set_arm(name)
+            engine.warmup()
+            engine.warmup_eager_prefill()
+    else:
+        backends = {n: OpenAIBackend(n, arm_urls[n], None, config["batch_size"]) for n in arm_names}
+    generator = InterleavedGenerator(
+        backends,
+        ref=report.REFERENCE_ARM,
+        chunk=config["batch_size"],
+        engine=engine,
+        write=run.append_jsonl,
+        note=lambda text: console.print(text, highlight=False),
+    )
     rows: dict[int, dict[str, Any]] = {}
     arm_info: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rltbench-gsm8k-ds-") as cache_dir:
         for name in arm_names:
-            if engine is not None:
-                engine.set_arm(name)
-                engine.reset_prefix_cache()
-                console.print(f"[bold]arm {name}[/]: warming up (graph capture) ...")
-                engine.warmup()
-                backend: Any = EngineBackend(
-                    engine, codec, name, tuple(model.config.eos_token_ids), config["max_context"]
-                )
-            else:
-                backend = OpenAIBackend(name, arm_urls[name], None, config["batch_size"])
-            lm = RltbenchLM(backend, max_gen_toks=config["max_gen_toks"])
-            console.print(f"[bold]arm {name}[/]: generating ...")
+            lm = RltbenchLM(CachedArmBackend(generator, name), max_gen_toks=config["max_gen_toks"])
+            if generator.key is None:
+                console.print(f"generating: every arm, chunks of {config['batch_size']} questions, arms ABBA")
             res = run_arm(
                 name, lm, config["task"], config["limit"], config["num_fewshot"], cache_dir=Path(cache_dir)
             )
             config["num_fewshot_used"] = res.extra.get("n_shot")
+            stats = backends[name].stats
             info: dict[str, Any] = {
-                "seconds": res.seconds,
-                "truncated_prompts": backend.stats.truncated_prompts,
-                "prompt_tokens": backend.stats.prompt_tokens,
+                "seconds": stats.seconds,
+                "truncated_prompts": stats.truncated_prompts,
+                "prompt_tokens": stats.prompt_tokens,
                 "lm_eval_metrics": res.metrics,
             }
             if engine is not None:
                 try:
+                    engine.set_arm(name)
                     info["engine_stats"] = engine.stats()
                 except Exception as exc:  # stats are informative only
                     info["engine_stats"] = {"error": str(exc)}
@@ -491,13 +510,11 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
                 run.write_json("lm_eval_task.json", res.extra["lm_eval_config"])
             n_q = len(res.rows)
             acc = 100.0 * sum(bool(r.get("strict_correct")) for r in res.rows.values()) / max(n_q, 1)
-            qps = n_q / res.seconds if res.seconds > 0 else float("nan")
             console.print(
-                f"arm {name}: {n_q} questions in {res.seconds:.1f} s ({qps:.3f} questions/s), "
-                f"strict acc {acc:.2f}%"
+                f"arm {name}: {n_q} questions, strict acc {acc:.2f}%"
                 + (
-                    f", [yellow]{backend.stats.truncated_prompts} prompts left-truncated[/]"
-                    if backend.stats.truncated_prompts
+                    f", [yellow]{stats.truncated_prompts} prompts left-truncated[/]"
+                    if stats.truncated_prompts
                     else ""
                 )
             )

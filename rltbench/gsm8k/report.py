@@ -18,7 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rltbench.engine.coldwork import is_cold
 from rltbench.errors import UsageError
+from rltbench.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
 from rltbench.gsm8k.stats import (
     check_gate,
     cp_lower,
@@ -31,6 +33,7 @@ from rltbench.gsm8k.stats import (
     verdict_label,
 )
 from rltbench.results import RunDir
+from rltbench.results.stats import aa_name, compare_to_reference, format_interval, format_spread
 
 REFERENCE_ARM = "torch"
 QUESTIONS_FILE = "questions.jsonl"
@@ -140,6 +143,98 @@ def _p(x: float) -> str:
     return "-" if x is None else (f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}")
 
 
+def interleaved_throughput(chunks: list[dict[str, Any]], arms: list[str], ref: str) -> dict[str, Any]:
+    """Questions/s per arm over the chunks every arm finished, and each arm's speedup over `ref`:
+    one paired ratio per chunk (arms ran ABBA within it), its interval, the A/A spread, the label."""
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for c in chunks:
+        by.setdefault(c["arm"], {})[int(c["chunk"])] = c
+    common = sorted(set.intersection(*(set(by.get(a, {})) for a in arms))) if arms else []
+    per_arm = {}
+    for a in arms:
+        rows = [by[a][c] for c in common]
+        secs = sum(float(r["seconds"]) for r in rows)
+        q = sum(int(r["questions"]) for r in rows)
+        per_arm[a] = {
+            "chunks": len(rows),
+            "questions": q,
+            "seconds": secs,
+            "questions_per_s": q / secs if secs > 0 else None,
+            "cold_chunks": [r["chunk"] for r in rows if is_cold(r.get("cold_work"))],
+        }
+    per_rep = {a: [float(by[a][c]["seconds"]) for c in common] for a in arms}
+    aa = aa_name(ref) if aa_name(ref) in arms else None
+    speed = compare_to_reference(per_rep, ref, aa) if ref in arms and common else []
+    return {"chunks": len(common), "arms": per_arm, "speedups": speed, "aa": aa}
+
+
+def replay_identity(replays: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm: questions identical to the reference when replayed on its exact batches."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in replays:
+        a = out.setdefault(r["arm"], {"compared": 0, "identical": 0, "first": None, "kernels_in_eager": True})
+        a["compared"] += r["compared"]
+        a["identical"] += r["identical"]
+        a["kernels_in_eager"] = a["kernels_in_eager"] and bool(r.get("kernels_in_eager_steps"))
+        for d in r.get("divergences", []):
+            first = a["first"]
+            if first is None or (d["question"], d["token_index"]) < (first["question"], first["token_index"]):
+                a["first"] = d
+    return out
+
+
+def _throughput_lines(summary: dict[str, Any]) -> list[str]:
+    tp = summary.get("throughput")
+    if not tp or not tp["chunks"]:
+        return []
+    ref = summary["reference"]
+    lines = [
+        "",
+        f"## Throughput, arms interleaved (ABBA over {tp['chunks']} chunks of one batch each)",
+        "",
+        "| arm | questions/s | speedup vs " + ref + " (interval) | A/A spread | label | cold chunks |",
+        "|---|---:|---|---|---|---|",
+    ]
+    sp = {r["arm"]: r for r in tp["speedups"]}
+    for arm, a in tp["arms"].items():
+        r = sp.get(arm)
+        lines.append(
+            f"| {arm} | {_fmt(a['questions_per_s'], 3)} | "
+            f"{'(ref)' if arm == ref else format_interval(r and r['speedup'])} | "
+            f"{format_spread(r and r['aa_spread']) if r else '-'} | {r['label'] if r else '-'} | "
+            f"{', '.join(map(str, a['cold_chunks'])) or 'none'} |"
+        )
+    lines += [
+        "",
+        "Speedup: median over chunks of (reference seconds / arm seconds), order-statistic interval; "
+        "'within noise' when it reaches into the A/A spread (run `--arms torch,exact,torch` for an A/A "
+        "arm). Cold chunks: a graph capture, compile or device malloc happened inside the timed chunk.",
+    ]
+    if summary.get("no_speed_verdict"):
+        lines.append(f"No speed verdict: {summary['no_speed_verdict']}.")
+    return lines
+
+
+def _replay_lines(summary: dict[str, Any]) -> list[str]:
+    rp = summary.get("replay")
+    if not rp:
+        return []
+    lines = [
+        "",
+        f"## Identity under schedule replay (each arm on {summary['reference']}'s batches, kernels on "
+        "in every step, prefill included)",
+        "",
+        "| arm | identical / compared | first divergence (question, token, step) |",
+        "|---|---|---|",
+    ]
+    for arm, r in rp.items():
+        fd = r["first"]
+        fdt = "-" if fd is None else f"{fd['question']}, {fd['token_index']}, {fd['step']}"
+        bad = " **MISMATCH: must match (kernel bug)**" if arm in summary.get("exact_mismatch", []) else ""
+        lines.append(f"| {arm} | {r['identical']} / {r['compared']}{bad} | {fdt} |")
+    return lines
+
+
 def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
     lines = [
         f"# GSM8K gate: {config.get('task', '?')} ({config.get('num_fewshot_used', '?')}-shot), "
@@ -198,6 +293,7 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
         if summary["comparisons"]
         else "**Overall: n/a** (no variant arm has results: nothing was gated)"
     )
+    lines += _throughput_lines(summary) + _replay_lines(summary)
     lines += ["", overall, "", GATE_CAPTION]
     return "\n".join(lines) + "\n"
 
@@ -307,6 +403,18 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
         cfg.get("gate_filter", "strict-match"),
         bool(cfg.get("random_weights", False)),
     )
+    summary["throughput"] = interleaved_throughput(run.read_jsonl(CHUNKS_FILE), arms, REFERENCE_ARM)
+    summary["replay"] = replay_identity(run.read_jsonl(REPLAY_FILE))
+    if cfg.get("engine_device", cfg.get("device")) == "cpu":
+        summary["no_speed_verdict"] = "CPU timings (the fused arms run torch ops or the Triton interpreter)"
+    # an exact arm (or the A/A arm) that changes tokens on the reference's own batches is a bug
+    summary["exact_mismatch"] = [
+        a for a, r in summary["replay"].items()
+        if a.split("#", 1)[0] in ("exact", REFERENCE_ARM) and r["identical"] < r["compared"]
+    ]
+    if summary["exact_mismatch"]:
+        summary["overall"], summary["overall_reason"] = "fail", "exact arm mismatch under replay"
+        summary["exit_code"] = exit_code("fail")
     summary["missing_arms"] = [a for a in wanted if a not in arms]
     if summary["missing_arms"]:  # only an interrupted or failed run lacks arms
         summary["status"] = run.manifest.get("status")

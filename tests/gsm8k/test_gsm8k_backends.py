@@ -119,9 +119,12 @@ def test_flag_parsing() -> None:
     assert parse_arms(None, "engine", {}) == ["torch", "exact", "approx"]
     urls = parse_arm_urls(["torch=http://a:1", "approx=http://b:2/v1"])
     assert parse_arms(None, "openai", urls) == ["torch", "approx"]
+    # the reference named twice is the A/A arm (the throughput noise floor)
+    assert parse_arms("torch,exact,torch", "engine", {}) == ["torch", "exact", "torch#2"]
     for bad in (
         lambda: parse_arms("exact", "engine", {}),
-        lambda: parse_arms("torch,torch", "engine", {}),
+        lambda: parse_arms("torch,torch,torch", "engine", {}),
+        lambda: parse_arms("torch,exact,exact", "engine", {}),
         lambda: parse_arms(None, "openai", {}),
         lambda: parse_arm_urls(["nourl"]),
         lambda: parse_arms("torch,exact", "openai", urls),

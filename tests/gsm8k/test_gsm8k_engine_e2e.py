@@ -84,6 +84,19 @@ def test_tiny_model_two_arms(tmp_path, monkeypatch) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["random_weights"] is True and manifest["status"] == "complete"
     assert manifest["config"]["tokenizer_source"].startswith("file:")
+    # arms interleaved over chunks of one batch (4 questions: chunks of 4 and 1), ABBA
+    chunks = [json.loads(x) for x in (out / "chunks.jsonl").read_text().splitlines()]
+    assert [(c["chunk"], c["arm"]) for c in chunks] == [(0, "torch"), (0, "exact"), (1, "exact"), (1, "torch")]
+    assert all(c["cold_work"]["graph_captures"] == 0 for c in chunks)
+    # identity on the reference's own batches, chunk by chunk
+    replays = [json.loads(x) for x in (out / "replay.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r["chunk"], r["identical"], r["compared"]) for r in replays] == [
+        ("exact", 0, 4, 4),
+        ("exact", 1, 1, 1),
+    ]
+    assert summary["throughput"]["chunks"] == 2 and summary["replay"]["exact"]["identical"] == 5
+    table = (out / "table.md").read_text()
+    assert "arms interleaved" in table and "No speed verdict: CPU timings" in table
 
 
 def test_random_weights_arm_that_differs_is_inconclusive(tmp_path, monkeypatch) -> None:
@@ -134,3 +147,8 @@ def test_tiny_model_cuda_graph_arms(tmp_path) -> None:
         assert res.exit_code == 3 and "inconclusive: random weights" in res.output
     stats = json.loads((out / "arms.json").read_text())["exact"]["engine_stats"]
     assert stats.get("graph_replays", 1) > 0
+    # prefill included: the replay runs the exact kernels in eager steps too, and must match
+    rep = summary["replay"]["exact"]
+    assert rep["identical"] == rep["compared"] == 5 and rep["kernels_in_eager"]
+    assert not summary["exact_mismatch"]
+    assert all(not a["cold_chunks"] for a in summary["throughput"]["arms"].values())
