@@ -106,11 +106,16 @@ def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
 
 
 class RunDir:
-    """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`."""
+    """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`.
 
-    def __init__(self, path: Path, manifest: dict[str, Any]):
+    A stored run's manifest is its provenance (the commit, the status, the config it ran with): an
+    opened run re-renders its tables and plots but never rewrites manifest.json.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], read_only_manifest: bool = False):
         self.path = Path(path)
         self.manifest = manifest
+        self.read_only_manifest = read_only_manifest
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -146,7 +151,7 @@ class RunDir:
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
-        """Open a stored run (for `rltbench report`)."""
+        """Open a stored run (for `rltbench report`): files can be (re)written, manifest.json cannot."""
         path = Path(path)
         mf = path / "manifest.json"
         if not mf.is_file():
@@ -155,7 +160,7 @@ class RunDir:
             manifest = json.loads(mf.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read {mf}: {exc}") from None
-        return cls(path, manifest)
+        return cls(path, manifest, read_only_manifest=True)
 
     # -- manifest -----------------------------------------------------------------------------
     @property
@@ -169,10 +174,14 @@ class RunDir:
         files = self.manifest.setdefault("files", [])
         if name not in files:
             files.append(name)
-            self._write_manifest()
+            if not self.read_only_manifest:
+                self._write_manifest()
 
     def update_manifest(self, **fields: Any) -> None:
-        """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically."""
+        """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically.
+        Refused on an opened (stored) run: re-rendering must not change its provenance."""
+        if self.read_only_manifest:
+            raise RuntimeError(f"{self.path}: a stored run's manifest.json is not rewritten")
         self.manifest.update(fields)
         self._write_manifest()
 
