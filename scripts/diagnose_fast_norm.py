@@ -131,6 +131,7 @@ def main() -> int:
     report["summary"] = summary
     run.write_json("diagnosis.json", report)
     print(summary, flush=True)
+    run.update_manifest(status="complete")
     return 0
 
 

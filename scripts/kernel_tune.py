@@ -593,6 +593,7 @@ def main() -> int:
         for name, value in knobs.items():
             path = tuned.write_section(torch.cuda.get_device_name(dev), name, value, src)
         print(f"wrote {path}")
+    run.update_manifest(status="complete")
     return 0 if ok == set(EXACT_CONFIGS) else 1
 
 

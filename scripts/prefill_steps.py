@@ -286,10 +286,12 @@ def main() -> int:
             engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
             summary["warmup"] = [warm_arm(engine, a, prompts, args.warmup) for a in arms]
             run.write_json("summary.json", summary)
-            step, _ids = schedule_step(engine, "timed", prompts)
+            step, ids = schedule_step(engine, "timed", prompts)
             units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
             timed = interleaved_samples(units, args.reps, args.iters, True, lambda: engine_captures(engine),
                                         torch.device("cuda"))  # fmt: skip
+            for rid in ids:
+                engine.abort_request(rid)
     except BaseException as exc:
         run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                             error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip

@@ -137,16 +137,22 @@ def test_extend_jsonl_writes_a_unit(tmp_path: Path) -> None:
     assert "rows.jsonl" in RunDir.open(tmp_path / "r").manifest["files"]
 
 
-def test_an_opened_run_never_rewrites_its_manifest(tmp_path: Path) -> None:
-    """`rltbench report` used to add re-rendered files to a committed manifest.json (rewriting it)."""
-    run = RunDir.create("x", tmp_path / "r")
+def test_report_never_rewrites_a_stored_manifest(tmp_path: Path) -> None:
+    """`rltbench report DIR` re-renders from the raw files; manifest.json (the run's provenance)
+    stays byte for byte, even when the renderer writes a file the manifest does not list."""
+    from rltbench.cli import main
+
+    run = RunDir.create("kernels", tmp_path / "r", argv=["rltbench", "kernels"])
+    run.write_json("summary.json", {"device": "cpu", "notes": []})
     run.update_manifest(status="complete")
     before = (tmp_path / "r" / "manifest.json").read_bytes()
-    stored = RunDir.open(tmp_path / "r")
-    stored.write_markdown("table.md", "| a |\n|---|")
-    stored.write_json("summary.json", {"v": 1})
+    assert "table.md" not in json.loads(before)["files"]
+    assert main(["report", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "table.md").is_file()
     assert (tmp_path / "r" / "manifest.json").read_bytes() == before
-    assert (tmp_path / "r" / "table.md").exists()
-    with pytest.raises(RuntimeError, match="read-only"):
-        stored.update_manifest(status="running")
+    opened = RunDir.open(tmp_path / "r")
+    opened.write_markdown("extra.md", "x")  # files may be written; the manifest is not
+    assert (tmp_path / "r" / "manifest.json").read_bytes() == before
+    with pytest.raises(RuntimeError, match="not rewritten"):
+        opened.update_manifest(status="running")
     assert (tmp_path / "r" / "manifest.json").read_bytes() == before

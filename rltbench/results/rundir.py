@@ -2,8 +2,7 @@
 
 Layout of `results/<command>-<UTC time>/` (or `--result-dir`):
   manifest.json   provenance + the command's configuration + status (running/complete/interrupted/failed)
-  *.json/*.jsonl  raw results (the source of truth; `rltbench report` re-renders from these only,
-                  and never rewrites manifest.json: `RunDir.open` gives a read-only manifest)
+  *.json/*.jsonl  raw results (the source of truth; `rltbench report` re-renders from these only)
   *.csv           the same tables for spreadsheets / pandas
   table.md        the human summary; *.png plots
 
@@ -107,14 +106,16 @@ def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
 
 
 class RunDir:
-    """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`."""
+    """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`.
 
-    def __init__(self, path: Path, manifest: dict[str, Any], *, manifest_writable: bool = True):
+    A stored run's manifest is its provenance (the commit, the status, the config it ran with): an
+    opened run re-renders its tables and plots but never rewrites manifest.json.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], read_only_manifest: bool = False):
         self.path = Path(path)
         self.manifest = manifest
-        # False for a stored run (`open`): re-rendering adds table.md and plots, never touches the
-        # manifest, which is committed provenance (its status, commit and file list stay as recorded)
-        self.manifest_writable = manifest_writable
+        self.read_only_manifest = read_only_manifest
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -150,7 +151,7 @@ class RunDir:
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
-        """Open a stored run (for `rltbench report`), its manifest read-only."""
+        """Open a stored run (for `rltbench report`): files can be (re)written, manifest.json cannot."""
         path = Path(path)
         mf = path / "manifest.json"
         if not mf.is_file():
@@ -159,7 +160,7 @@ class RunDir:
             manifest = json.loads(mf.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read {mf}: {exc}") from None
-        return cls(path, manifest, manifest_writable=False)
+        return cls(path, manifest, read_only_manifest=True)
 
     # -- manifest -----------------------------------------------------------------------------
     @property
@@ -167,19 +168,20 @@ class RunDir:
         return str(self.manifest.get("command"))
 
     def _write_manifest(self) -> None:
-        if not self.manifest_writable:
-            raise RuntimeError(f"{self.path}: a stored run's manifest.json is read-only")
         atomic_write_text(self.path / "manifest.json", dumps(self.manifest) + "\n")
 
     def _note_file(self, name: str) -> None:
         files = self.manifest.setdefault("files", [])
         if name not in files:
             files.append(name)
-            if self.manifest_writable:
+            if not self.read_only_manifest:
                 self._write_manifest()
 
     def update_manifest(self, **fields: Any) -> None:
-        """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically."""
+        """Merge top-level fields (e.g. status="complete", summary={...}) and rewrite atomically.
+        Refused on an opened (stored) run: re-rendering must not change its provenance."""
+        if self.read_only_manifest:
+            raise RuntimeError(f"{self.path}: a stored run's manifest.json is not rewritten")
         self.manifest.update(fields)
         self._write_manifest()
 

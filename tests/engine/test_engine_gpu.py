@@ -79,6 +79,8 @@ def test_decode_benchmark_graph_and_timing():
     res = decode_step_table(eng, batch_sizes=(1, 8), context_len=64, iters=10, warmup=2, host_tokens=16)
     print(res["rows"], res["host_overhead"])
     assert len(res["rows"]) == 2 and res["host_overhead"][0]["ratio"] > 0
+    cold = [w for w in res["warm"] if not (w["warm"] and w["captures"] == 0 and w["pool_growth_bytes"] == 0)]
+    assert not cold, cold  # every timed cell warm: no capture, compile or pool growth inside it
 
 
 def _prefill_burst(eng: Engine, bursts) -> list[list[list[int]]]:

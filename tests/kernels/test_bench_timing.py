@@ -7,6 +7,8 @@ import random
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from rltbench.kernels import timing
 
@@ -158,18 +160,16 @@ def test_profiler_counts_eager_and_graph_kernels():
     assert timing.count_kernels_profiler(g.replay, k) == pytest.approx(2.0)  # kernels inside a graph replay
 
 
+@triton.jit
+def _fill(out_ptr, VALUE: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, 16), tl.full((16,), VALUE, tl.float32))
+
+
 @pytest.mark.gpu
 def test_warm_check_sees_a_real_triton_compile_and_pool_growth():
     """On the GPU the hook really fires: a kernel specialised for a new constexpr compiles (or loads
     from the disk cache) inside the first region, not inside the second; a new allocation grows the
     reserved pool."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _fill(out_ptr, VALUE: tl.constexpr):
-        tl.store(out_ptr + tl.arange(0, 16), tl.full((16,), VALUE, tl.float32))
-
     out = torch.empty(16, device="cuda")
     dev = torch.device("cuda")
     value = float(torch.randint(1, 10**6, ()).item())  # a specialisation this process has not built
@@ -179,6 +179,7 @@ def test_warm_check_sees_a_real_triton_compile_and_pool_growth():
         _fill[(1,)](out, VALUE=value)
     assert first.compiles == 1 and not first.warm
     assert second.compiles == 0 and second.pool_growth_bytes == 0 and second.warm
+    torch.cuda.empty_cache()  # no cached block may serve the allocation below
     with timing.WarmCheck(device=dev) as grows:
         big = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     assert grows.pool_growth_bytes > 0 and not grows.warm

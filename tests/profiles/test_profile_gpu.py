@@ -34,4 +34,7 @@ def test_profile_ouro_tiny_counts_agree() -> None:
         assert res["gemm_floor_us"] > 0
         counts[arm] = res["kernels_per_step"]
     assert counts["exact"] < counts["torch"] and counts["approx"] < counts["exact"]
+    facts = out["decode_step"]  # the decode table's figure: serving class, every timed cell warm
+    assert facts["len_class"] == 256 and facts["bucket"] == 1
+    assert len(facts["warm"]) == 3 * 2 and all(w["warm"] and w["captures"] == 0 for w in facts["warm"])
     assert out["weight_floor_ms"] > 0

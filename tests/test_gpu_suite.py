@@ -1,0 +1,48 @@
+"""scripts/gpu_suite.py without a GPU: every stage directory ends with a manifest in a final status,
+written for commands that write none (tests, memcheck) and finalised where a command left "running"."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from rltbench.results import RunDir
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_suite.py"
+
+
+@pytest.fixture(scope="module")
+def suite() -> dict:
+    return runpy.run_path(str(SCRIPT))
+
+
+def test_status_from_exit(suite) -> None:
+    assert [suite["final_status"](rc) for rc in (0, 1, 2, "timeout")] == [
+        "complete", "failed", "failed", "interrupted"]
+
+
+def test_manifest_written_for_a_command_that_writes_none(suite, tmp_path: Path) -> None:
+    d = tmp_path / "tests"
+    d.mkdir()
+    (d / "junit.xml").write_text("<testsuite/>")
+    (d / "stage.log").write_text("1 passed")
+    suite["finalize_manifest"](d, "tests", 420, ["python", "-m", "pytest", "tests"], 0)
+    m = json.loads((d / "manifest.json").read_text())
+    assert (m["command"], m["status"], m["exit_code"]) == ("tests", "complete", 0)
+    assert m["files"] == ["junit.xml", "stage.log"] and m["config"] == {"stage": "tests", "time_limit_s": 420}
+    assert m["provenance"]["command_line"] == "python -m pytest tests" and "git_sha" in m["provenance"]
+
+
+def test_running_manifest_finalised_from_the_exit(suite, tmp_path: Path) -> None:
+    killed = RunDir.create("tune", tmp_path / "tune", argv=["kernel_tune.py"])
+    suite["finalize_manifest"](killed.path, "tune", 400, ["kernel_tune.py"], "timeout")
+    m = json.loads((killed.path / "manifest.json").read_text())
+    assert m["status"] == "interrupted" and m["status_corrected"]["was"] == "running"
+    done = RunDir.create("kernels", tmp_path / "kernels", argv=["rltbench", "kernels"])
+    done.update_manifest(status="complete")
+    before = (done.path / "manifest.json").read_bytes()
+    suite["finalize_manifest"](done.path, "kernels", 300, ["rltbench", "kernels"], 1)
+    assert (done.path / "manifest.json").read_bytes() == before  # a final status is the command's own
