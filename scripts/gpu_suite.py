@@ -132,6 +132,16 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
                              "--max-requests 100 --repeats 1 --deadline 180", "e2e-session")),
+    # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
+    # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
+    "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
+                              "no:cacheprovider", "-rfE", "--junitxml",
+                              str(RESULTS / "integrity-tests" / "junit.xml"), "tests/e2e/test_e2e_gpu.py",
+                              "tests/gsm8k/test_gsm8k_engine_e2e.py", "tests/engine/test_engine_gpu.py",
+                              "tests/kernels/test_bench_timing.py"]),
+    # one repetition of the burst: first-request TTFT against later ones, cold cells, replay identity
+    "e2e-quick": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
+                           "--input-len 512 --output-len 128 --repeats 1 --deadline 180", "e2e-quick")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx --gate 1.0 "
                        "--limit 87 --max-gen-toks 256 --batch-size 32 --device cuda", "gsm8k")),
 }

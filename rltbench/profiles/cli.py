@@ -173,7 +173,7 @@ def profile_command(
     traces = out.pop("_traces", {})
     out.update(model=model, weights=spec.weights, dtype=config["dtype"])
     for arm, tr in traces.items():
-        run.write_json(f"trace-{arm}.json", tr)
+        run.write_json_gz(f"trace-{arm}.json.gz", tr)
     run.write_json(SUMMARY, out)
     render(run.path)
     run.update_manifest(status="complete")

@@ -7,7 +7,7 @@ GPU order, chosen so the profiler cannot disturb the timings:
    around back-to-back replays, arms interleaved A B C C B A, every timed cell warm; no profiler;
 3. per arm: the graph-node census (exact kernels per replay), then ONE profiler session with two
    annotated phases: `rltbench.replays` (R replays of the benchmark graph: cross-check of the
-   count, class breakdown, one replay kept as trace-<arm>.json) and `rltbench.engine_steps`
+   count, class breakdown, one replay kept as trace-<arm>.json.gz) and `rltbench.engine_steps`
    (K real engine decode steps at the same batch: device work launched outside the graph).
 CPU (`--cpu`): the engine runs eagerly (no graphs exist on CPU); counts are CPU `aten::` leaf ops
 per decode step and times are host wall-clock - no GPU claim is made.

@@ -2,7 +2,7 @@
 
 Why the chrome trace and not `prof.events()`: its schema ("traceEvents" with `cat` kernel /
 gpu_memcpy / gpu_memset / cuda_runtime / user_annotation and `args.correlation`) has been stable
-across torch 2.5-2.13, it is what we keep on disk anyway (trace-<arm>.json), and recorded traces
+across torch 2.5-2.13, it is what we keep on disk anyway (trace-<arm>.json.gz), and recorded traces
 make the counting logic testable on a CPU machine. Each device event is linked to the runtime call
 that launched it by its correlation id: a kernel whose launch call is `cudaGraphLaunch` ran inside
 a CUDA-graph replay; anything else (cudaMemcpyAsync, cudaLaunchKernel, ...) ran outside the graph.
