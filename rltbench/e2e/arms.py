@@ -95,3 +95,12 @@ def eager_reference_arms(selections: dict[str, Any], graphs: bool) -> list[str]:
         if str(getattr(s, "scope", "all")) == "graph"
         and any(str(getattr(s, k, "off")) != "off" for k in OP_KEYS)
     ]
+
+
+def eager_kernel_arms(selections: dict[str, Any]) -> set[str]:
+    """Arms whose eager (uncaptured) steps run their own fused kernels (scope "all"): the kernel
+    specialisations they compile differ from every other arm's, so each needs its own warm-up."""
+    def fused(s: Any) -> bool:
+        return any(str(getattr(s, k, "off")) != "off" for k in OP_KEYS)
+
+    return {n for n, s in selections.items() if str(getattr(s, "scope", "graph")) == "all" and fused(s)}

@@ -13,7 +13,14 @@ from typing import Any
 from rich.console import Console
 
 from rltbench.e2e import report
-from rltbench.e2e.arms import eager_reference_arms, is_exact, parse_arms, reference_arm, selection_dict
+from rltbench.e2e.arms import (
+    eager_kernel_arms,
+    eager_reference_arms,
+    is_exact,
+    parse_arms,
+    reference_arm,
+    selection_dict,
+)
 from rltbench.e2e.display import RunDisplay
 from rltbench.e2e.engine_backend import EngineBackend, Timeouts
 from rltbench.e2e.runner import SCHEDULE_NOTE, Cell, Plan, run_plan
@@ -66,8 +73,10 @@ def make_plan(
     arm_names: list[str],
     exact_arms: set[str],
     session: SessionTrace | None,
+    eager_kernel_arms: set[str] | None = None,
 ) -> Plan:
-    """The cells and prompts of the run (pure: same options, same prompts)."""
+    """The cells and prompts of the run (pure: same options, same prompts). `eager_kernel_arms`: arms
+    whose eager steps run their own kernels (scope all), each of which gets a session warm-up pass."""
     timeouts = Timeouts(opts["ttft_timeout"], opts["stall_timeout"], opts.get("deadline"))
     ref = reference_arm(arm_names)
     if session is None:
@@ -102,6 +111,7 @@ def make_plan(
         timeouts,
         exact_arms,
         session,
+        warmup_pass_arms={arm_names[0], *(eager_kernel_arms or ())},
     )
 
 
@@ -197,7 +207,8 @@ def build_and_run(opts: dict[str, Any]) -> tuple[Any, bool]:
                 f"--input-len + --output-len = {opts['input_len'] + opts['output_len']} exceeds the "
                 f"model context {max_len}"
             )
-    plan = make_plan(config, opts, arm_names, exact_arms, session)
+    own_eager = eager_kernel_arms(selections) if opts["backend"] == "engine" else set()
+    plan = make_plan(config, opts, arm_names, exact_arms, session, own_eager)
     workload_note = (
         f"burst: C in {opts['concurrency']}, {opts['input_len']} in / {opts['output_len']} out, "
         "random ids (no special ids), fresh prompts per repetition, same for every arm"

@@ -27,8 +27,9 @@ from rltbench.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
     "repetitions; warm-up per arm before any measured cell (decode graphs for every batch bucket and "
-    "context class, the burst's prefill graphs, the largest eager prefill step, a small burst); timed "
-    "cells run frozen (no graph capture) and record their cold work"
+    "context class, the burst's prefill graphs, the largest eager prefill step, a small burst; sessions: "
+    "one untimed pass over the trace by the first arm and by every arm whose eager steps run other "
+    "kernels); timed cells run frozen (no graph capture) and record their cold work"
 )
 
 
@@ -53,6 +54,10 @@ class Plan:
     timeouts: Timeouts
     exact_arms: set[str] = field(default_factory=set)
     session: SessionTrace | None = None
+    # arms that replay the whole workload once, untimed, before any measured cell (sessions: their
+    # eager prefill shapes vary with timing, so only a pass over the trace meets the kernel
+    # specialisations, cuBLAS shapes and allocator sizes a timed cell will need)
+    warmup_pass_arms: set[str] = field(default_factory=set)
 
 
 def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
@@ -85,6 +90,10 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     for arm in plan.arms:
         display.note(f"warm-up {arm} (graph capture + {len(plan.warmup_requests)} requests, not measured)")
         backend.warmup(arm, plan.warmup_requests, plan.timeouts)
+        if arm in plan.warmup_pass_arms and plan.cells:
+            reqs = plan.prompts(plan.cells[0], 0)
+            display.note(f"warm-up {arm}: one untimed pass over the {len(reqs)} requests of the workload")
+            backend.run_cell(arm, "warmup-pass", reqs, plan.timeouts, reset_prefix_cache=True, timed=False)
     idents: dict[tuple[str, str], list[int | None]] = {}
     stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
     sched = schedule(plan.arms, plan.cells, plan.repeats)
