@@ -73,6 +73,7 @@ class _Run:
     first: float | None = None
     last: float | None = None
     finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     status: str = "aborted"  # until it ends otherwise (client gone, cancelled)
     ended: bool = False  # no longer live in the engine
     reached_engine: bool = True
@@ -205,6 +206,7 @@ class ServerApp:
                 self.metrics.itl.observe(gap)
         run.last = ev.time
         run.tokens.extend(ids)
+        run.cached_tokens = int(getattr(ev, "prefix_hit_tokens", 0) or 0)
         delta = run.text.add(ids, final=ev.finished, drop_last=ev.finished and ev.finish_reason == "stop")
         if ev.finished:
             run.ended, run.finish_reason, run.status = True, ev.finish_reason, "ok"
@@ -222,15 +224,12 @@ class ServerApp:
             if run.ended:
                 break
             item = await q.get()
-        return web.json_response(
-            shape.full(run.text.text, run.tokens, run.finish_reason, len(run.req.prompt_ids))
-        )
+        return web.json_response(shape.full(run.text.text, run.tokens, run.finish_reason, self._usage(run)))
 
     async def _stream(
         self, request: web.Request, run: _Run, shape: ResponseShape, item: Any, q: asyncio.Queue
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        n_prompt = len(run.req.prompt_ids)
         try:
             await resp.prepare(request)
             while True:
@@ -239,14 +238,14 @@ class ServerApp:
                     await resp.write(_sse(ApiError(item.status, item.message, item.code).body()))
                     break
                 delta = self._on_tokens(run, shape.id, item)
-                live_usage = usage(n_prompt, len(run.tokens)) if run.req.continuous_usage else None
+                live_usage = self._usage(run) if run.req.continuous_usage else None
                 ids = [int(t) for t in item.token_ids]
                 await resp.write(_sse(shape.chunk(delta, ids, run.finish_reason, live_usage)))
                 if run.ended:
                     break
                 item = await q.get()
             if run.req.include_usage and run.status == "ok":
-                await resp.write(_sse(shape.usage_chunk(n_prompt, len(run.tokens))))
+                await resp.write(_sse(shape.usage_chunk(self._usage(run))))
             await resp.write(SSE_DONE)
             await resp.write_eof()
         except ConnectionError:  # the client went away mid-stream: `finally` of _generate aborts
@@ -254,6 +253,10 @@ class ServerApp:
                 return resp
             run.status = "aborted"
         return resp
+
+    @staticmethod
+    def _usage(run: _Run) -> dict[str, Any]:
+        return usage(len(run.req.prompt_ids), len(run.tokens), run.cached_tokens)
 
     def _account(self, run: _Run) -> None:
         if not run.reached_engine:

@@ -10,6 +10,7 @@ docs/serve.md lists every series.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -313,3 +314,22 @@ class ServerMetrics:
                 [({}, total - free)],
             )
         return "\n".join(out) + "\n"
+
+
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)")
+_MODEL_LABEL = re.compile(r'model_name="(?:[^"\\]|\\.)*",?')
+
+
+def parse_text(text: str) -> dict[str, float]:
+    """Prometheus text (as this server writes it) -> {'name{labels}': value}, the model_name label
+    dropped so keys read like `rltbench_requests_total{status="ok"}`. For clients and checks."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.fullmatch(line)
+        if m is None:
+            raise ValueError(f"not Prometheus text: {line!r}")
+        labels = _MODEL_LABEL.sub("", m.group(2) or "").replace(",}", "}").replace("{}", "")
+        out[m.group(1) + labels] = float(m.group(3))
+    return out

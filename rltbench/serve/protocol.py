@@ -304,11 +304,13 @@ def parse_request(body: Any, served: ServedModel, chat: bool) -> GenRequest:
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI usage; `prompt_tokens_details.cached_tokens` = prompt tokens served by the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -359,23 +361,23 @@ class ResponseShape:
         text: str,
         token_ids: list[int] | None,
         finish_reason: str | None,
-        usage_now: dict[str, int] | None = None,
+        usage_now: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One streamed event; `usage_now` with stream_options.continuous_usage_stats."""
         body = self._body([self._choice(text, token_ids, finish_reason, True)], True, usage_now)
         self.sent_role = True
         return body
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, usage_now: dict[str, Any]) -> dict[str, Any]:
         """The last event before [DONE] with stream_options.include_usage (no choices, as OpenAI)."""
-        return self._body([], True, usage(prompt_tokens, completion_tokens))
+        return self._body([], True, usage_now)
 
     def full(
-        self, text: str, token_ids: list[int], finish_reason: str | None, prompt_tokens: int
+        self, text: str, token_ids: list[int], finish_reason: str | None, usage_now: dict[str, Any]
     ) -> dict[str, Any]:
         """The non-streamed answer."""
         choice = self._choice(text, token_ids, finish_reason, False)
-        body = self._body([choice], False, usage(prompt_tokens, len(token_ids)))
+        body = self._body([choice], False, usage_now)
         if self.req.return_token_ids:
             body["prompt_token_ids"] = self.req.prompt_ids
         return body

@@ -168,7 +168,13 @@ def build(opts: ServeOptions) -> Built:
 
     def warmup(eng: Any) -> None:
         """Decode graphs for every bucket and context class, the asked prefill shapes, then one tiny
-        request through prefill and decode (first-use allocations), all before listening."""
+        request through prefill and decode (first-use allocations), all before listening. Runs on the
+        engine thread: a CUDA engine makes its device current there first (captures and replays use
+        the thread's current device and stream)."""
+        if eng.device.type == "cuda":
+            import torch  # already loaded by the model; imported here to keep this module light
+
+            torch.cuda.set_device(eng.device)
         eng.warmup()
         for n in opts.warmup_prefill_lens:
             eng.warmup_prefill(n)

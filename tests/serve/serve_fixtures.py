@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import re
 import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
+from rltbench.serve.metrics import parse_text
 from rltbench.serve.server import Built, ServeOptions, build, serve_forever
 
 TINY = dict(model="ouro-tiny", weights="random", dtype="float32", device="cpu", port=0)
@@ -142,18 +142,10 @@ class OpenStream:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """/metrics as {'name{labels without model_name}': value}."""
+    """/metrics as {'name{labels without model_name}': value}; fails on anything not Prometheus text."""
     status, headers, text = request(url, "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)", line)
-        assert m, f"not Prometheus text: {line!r}"
-        labels = re.sub(r'model_name="[^"]*",?', "", m.group(2) or "").replace("{}", "")
-        out[m.group(1) + labels] = float(m.group(3))
-    return out
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return parse_text(text)
 
 
 def wait_for(cond: Any, timeout: float = 20.0, what: str = "condition") -> None:

@@ -41,7 +41,12 @@ def test_completion_non_streaming(server):
     (choice,) = body["choices"]
     assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 6
     assert choice["text"] == ""  # no tokenizer: ids only
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13}
+    assert body["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 6,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert body["model"] == "ouro-tiny:exact" and body["object"] == "text_completion"
     assert body["prompt_token_ids"] == PROMPT
     assert (

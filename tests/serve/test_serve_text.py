@@ -95,8 +95,13 @@ def test_chat_completion(text_server):
 def test_prefix_cache_hits_are_counted(text_server):
     before = metrics(text_server.url)["rltbench_prefix_cache_hit_tokens_total"]
     prompt = list(range(3, 43))  # 40 ids: two full blocks of 16 cached after the first request
-    for _ in range(2):
-        request(text_server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    cached = [
+        request(text_server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 2})[2]["usage"][
+            "prompt_tokens_details"
+        ]["cached_tokens"]
+        for _ in range(2)
+    ]
+    assert cached[1] == 32
     m = metrics(text_server.url)
     assert m["rltbench_prefix_cache_hit_tokens_total"] - before >= 32
     assert m["rltbench_kv_blocks_cached"] >= 2 and m["rltbench_kv_blocks_used"] == 0
