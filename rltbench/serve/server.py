@@ -26,6 +26,7 @@ from rltbench.serve.protocol import ServedModel
 DEFAULT_MAX_MODEL_LEN = 4096  # decode graphs are captured per context class up to this; raise it for longer
 SHUTDOWN_GRACE_S = 5.0
 WARMUP_PROMPT_LEN = 4
+GIL_SWITCH_S = 0.001
 
 
 @dataclass
@@ -217,7 +218,14 @@ async def serve_forever(
     app = built.app
     app.loop.attach(aloop)
     log(f"warming up ({built.summary})")
-    await aloop.run_in_executor(None, app.loop.start, built.warmup)
+    try:
+        await aloop.run_in_executor(None, app.loop.start, built.warmup)
+    except (RuntimeError, ValueError) as exc:  # CUDA out of memory during capture, engine refusals
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(
+            f"warm-up failed ({type(exc).__name__}: {first}); lower --kv-cache-gib, --max-num-seqs or "
+            "--max-model-len, or use --enforce-eager"
+        ) from None
     runner = web.AppRunner(
         app.build(), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
     )
@@ -251,7 +259,12 @@ async def serve_forever(
 
 
 def run(opts: ServeOptions) -> int:
-    """The command: 0 when every KV block came back at shutdown, 1 otherwise."""
+    """The command: 0 when every KV block came back at shutdown, 1 otherwise.
+
+    The GIL switch interval drops from 5 ms to GIL_SWITCH_S for this process: right after a step the
+    event loop writes that step's chunks while the engine thread prepares the next step, and with the
+    default interval the engine thread can wait up to 5 ms for the GIL while the GPU idles."""
+    sys.setswitchinterval(GIL_SWITCH_S)
     built = build(opts)
     final = asyncio.run(serve_forever(built, opts.host, opts.port, log=lambda s: print(s, flush=True)))
     ok, line = block_accounting(final)

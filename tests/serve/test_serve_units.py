@@ -10,6 +10,7 @@ import pytest
 from serve_fixtures import InProcessServer, request
 
 from rltbench.engine import SamplingParams
+from rltbench.errors import UsageError
 from rltbench.serve.app import ServerApp
 from rltbench.serve.loop import EngineLoop
 from rltbench.serve.metrics import Histogram, ServerMetrics
@@ -161,3 +162,17 @@ def test_engine_failure_fails_requests_not_the_server():
         assert status == 503 and err["error"]["code"] == "engine_error"
         assert request(srv.url, "/v1/models")[0] == 200
     assert not engine.live  # aborted, so its blocks went back
+
+
+def test_a_failed_warm_up_is_one_clear_error():
+    def warmup(engine):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
+
+    served = ServedModel("fake:torch", 64, 50)
+    app = ServerApp(EngineLoop(FailingEngine(fail_at=0)), served, SamplingParams, 8, {})
+    srv = InProcessServer(built=Built(app, warmup, "fake engine"))
+    with pytest.raises(RuntimeError, match="did not start"):
+        srv.__enter__()
+    assert isinstance(srv.error, UsageError)
+    assert "warm-up failed (RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB)" in str(srv.error)
+    assert "--kv-cache-gib" in str(srv.error)
