@@ -125,7 +125,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                           "tests/serve/test_serve_gpu.py"]),
     # Ouro-1.4B exact behind `rltbench serve`: e2e bursts over HTTP vs in-process, 10 C=128 bursts with
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
-    "serve": (560, ["bash", str(ROOT / "scripts" / "serve_bench.sh"), str(RESULTS / "serve")]),
+    "serve": (560, ["env", f"PY={PY}", "bash", str(ROOT / "scripts" / "serve_bench.sh"),
+                    str(RESULTS / "serve")]),
 }
 
 

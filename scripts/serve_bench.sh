@@ -31,10 +31,11 @@ failed=()
 step() { echo "=== $1 ($(date +%T))"; }
 
 step "serve"
+tok_dir=$(mktemp -d)  # the id-word tokenizer, shared with the peer client (not a result)
 # shellcheck disable=SC2086
 $PY -m rltbench.cli serve --model "$MODEL" --weights random --arm "$ARM" $DEVICE_ARGS --port "$PORT" \
   --max-model-len $((IN_LEN + OUT_LEN)) --warmup-prefill-len "$IN_LEN" --no-prefix-caching \
-  --max-num-seqs "$MAX_SEQS" --tokenizer ids --export-tokenizer "$OUT/tokenizer" >"$OUT/server.log" 2>&1 &
+  --max-num-seqs "$MAX_SEQS" --tokenizer ids --export-tokenizer "$tok_dir" >"$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null' EXIT
 if ! $PY -m rltbench.serve.bench wait "$URL" --timeout 400; then
@@ -67,7 +68,7 @@ if [ -n "$PEER_PY" ]; then
  "spec": {"backend": {"kind": "openai_http", "target": "$URL", "request_format": "/v1/completions"},
           "profile": {"kind": "concurrent", "streams": [$CONC]},
           "constraints": [{"kind": "max_requests", "count": [$CONC]}],
-          "tokenizer": {"kind": "huggingface_auto", "model": "$OUT/tokenizer"},
+          "tokenizer": {"kind": "huggingface_auto", "model": "$tok_dir"},
           "data": [{"kind": "synthetic_text", "prompt_tokens": $IN_LEN, "output_tokens": $OUT_LEN}]}}
 EOF
   $PY -m rltbench.serve.bench scrape "$URL" "$OUT/metrics_peer_before.json"
@@ -106,6 +107,7 @@ $PY -m rltbench.serve.bench compare --http "$OUT/e2e-http" --inproc "$OUT/e2e-in
   --scrapes "$OUT" --out "$OUT/table.md" || failed+=(tables)
 [ -f "$OUT/soak/soak.md" ] && head -3 "$OUT/soak/soak.md"
 
+rm -rf "$tok_dir" "${peer_site:-}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED steps: ${failed[*]}"
   exit 1
