@@ -209,6 +209,11 @@ class EngineLoop:
                         out.append((ev.request_id, ev))
                         if ev.finished:
                             self._live.discard(ev.request_id)
+                if not events and not eng.has_unfinished():  # nothing left to step: never spin
+                    self._post(out)
+                    out = []
+                    self._abort_all(Failure("the engine ended the request without a final token", 500,
+                                            "engine_error"))
             self._post(out)
 
     def _apply(self, cmd: Any, out: list[tuple[str, Any]]) -> None:
