@@ -49,6 +49,7 @@ COMMANDS = {
     "e2e": ("rltbench.e2e.cli", "e2e_command"),
     "profile": ("rltbench.profiles.cli", "profile_command"),
     "gsm8k": ("rltbench.gsm8k.cli", "gsm8k_command"),
+    "serve": ("rltbench.serve.cli", "serve_command"),
 }
 RENDERERS = {
     "kernels": ("rltbench.kernels.report", "render"),

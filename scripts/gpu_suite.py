@@ -144,6 +144,14 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                            "--input-len 512 --output-len 128 --repeats 1 --deadline 180", "e2e-quick")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx --gate 1.0 "
                        "--limit 87 --max-gen-toks 256 --batch-size 32 --device cuda", "gsm8k")),
+    # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
+    "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                          "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),
+                          "tests/serve/test_serve_gpu.py"]),
+    # Ouro-1.4B exact behind `rltbench serve`: e2e bursts over HTTP vs in-process, 10 C=128 bursts with
+    # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
+    "serve": (560, ["env", f"PY={PY}", "bash", str(ROOT / "scripts" / "serve_bench.sh"),
+                    str(RESULTS / "serve")]),
 }
 
 
