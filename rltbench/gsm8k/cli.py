@@ -63,6 +63,9 @@ def parse_arms(arms: str | None, backend: str, arm_urls: dict[str, str]) -> list
         unknown = [a for a in names if a not in ARMS]
         if unknown:  # before any model or tokenizer work
             raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
+        from rltbench import native
+
+        native.require([ARMS[a] for a in names])   # builds the native kernels now, or says why not
     if len(set(names)) != len(names):
         raise UsageError(f"--arms lists an arm twice: {','.join(names)}")
     if report.REFERENCE_ARM not in names:
