@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
   const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane = torch_lane(h, warp, k, a.warp_down != 0);
   const int64_t nvec = a.n >> 2;
-  const int iters = lane < nvec ? static_cast<int>((nvec - 1 - lane) / lanes) + 1 : 0;
+  const int iters = lane < nvec ? static_cast<int>((nvec - 1 - lane) >> k) + 1 : 0;  // lanes = 2^k
   const V* w1 = static_cast<const V*>(a.w1);
   const V* w2 = static_cast<const V*>(a.w2);
   V w1c[kCache], w2c[kCache];
