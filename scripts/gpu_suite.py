@@ -46,6 +46,8 @@ def rlt(args: str, out: str) -> list[str]:
 STAGES: dict[str, tuple[int, list[str]]] = {
     "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
+    # the native arm (CUDA C++, rltbench/native): one build from the clean tree, before anything uses it
+    "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
     # 4 workers: one process took 115 s with a warm Triton cache and ran out of 260 s twice on a cold
     # one (session 6, after the low-warp kernels' new specialisations)
     "tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
@@ -142,6 +144,21 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # one repetition of the burst: first-request TTFT against later ones, cold cells, replay identity
     "e2e-quick": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
                            "--input-len 512 --output-len 128 --repeats 1 --deadline 180", "e2e-quick")),
+    # the native arm beside the Triton arms: its GPU tests (norm validation per dtype/width, >= 1e8
+    # elements per dtype, strides/offsets/specials/empty, stream, graph replay, model forwards), the
+    # kernels table with the four arms (every dtype), a decode-step profile and e2e bursts
+    "native-tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
+                           "no:cacheprovider", "-rfE", "--junitxml",
+                           str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
+    "kernels-native": (420, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
+                                "--mode all --repeats 50", "kernels-native")),
+    "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
+                                       "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
+    "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
+                                "--arms torch,exact,approx,cuda --iters 100", "profile-native")),
+    "e2e-native": (560, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
+                            "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
+                            "--deadline 500", "e2e-native")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx --gate 1.0 "
                        "--limit 87 --max-gen-toks 256 --batch-size 32 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process

@@ -6,7 +6,8 @@
 Covers the exact and approx arm of every op (row offsets, strided rows, odd widths, T = 1, 3
 and 130; the approx norm's PDL launch at 1030 rows), the approx norm-add-norm, the one-launch exact
 norm kernels, the engine's paged attention kernels (padding rows with length 0 included) and both
-arms' rope with the KV write fused in (a padding slot -1). Each output is also compared with torch, so a
+arms' rope with the KV write fused in (a padding slot -1), and every native (CUDA C++) kernel variant
+(check_native; GPU only). Each output is also compared with torch, so a
 sanitizer-clean run is a correct one too. Without a GPU
 it runs the same calls through the Triton interpreter (a smoke test of this script; memcheck
 needs CUDA).
@@ -178,6 +179,76 @@ def check_approx_norm_pdl(device: torch.device) -> int:
     return n
 
 
+def check_native(device: torch.device) -> int:
+    """Every native (CUDA C++) kernel variant called directly: the norm's forms at every lane count
+    (T = 1..33 at width 2048: vector kernel; width 517 and strided rows: scalar kernel) with the
+    variances, SiLU*up (vector body and tail, aligned strided rows, misaligned), both RoPEs (vector
+    and scalar), each compared with torch. Skipped where the native arm is unavailable (CPU)."""
+    from rltbench import native
+
+    if device.type != "cuda":
+        return 0
+    native.load()   # the GPU suite builds it first (native-build); a failure here is a failure
+    from rltbench.kernels import norm_native as nn
+
+    gen = torch.Generator(device=device).manual_seed(7)
+    n = 0
+
+    def rnd(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*shape, device=device, generator=gen).to(dtype)
+
+    def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+        if not torch.equal(got, want):
+            raise SystemExit(f"native {what}: differs from torch")
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for width, tokens in ((2048, (1, 2, 4, 8, 16, 33)), (517, (1, 3, 40))):
+            w1, w2 = rnd(width, dtype=dtype), rnd(width, dtype=dtype)
+            for t in tokens:
+                for strided in (False, True):
+                    x, r, b = (rnd(t, width, dtype=dtype) for _ in range(3))
+                    if strided:   # rows start mid-buffer, row stride width + 3: the scalar kernel
+                        x = torch.empty(t, width + 3, dtype=dtype, device=device)[:, 1:width + 1].copy_(x)
+                    out, var = torch.empty_like(r), torch.empty(t, device=device)
+                    nn.rms_norm_native_rows(x, w1, 1e-6, out, var_out=var)
+                    same(out, ref.rms_norm(x, w1, 1e-6), f"rms_norm {dtype} {t}x{width}")
+                    nn.rms_norm_native_rows(x, w1, 1e-6, out, residual=r)
+                    same(out, ref.residual_rms_norm(r, x, w1, 1e-6), f"residual norm {dtype} {t}x{width}")
+                    nn.rms_norm_native_rows(x, w1, 1e-6, out, branch=b)
+                    same(out, ref.add_rms_norm_huginn(x, b, w1, 1e-6), f"add norm {dtype} {t}x{width}")
+                    h, y, var2 = torch.empty_like(r), torch.empty_like(r), torch.empty(t, 2, device=device)
+                    nn.residual_rms_norm_norm_native_rows(r, x, w1, w2, 1e-6, h, y, var_out=var2)
+                    rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, 1e-6)
+                    same(h, rh, f"norm-add-norm h {dtype} {t}x{width}")
+                    same(y, ry, f"norm-add-norm y {dtype} {t}x{width}")
+                    n += 4
+        ops = make_ops(OpSelection(act="cuda", rope="cuda", scope="all"))
+        for t, width in ((3, 517), (5, 5632)):
+            big = rnd(t, 2 * width, dtype=dtype)
+            pairs = ((rnd(t, width, dtype=dtype), rnd(t, width, dtype=dtype)),   # contiguous: one row + tail
+                     (big[:, :width], big[:, width:]),                              # strided rows
+                     (big[:, 1:width + 1], big[:, width:2 * width]))                # misaligned
+            for g, u in pairs:
+                same(ops.silu_mul(g, u), ref.silu_mul(g, u), f"silu_mul {dtype} {t}x{width}")
+                n += 1
+        for t, hq, hk, d in ((3, 4, 2, 128), (2, 3, 3, 96)):
+            qkv = rnd(t, (hq + 2 * hk) * d + 1, dtype=dtype)
+            for off in (0, 1):   # vector accesses, then misaligned views (scalar)
+                q = qkv[:, off:off + hq * d].view(t, hq, d)
+                k = qkv[:, off + hq * d:off + (hq + hk) * d].view(t, hk, d)
+                c, sn = rnd(t, d, dtype=dtype), rnd(t, d, dtype=dtype)
+                for a, bb in zip(ops.rope_neox(q, k, c, sn), ref.rope_neox(q, k, c, sn), strict=True):
+                    same(a, bb, f"rope_neox {dtype} off={off}")
+                cf, sf = rnd(t, d // 2, dtype=torch.float32), rnd(t, d // 2, dtype=torch.float32)
+                want = ref.rope_interleaved(q, k, cf, sf)
+                for a, bb in zip(ops.rope_interleaved(q, k, cf, sf), want, strict=True):
+                    same(a, bb, f"rope_interleaved {dtype} off={off}")
+                n += 2
+        if ops.stats.fallback_count():
+            raise SystemExit(f"native ops fell back to torch: {ops.stats.to_dict()['fallbacks']}")
+    return n
+
+
 def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
@@ -186,7 +257,7 @@ def main() -> int:
     with torch.inference_mode():
         n = check_ops(device, tokens, dtypes) + check_onelaunch(device) + check_attention(device)
         n += check_rope_kv_store(device) + check_rope_kv_store(device, "approx")
-        n += check_approx_norm_pdl(device) + check_approx_norm_norm(device)
+        n += check_approx_norm_pdl(device) + check_approx_norm_norm(device) + check_native(device)
     if on_gpu:
         torch.cuda.synchronize()
     print(f"memcheck workload: {n} kernel calls on {device}, exact outputs equal to torch")

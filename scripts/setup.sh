@@ -15,3 +15,5 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 "$VPY" -m pip install -q -e ".[test]"
 echo "rltbench installed in $(pwd)/.venv"
+# The native CUDA C++ arm builds itself at first use; say now whether it can on this machine.
+"$VPY" -m rltbench.native --status || true

@@ -1,11 +1,12 @@
 """Arm specifications for `rltbench e2e --arms`.
 
 Grammar (comma-separated items):
-  NAME                   a known arm of rltbench.kernels.ARMS (torch, exact, approx)
+  NAME                   a known arm of rltbench.kernels.ARMS (torch, exact, approx, cuda)
   NAME=op:val/op:val     a custom arm, starting from torch (all ops off), e.g. `fused=norm:exact/scope:all`
-                         (ops: norm, rope, act in {exact, approx, off}; scope in {graph, all})
+                         (ops: norm, rope, act in {exact, approx, cuda, off}; scope in {graph, all})
 A repeated name becomes NAME#2, NAME#3 (`--arms torch,torch` is the A/A noise-floor run).
 `--norm/--rope/--act/--scope` override those settings on every named non-torch arm (not on custom ones).
+An arm that uses `cuda` (the native CUDA C++ kernels) where they cannot be built is a UsageError.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from rltbench.errors import UsageError
 
-OP_VALUES = ("exact", "approx", "off")
+OP_VALUES = ("exact", "approx", "cuda", "off")   # rltbench.kernels.selection.IMPLS (not imported: light CLI)
+BITWISE_VALUES = ("exact", "cuda")               # must reproduce torch bit for bit
 SCOPE_VALUES = ("graph", "all")
 OP_KEYS = ("norm", "rope", "act")
 
@@ -66,6 +68,9 @@ def parse_arms(spec: str, overrides: dict[str, str | None] | None = None) -> dic
             k += 1
             key = f"{name}#{k}"
         out[key] = sel
+    from rltbench import native
+
+    native.require(out.values())   # builds the native kernels now, or says why they cannot run
     return out
 
 
@@ -79,9 +84,9 @@ def selection_dict(sel: Any) -> dict[str, str]:
 
 
 def is_exact(sel: Any) -> bool:
-    """An arm that must reproduce torch bit for bit: every op exact or off, at least one exact."""
+    """An arm that must reproduce torch bit for bit: every op exact, cuda or off, at least one not off."""
     vals = [str(getattr(sel, k, "off")) for k in OP_KEYS]
-    return all(v in ("exact", "off") for v in vals) and "exact" in vals
+    return all(v in (*BITWISE_VALUES, "off") for v in vals) and any(v != "off" for v in vals)
 
 
 def eager_reference_arms(selections: dict[str, Any], graphs: bool) -> list[str]:

@@ -65,18 +65,18 @@ def e2e_command(
     arms: Annotated[
         str,
         typer.Option(
-            help="Comma list: torch,exact,approx or NAME=norm:exact/rope:off/scope:all; "
+            help="Comma list: torch,exact,approx,cuda or NAME=norm:exact/rope:off/scope:all; "
             "a repeated name is an A/A arm (torch,torch -> torch#2)."
         ),
     ] = "torch,exact,approx",
     norm: Annotated[
-        str | None, typer.Option(help="Override norm (exact|approx|off) on named non-torch arms.")
+        str | None, typer.Option(help="Override norm (exact|approx|cuda|off) on named non-torch arms.")
     ] = None,
     rope: Annotated[
-        str | None, typer.Option(help="Override rope (exact|approx|off) on named non-torch arms.")
+        str | None, typer.Option(help="Override rope (exact|approx|cuda|off) on named non-torch arms.")
     ] = None,
     act: Annotated[
-        str | None, typer.Option(help="Override act (exact|approx|off) on named non-torch arms.")
+        str | None, typer.Option(help="Override act (exact|approx|cuda|off) on named non-torch arms.")
     ] = None,
     scope: Annotated[
         str | None, typer.Option(help="Override scope (graph|all) on named non-torch arms.")

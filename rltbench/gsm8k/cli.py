@@ -71,6 +71,10 @@ def parse_arms(arms: str | None, backend: str, arm_urls: dict[str, str]) -> list
         if names.count(report.REFERENCE_ARM) == 2:  # torch,exact,torch: the A/A noise-floor arm
             second = len(names) - 1 - names[::-1].index(report.REFERENCE_ARM)
             names[second] = f"{report.REFERENCE_ARM}#2"
+        from rltbench import native
+
+        # builds the native kernels now, or says why not
+        native.require([ARMS[a.split("#", 1)[0]] for a in names])
     if len(set(names)) != len(names):
         raise UsageError(f"--arms lists an arm twice: {','.join(names)} (only {report.REFERENCE_ARM} may "
                          "repeat, once: the A/A arm)")

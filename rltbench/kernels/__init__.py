@@ -1,4 +1,5 @@
-"""Kernel arms for looped LMs: the torch reference, exact (bitwise) and approx Triton kernels.
+"""Kernel arms for looped LMs: the torch reference, exact (bitwise) and approx Triton kernels, and
+the native CUDA C++ arm `cuda` (bitwise; its sources and build live in rltbench.native).
 
 Public API (contract: docs/DESIGN.md section 1)::
 

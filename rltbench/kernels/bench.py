@@ -525,9 +525,9 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
     for arm, chk in checks.items():
         rows[arm].update(chk)
         r = rows[arm]
-        if arm == "exact" and r["mismatches"] != 0:
+        if bitwise_arm(arm) and r["mismatches"] != 0:
             r["status"] = "MISMATCH"
-        elif arm in ("exact", "approx") and r.get("fused_calls") == 0:
+        elif fused_arm(arm) and r.get("fused_calls") == 0:
             r["status"] = "fallback"
             why = fallback_reasons(r.get("ops_stats"))
             r["note"] = ("no fused call ran (torch fallback" + (f": {why}" if why else "")
@@ -544,7 +544,7 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             return list(rows.values()), samples
         for arm, f in fields.items():
             rows[arm].update(f)
-            if arm == "exact" and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
+            if bitwise_arm(arm) and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
                 rows[arm]["status"] = "MISMATCH"
                 rows[arm]["note"] = "graph-captured outputs differ from torch"
             if arm == "exact" and (f.get("graph_pdl_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
@@ -552,9 +552,23 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
                 rows[arm]["note"] = "graph-captured outputs with PDL differ from torch"
     if ctx is not None and cfg.scope == "graph" and "eager" in cfg.modes:
         for a, r in rows.items():
-            if a in ("exact", "approx"):
+            if fused_arm(a):
                 r["note"] = _join_note(r["note"], "scope graph: eager timing runs torch")
     return list(rows.values()), samples
+
+
+def bitwise_arm(arm: str) -> bool:
+    """A project arm that must equal torch bit for bit (exact, cuda): any mismatch fails its row."""
+    from rltbench.kernels import ARMS
+
+    return arm in ARMS and ARMS[arm].fused and ARMS[arm].bitwise
+
+
+def fused_arm(arm: str) -> bool:
+    """A project arm that runs kernels (not the torch reference, not the peer)."""
+    from rltbench.kernels import ARMS
+
+    return arm in ARMS and ARMS[arm].fused
 
 
 def _join_note(note: str, more: str) -> str:

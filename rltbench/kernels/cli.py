@@ -90,6 +90,7 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
     if repeats <= 0:
         raise UsageError(f"--repeats: must be a positive integer, got {repeats}")
     arm_list = parse_choice(arms, "--arms", list(ARMS))
+    notes += native_arm_notes(arm_list, explicit=str(arms).strip().lower() != "all")
     if "torch" not in arm_list:
         arm_list.insert(0, "torch")
         notes.append("torch arm added: it is the reference for correctness and speedup")
@@ -106,6 +107,25 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
         peer=bool(peer),
     )
     return cfg, notes
+
+
+def native_arm_notes(arm_list: list[str], explicit: bool) -> list[str]:
+    """The native arm is built here, before any case runs. Named in --arms and unavailable: a
+    UsageError with the reason; included by 'all' and unavailable: dropped from `arm_list` (in
+    place) with a note saying why."""
+    from rltbench import native
+
+    if native.NATIVE_IMPL not in arm_list:
+        return []
+    if explicit:
+        native.require(what="--arms cuda: the native arm")
+        return []
+    try:
+        native.load()
+    except native.NativeUnavailable as exc:
+        arm_list.remove(native.NATIVE_IMPL)
+        return [f"native arm unavailable: {exc}"]
+    return []
 
 
 def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
@@ -140,8 +160,10 @@ def kernels_command(
                                         "heads x head dim: multiples of 128 (rope_neox) / 96 "
                                         f"(rope_interleaved). Capped at {bench.CPU_MAX_WIDTH} without "
                                         "a GPU.")] = "model",
-    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, or 'all' "
-                                      "(torch is always added: it is the reference).")] = "all",
+    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, cuda (native CUDA "
+                                      "C++), or 'all' (torch is always added: it is the reference; "
+                                      "'all' leaves cuda out, with a note, where it cannot be built).")
+                    ] = "all",
     repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
                                          "only).")] = 100,
     mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "

@@ -315,7 +315,7 @@ def _fast_module(x: torch.Tensor, kw: dict[str, Any]) -> Any:
     W = x.shape[-1]
     if not (fast.enabled() and fast.supports(W, kw["lanes"], kw["WARP_DOWN"])):
         return None
-    if x.is_cuda and _FAST_OFF and _key(x.device, x.dtype, W) in _FAST_OFF:
+    if x.is_cuda and _FAST_OFF and validation_key(x.device, x.dtype, W) in _FAST_OFF:
         return None
     return fast
 
@@ -481,14 +481,14 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def _key(device: torch.device, dtype: torch.dtype, width: int) -> tuple[str, str, str, int]:
+def validation_key(device: torch.device, dtype: torch.dtype, width: int) -> tuple[str, str, str, int]:
     return (_device_name(device), torch.__version__, str(dtype).replace("torch.", ""), int(width))
 
 
 def warp_order_for(device: torch.device, dtype: torch.dtype, width: int) -> str:
     """The validated warp order for (device, dtype, width), else this torch version's default."""
     with _LOCK:
-        res = _CACHE.get(_key(device, dtype, width))
+        res = _CACHE.get(validation_key(device, dtype, width))
     if res is not None and res.passed:
         return res.warp_order
     return default_warp_order(torch.__version__)
@@ -525,13 +525,20 @@ def _cmp(name: str, tokens: int, out: torch.Tensor, ref: torch.Tensor, bad: list
 
 
 def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int, gen: torch.Generator,
-                    strided: bool, order: str, bad: list[dict[str, Any]]) -> int:
+                    strided: bool, order: str, bad: list[dict[str, Any]],
+                    norm_rows: Callable[..., None] | None = None,
+                    norm_norm_rows: Callable[..., None] | None = None) -> int:
     """One validation case: T adversarial rows (``strided``: starting mid-buffer with a row stride
     > width), every one-launch form and the stored variance against the torch expressions, bitwise.
     Mismatches are appended to `bad`; returns the number of elements compared. Shared by validate(),
-    scripts/kernel_tune.py and scripts/diagnose_fast_norm.py so all three check the same things."""
+    scripts/kernel_tune.py and scripts/diagnose_fast_norm.py so all three check the same things.
+    `norm_rows` / `norm_norm_rows`: the kernels under test, with the signatures of
+    rms_norm_onelaunch_rows / residual_rms_norm_norm_onelaunch_rows (default: those two); the
+    native arm's norm (norm_native.py) is validated through the same cases."""
     from rltbench.kernels import reference as ref
 
+    norm = norm_rows or rms_norm_onelaunch_rows
+    norm_norm = norm_norm_rows or residual_rms_norm_norm_onelaunch_rows
     eps = 1e-6
     x, r, b = (_adversarial((T, width), dtype, gen, device) for _ in range(3))
     w1, w2 = _weights(width, dtype, gen, device), _weights(width, dtype, gen, device)
@@ -541,17 +548,17 @@ def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int
         x = big[:, 3:3 + width]
     out = torch.empty((T, width), dtype=dtype, device=device)
     var = torch.empty(T, dtype=torch.float32, device=device)
-    rms_norm_onelaunch_rows(x, w1, eps, out, var_out=var, warp_order=order)
+    norm(x, w1, eps, out, var_out=var, warp_order=order)
     elems = _cmp("var", T, var, x.float().pow(2).mean(-1), bad)
     elems += _cmp("ouro", T, out, ref.rms_norm(x, w1, eps), bad)
-    rms_norm_onelaunch_rows(x, w1, eps, out, warp_order=order)
+    norm(x, w1, eps, out, warp_order=order)
     elems += _cmp("huginn", T, out, ref.rms_norm_huginn(x, w1, eps), bad)
-    rms_norm_onelaunch_rows(x, w1, eps, out, residual=r, warp_order=order)
+    norm(x, w1, eps, out, residual=r, warp_order=order)
     elems += _cmp("residual", T, out, ref.residual_rms_norm(r, x, w1, eps), bad)
-    rms_norm_onelaunch_rows(x, w1, eps, out, branch=b, warp_order=order)
+    norm(x, w1, eps, out, branch=b, warp_order=order)
     elems += _cmp("add_huginn", T, out, ref.add_rms_norm_huginn(x, b, w1, eps), bad)
     h, y = torch.empty_like(out), torch.empty_like(out)
-    residual_rms_norm_norm_onelaunch_rows(r, x, w1, w2, eps, h, y, warp_order=order)
+    norm_norm(r, x, w1, w2, eps, h, y, warp_order=order)
     rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, eps)
     return elems + _cmp("norm_norm.h", T, h, rh, bad) + _cmp("norm_norm.y", T, y, ry, bad)
 
@@ -559,9 +566,12 @@ def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int
 VALIDATION_FORMS = 7   # comparisons per validation_case
 
 
-def _run_cases(device: torch.device, dtype: torch.dtype, width: int, seed: int, tokens: tuple[int, ...],
-               order: str) -> tuple[int, int, list[dict[str, Any]], set[int]]:
-    """Every form against torch for every token count: (cases, elements, mismatches, lanes)."""
+def run_cases(device: torch.device, dtype: torch.dtype, width: int, seed: int, tokens: tuple[int, ...],
+              order: str, norm_rows: Callable[..., None] | None = None,
+              norm_norm_rows: Callable[..., None] | None = None
+              ) -> tuple[int, int, list[dict[str, Any]], set[int]]:
+    """Every form against torch for every token count: (cases, elements, mismatches, lanes).
+    `norm_rows` / `norm_norm_rows`: the kernels under test (validation_case)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     cases, elems, bad, lanes = 0, 0, [], set()
     for i, T in enumerate(tokens):
@@ -569,7 +579,8 @@ def _run_cases(device: torch.device, dtype: torch.dtype, width: int, seed: int, 
         if plan.unsupported_reason is not None:
             continue
         lanes.add(plan.lanes)
-        elems += validation_case(device, dtype, width, T, gen, i % 3 == 1, order, bad)
+        elems += validation_case(device, dtype, width, T, gen, i % 3 == 1, order, bad, norm_rows,
+                                 norm_norm_rows)
         cases += VALIDATION_FORMS
     torch.cuda.synchronize(device)
     return cases, elems, bad, lanes
@@ -578,7 +589,7 @@ def _run_cases(device: torch.device, dtype: torch.dtype, width: int, seed: int, 
 def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: int, seed: int,
                              tokens: tuple[int, ...], order: str, key: tuple[str, str, str, int],
                              res: ValidationResult) -> tuple[int, int, list[dict[str, Any]], set[int]]:
-    """_run_cases; the fast kernel is trusted only on its own record, so when it served the cases and
+    """run_cases; the fast kernel is trusted only on its own record, so when it served the cases and
     failed (a mismatch or an error) the width is taken off it (res.fast_path says why) and the cases
     run again on the general kernel."""
     from rltbench.kernels import norm_onelaunch_lowwarp as lowwarp
@@ -587,7 +598,7 @@ def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: in
     if fast_used:
         res.fast_layout = lowwarp.describe() if lowwarp.enabled() else "fast"
     try:
-        out = _run_cases(device, dtype, width, seed, tokens, order)
+        out = run_cases(device, dtype, width, seed, tokens, order)
         if not (fast_used and out[2]):
             return out
         why = f"{len(out[2])} mismatching comparisons, e.g. {out[2][:2]}"
@@ -598,7 +609,10 @@ def _cases_fast_then_general(device: torch.device, dtype: torch.dtype, width: in
     res.fast_path = f"refused: {why}"
     res.fast_layout = ""
     _FAST_OFF.add(key)
-    return _run_cases(device, dtype, width, seed, tokens, order)
+    return run_cases(device, dtype, width, seed, tokens, order)
+
+
+CaseRunner = Callable[[str, "ValidationResult"], tuple[int, int, list[dict[str, Any]], set[int]]]
 
 
 def validate(device: torch.device | str, dtype: torch.dtype, width: int, seed: int = 0,
@@ -609,10 +623,23 @@ def validate(device: torch.device | str, dtype: torch.dtype, width: int, seed: i
     other; only an order with zero mismatches is trusted. Never call it during graph capture.
     Cached per process per (GPU name, torch version, dtype, width)."""
     device = torch.device(device)
-    key = _key(device, dtype, width)
+    key = validation_key(device, dtype, width)
+    def run(order: str, res: ValidationResult) -> tuple[int, int, list[dict[str, Any]], set[int]]:
+        return _cases_fast_then_general(device, dtype, width, seed, tokens, order, key, res)
+
+    return validate_with(_CACHE, device, dtype, width, run)
+
+
+def validate_with(cache: dict[tuple[str, str, str, int], ValidationResult], device: torch.device,
+                  dtype: torch.dtype, width: int, run: CaseRunner) -> ValidationResult:
+    """The validation procedure of every kernel that claims torch's reduction order: `run(order,
+    res)` runs the cases with one warp order (run_cases); the torch-version default order first,
+    then the other; trusted only with zero mismatches. The result is stored in `cache` (one per
+    kernel family) under validation_key."""
+    key = validation_key(device, dtype, width)
     with _LOCK:
-        if key in _CACHE:
-            return _CACHE[key]
+        if key in cache:
+            return cache[key]
         expected = default_warp_order(torch.__version__)
         res = ValidationResult(False, key[0], key[1], key[2], int(width), expected_warp_order=expected)
         t0 = time.perf_counter()
@@ -625,8 +652,7 @@ def validate(device: torch.device | str, dtype: torch.dtype, width: int, seed: i
             first_bad: list[dict[str, Any]] | None = None
             for order in (expected, *[o for o in WARP_ORDERS if o != expected]):
                 try:
-                    cases, elems, bad, lanes = _cases_fast_then_general(device, dtype, width, seed, tokens,
-                                                                        order, key, res)
+                    cases, elems, bad, lanes = run(order, res)
                 except Exception as exc:  # a compile/launch failure must not take the caller down
                     res.reason = f"validation error: {type(exc).__name__}: {exc}"
                     break
@@ -645,7 +671,7 @@ def validate(device: torch.device | str, dtype: torch.dtype, width: int, seed: i
                 res.mismatches = (first_bad or [])[:20]
                 res.reason = "differs from torch with every modelled warp order"
         res.seconds = time.perf_counter() - t0
-        _CACHE[key] = res
+        cache[key] = res
         return res
 
 
@@ -653,12 +679,19 @@ def prevalidate(widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] |
                 device: torch.device | str | None = None) -> dict[str, Any]:
     """Validate now, e.g. in engine warm-up before any CUDA-graph capture (is_trusted never
     validates during a capture). Returns validation_report()."""
+    prevalidate_with(validate, widths, dtypes, device)
+    return validation_report()
+
+
+def prevalidate_with(validate_fn: Callable[[torch.device, torch.dtype, int], ValidationResult],
+                     widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] | tuple[torch.dtype, ...],
+                     device: torch.device | str | None = None) -> None:
+    """Run `validate_fn` for every (dtype, width) on `device` (default: the current CUDA device)."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for dt in dtypes:
         for wd in widths:
-            validate(device, dt, wd)
-    return validation_report()
+            validate_fn(torch.device(device), dt, wd)
 
 
 def is_trusted(x: torch.Tensor) -> bool:
@@ -675,6 +708,15 @@ def is_trusted(x: torch.Tensor) -> bool:
 
 def untrusted_reason(x: torch.Tensor) -> str | None:
     """Why x's rows may not use the one-launch norm (None: they may). Not counted."""
+    return trust_reason(x, _CACHE, validate)
+
+
+def trust_reason(x: torch.Tensor, cache: dict[tuple[str, str, str, int], ValidationResult],
+                 validate_fn: Callable[[torch.device, torch.dtype, int], ValidationResult]) -> str | None:
+    """Why x's rows ([..., width], the tensor normalised) may not take a kernel family whose
+    validations live in `cache` (None: they may): not CUDA, dtype, empty, torch's plan not
+    reproducible, not validated before a CUDA-graph capture (never validated during one),
+    validation failed, or this plan's lane count not covered. Validates lazily via `validate_fn`."""
     if not x.is_cuda:
         return "not_cuda"
     if x.dtype not in DTYPE_CODES:
@@ -685,13 +727,13 @@ def untrusted_reason(x: torch.Tensor) -> str | None:
     plan = plan_for(x.numel() // W, W, x.device)
     if plan.unsupported_reason is not None:
         return "plan_not_reproducible"
-    key = _key(x.device, x.dtype, W)
+    key = validation_key(x.device, x.dtype, W)
     with _LOCK:
-        res = _CACHE.get(key)
+        res = cache.get(key)
     if res is None:
         if torch.cuda.is_current_stream_capturing():
             return "not_prevalidated_before_capture"
-        res = validate(x.device, x.dtype, W)
+        res = validate_fn(x.device, x.dtype, W)
     if not res.passed:
         return "validation_failed"
     if plan.lanes not in res.lanes_covered:
@@ -701,8 +743,14 @@ def untrusted_reason(x: torch.Tensor) -> str | None:
 
 def validation_report() -> dict[str, Any]:
     """JSON-ready: every validation of this process and the refusals by reason (for results)."""
+    return report_of(_CACHE, _REFUSALS)
+
+
+def report_of(cache: dict[tuple[str, str, str, int], ValidationResult],
+              refusals: Counter[str]) -> dict[str, Any]:
+    """JSON-ready report of one kernel family's validations (`cache`) and refusals by reason."""
     with _LOCK:
-        return {"results": [r.to_dict() for r in _CACHE.values()], "refusals": dict(_REFUSALS)}
+        return {"results": [r.to_dict() for r in cache.values()], "refusals": dict(refusals)}
 
 
 def reset_validation() -> None:

@@ -1,4 +1,4 @@
-"""The Ops object the models call: routes each op to torch, the exact or the approx kernels.
+"""The Ops object the models call: routes each op to torch, the exact, approx or native kernels.
 
 Routing per call (see docs/DESIGN.md section 1):
 1. family selected ``off``                                  -> torch reference (counted "reference")
@@ -6,6 +6,9 @@ Routing per call (see docs/DESIGN.md section 1):
 3. input the kernels do not support (see ``_check_*``)      -> torch reference, counted as a
    fallback with its reason; a wrong answer is never an option
 4. otherwise the fused kernel                               -> counted "fused"
+The native arm (``cuda``: CUDA C++ operators, rltbench.native) follows the same steps; its norm is
+used only where validated against torch on this GPU (norm_native.py), else torch runs and the
+reason is counted. An Ops that selects it needs the native extension (UsageError otherwise).
 ``rope_neox_store`` (opt-in, exact arm) is an optional capability rather than an op: it returns None
 where it does not fuse, and its caller then runs ``rope_neox`` and its own KV write.
 Counts are host-side: inside a captured graph they count captures, not replays. Kernels need
@@ -20,11 +23,12 @@ from collections.abc import Callable
 
 import torch
 
-from rltbench import tuned
-from rltbench.kernels import norm_onelaunch
+from rltbench import native, tuned
+from rltbench.kernels import norm_native, norm_onelaunch
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_approx import silu_mul_approx_rows
 from rltbench.kernels.act_exact import silu_mul_exact_rows
+from rltbench.kernels.act_native import silu_mul_native_rows
 from rltbench.kernels.layout import rows_view
 from rltbench.kernels.norm_approx import MAX_WIDTH, residual_rms_norm_norm_approx_rows, rms_norm_approx_rows
 from rltbench.kernels.norm_exact import rms_norm_exact_rows
@@ -34,10 +38,18 @@ from rltbench.kernels.norm_onelaunch import (
 )
 from rltbench.kernels.rope_approx import rope_approx, rope_neox_store_approx
 from rltbench.kernels.rope_exact import rope_exact, rope_neox_store_exact
+from rltbench.kernels.rope_native import rope_native
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
 from rltbench.kernels.selection import OpSelection
 
 Tensor = torch.Tensor
+# the kernels of each implementation, for the ops whose arms share one calling convention
+_ROPE: dict[str, Callable[..., None]] = {
+    "exact": rope_exact, "approx": rope_approx, native.NATIVE_IMPL: rope_native,
+}
+_SILU_MUL: dict[str, Callable[..., None]] = {
+    "exact": silu_mul_exact_rows, "approx": silu_mul_approx_rows, native.NATIVE_IMPL: silu_mul_native_rows,
+}
 
 
 class OpStats:
@@ -50,12 +62,17 @@ class OpStats:
         self.fallbacks: Counter[tuple[str, str]] = Counter()
         # which exact norm path ran: "onelaunch" (validated single launch) or "3launch"
         self.paths: Counter[tuple[str, str]] = Counter()
+        # native (CUDA C++) kernel calls per op, and whether the native norm's trust was consulted
+        self.native: Counter[str] = Counter()
+        self.native_norm_checked = False
 
     def reset(self) -> None:
         self.fused.clear()
         self.reference.clear()
         self.fallbacks.clear()
         self.paths.clear()
+        self.native.clear()
+        self.native_norm_checked = False
 
     def fallback_count(self, op: str | None = None, reason: str | None = None) -> int:
         return sum(
@@ -78,6 +95,8 @@ class OpStats:
             "fallbacks": fb,
             "exact_norm_paths": paths,
             "onelaunch_validation": norm_onelaunch.validation_report() if paths else None,
+            "native_calls": dict(sorted(self.native.items())),
+            "native_norm_validation": norm_native.validation_report() if self.native_norm_checked else None,
         }
 
 
@@ -85,8 +104,9 @@ def _capturing(t: Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _common_reason(tensors: list[Tensor]) -> str | None:
-    """Reason the kernels cannot take these tensors (dtype/device/grad), or None."""
+def _common_reason(tensors: list[Tensor], native_impl: bool = False) -> str | None:
+    """Reason the kernels cannot take these tensors (dtype/device/grad), or None. The native
+    kernels (`native_impl`) run on CUDA tensors only, Triton's interpreter or not."""
     t0 = tensors[0]
     if t0.dtype not in DTYPE_CODES:
         return "dtype"
@@ -96,6 +116,8 @@ def _common_reason(tensors: list[Tensor]) -> str | None:
         return "device"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "requires_grad"
+    if native_impl:
+        return None if t0.device.type == "cuda" else "not_cuda"
     if t0.device.type == "cpu":
         if not interpret_mode():
             return "cpu_no_interpreter"
@@ -174,6 +196,8 @@ class Ops:
         if onelaunch_norm is None:
             onelaunch_norm = os.environ.get("RLTBENCH_NORM_ONELAUNCH", "1") != "0"
         self.onelaunch_norm = onelaunch_norm
+        # the native kernels are built/loaded here, never silently replaced by torch (UsageError)
+        native.require([selection])
 
     def _use_onelaunch(self, op: str, x: Tensor) -> bool:
         """Whether this exact norm call may take the one-launch kernel; records the path taken.
@@ -193,16 +217,18 @@ class Ops:
     def _impl(
         self, op: str, family: str, tensors: list[Tensor], check: Callable[[], str | None]
     ) -> str | None:
-        """The kernel implementation to run ("exact"/"approx"), or None for the torch reference."""
+        """The kernel implementation to run ("exact"/"approx"/"cuda"), or None for the torch reference."""
         impl = getattr(self.selection, family)
         if impl == "off" or (self.selection.scope == "graph" and not _capturing(tensors[0])):
             self.stats.reference[op] += 1
             return None
-        reason = _common_reason(tensors) or check()
+        reason = _common_reason(tensors, impl == native.NATIVE_IMPL) or check()
         if reason is not None:
             self.stats.fallbacks[(op, reason)] += 1
             return None
         self.stats.fused[op] += 1
+        if impl == native.NATIVE_IMPL:
+            self.stats.native[op] += 1
         return impl
 
     # -- norms ---------------------------------------------------------------------------------------------
@@ -234,6 +260,8 @@ class Ops:
                         return "layout"
             if self.selection.norm == "approx" and x.shape[-1] > MAX_WIDTH:
                 return "width"
+            if self.selection.norm == native.NATIVE_IMPL:
+                return self._native_norm_reason(x)
             return None
 
         impl = self._impl(op, "norm", [x, w, *extra], check)
@@ -242,6 +270,8 @@ class Ops:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if impl == "exact":
             fn = rms_norm_onelaunch_rows if self._use_onelaunch(op, x) else rms_norm_exact_rows
+        elif impl == native.NATIVE_IMPL:
+            fn = norm_native.rms_norm_native_rows
         else:
             fn = rms_norm_approx_rows
         fn(
@@ -253,6 +283,14 @@ class Ops:
             residual=views.get("residual"),
         )
         return out
+
+    def _native_norm_reason(self, x: Tensor) -> str | None:
+        """Why the native norm may not normalise x's rows (empty, or not validated bitwise against
+        torch for this GPU/torch/dtype/width: norm_native.untrusted_reason), or None."""
+        self.stats.native_norm_checked = True
+        if x.numel() == 0:
+            return "empty"
+        return norm_native.untrusted_reason(x)
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
         """Ouro/Llama RMSNorm ``w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
@@ -299,6 +337,8 @@ class Ops:
         sel = self.selection
         if sel.norm == "approx":
             return self._norm_norm_approx(residual, branch, w1, w2, eps)
+        if sel.norm == native.NATIVE_IMPL:
+            return self._norm_norm_native(residual, branch, w1, w2, eps)
         if sel.norm != "exact" or not self.onelaunch_norm:
             return None
         if sel.scope == "graph" and not _capturing(branch):
@@ -318,6 +358,28 @@ class Ops:
         residual_rms_norm_norm_onelaunch_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
         self.stats.fused["residual_rms_norm_norm"] += 1
         self.stats.paths[("residual_rms_norm_norm", "onelaunch")] += 1
+        return h, y
+
+    def _norm_norm_native(
+        self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor] | None:
+        """The native norm-add-norm (one launch) where every condition holds, else None: the two
+        native ops are composed and count their own routes and fallbacks."""
+        if self.selection.scope == "graph" and not _capturing(branch):
+            return None
+        if _common_reason([residual, branch, w1, w2], True) is not None or residual.shape != branch.shape:
+            return None
+        W = branch.shape[-1]
+        if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
+            return None
+        rv, bv = rows_view(residual), rows_view(branch)
+        if rv is None or bv is None or self._native_norm_reason(branch) is not None:
+            return None
+        h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
+        y = torch.empty_like(h)
+        norm_native.residual_rms_norm_norm_native_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
+        self.stats.fused["residual_rms_norm_norm"] += 1
+        self.stats.native["residual_rms_norm_norm"] += 1
         return h, y
 
     def _norm_norm_approx(
@@ -353,12 +415,20 @@ class Ops:
     ) -> tuple[Tensor, Tensor]:
         reference = ref.rope_neox if kind == "neox" else ref.rope_interleaved
         tensors = [q, k] + ([cos, sin] if kind == "neox" else [])
-        impl = self._impl(op, "rope", tensors, lambda: _rope_reason(kind, q, k, cos, sin))
+
+        def check() -> str | None:
+            reason = _rope_reason(kind, q, k, cos, sin)
+            native_impl = self.selection.rope == native.NATIVE_IMPL
+            if reason is None and native_impl and q.numel() + k.numel() >= 2**31:
+                return "size"   # the native kernel indexes with 32 bits
+            return reason
+
+        impl = self._impl(op, "rope", tensors, check)
         if impl is None:
             return reference(q, k, cos, sin)
         qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        (rope_exact if impl == "exact" else rope_approx)(kind, q, k, cos, sin, qo, ko)
+        _ROPE[impl](kind, q, k, cos, sin, qo, ko)
         return qo, ko
 
     def rope_neox(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -429,8 +499,7 @@ class Ops:
         if impl is None:
             return ref.silu_mul(gate, up)
         out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        fn = silu_mul_exact_rows if impl == "exact" else silu_mul_approx_rows
-        fn(views["g"], views["u"], out.view(-1, gate.shape[-1]))
+        _SILU_MUL[impl](views["g"], views["u"], out.view(-1, gate.shape[-1]))
         return out
 
 

@@ -1,6 +1,7 @@
 """Which implementation each op family uses, parsed from CLI strings and environment variables.
 
-Per family (norm / rope / act): ``exact`` | ``approx`` | ``off`` (the torch reference).
+Per family (norm / rope / act): ``exact`` | ``approx`` | ``cuda`` | ``off`` (the torch reference).
+``exact`` and ``cuda`` (the native CUDA C++ kernels, rltbench.native) must equal torch bit for bit.
 Scope: ``graph`` (fused kernels only while a CUDA graph is being captured; eager keeps torch
 because an eager Triton launch costs more host time than it saves) or ``all`` (always).
 Precedence: explicit values (CLI) > ``RLTBENCH_NORM/ROPE/ACT/SCOPE`` > the base selection.
@@ -13,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 from rltbench.errors import UsageError
+from rltbench.native import NATIVE_IMPL
 
-IMPLS = ("exact", "approx", "off")
+IMPLS = ("exact", "approx", NATIVE_IMPL, "off")
+BITWISE_IMPLS = ("exact", NATIVE_IMPL)   # implementations that must reproduce torch bit for bit
 SCOPES = ("graph", "all")
 FAMILIES = ("norm", "rope", "act")
 ENV_VARS = {
@@ -59,9 +62,25 @@ class OpSelection:
     def approx(cls, scope: str = "graph") -> OpSelection:
         return cls("approx", "approx", "approx", scope)
 
+    @classmethod
+    def cuda(cls, scope: str = "graph") -> OpSelection:
+        """The native arm: every family as CUDA C++ operators (rltbench.native)."""
+        return cls(NATIVE_IMPL, NATIVE_IMPL, NATIVE_IMPL, scope)
+
+    @property
+    def bitwise(self) -> bool:
+        """Every family is the torch reference or an implementation that must equal it bitwise."""
+        return all(getattr(self, f) in (*BITWISE_IMPLS, "off") for f in FAMILIES)
+
+    @property
+    def fused(self) -> bool:
+        """At least one family runs kernels of this project (not the torch reference)."""
+        return any(getattr(self, f) != "off" for f in FAMILIES)
+
     @property
     def name(self) -> str:
-        """'torch'|'exact'|'approx' when all families agree, else e.g. 'norm=exact,rope=off,act=approx'."""
+        """The arm's name when all families agree ('torch', 'exact', ...), else e.g.
+        'norm=exact,rope=off,act=approx'."""
         impls = {self.norm, self.rope, self.act}
         if len(impls) == 1:
             return {"off": "torch"}.get(self.norm, self.norm)
@@ -88,7 +107,7 @@ def parse_selection(
     env: Mapping[str, str] | None = None,
     base: OpSelection | None = None,
 ) -> OpSelection:
-    """Build a selection. `text` is an arm name (torch|exact|approx) or 'key=value' pairs joined by
+    """Build a selection. `text` is an arm name (torch|exact|approx|cuda) or 'key=value' pairs joined by
     commas (keys norm, rope, act, scope; 'all=exact' sets the three families). Keyword values
     override `text`, which overrides the environment, which overrides `base` (default torch)."""
     sel = (base or OpSelection.torch()).with_env(env)
@@ -101,9 +120,12 @@ def parse_selection(
                 "off": OpSelection.torch,
                 "exact": OpSelection.exact,
                 "approx": OpSelection.approx,
+                NATIVE_IMPL: OpSelection.cuda,
             }
             if t not in arms:
-                raise UsageError(f"unknown arm {text!r}: expected torch, exact, approx or key=value pairs")
+                raise UsageError(
+                    f"unknown arm {text!r}: expected torch, exact, approx, cuda or key=value pairs"
+                )
             updates = {f: getattr(arms[t](), f) for f in FAMILIES}
         else:
             for part in t.split(","):
@@ -125,4 +147,5 @@ ARMS: dict[str, OpSelection] = {
     "torch": OpSelection.torch(),
     "exact": OpSelection.exact(),
     "approx": OpSelection.approx(),
+    NATIVE_IMPL: OpSelection.cuda(),
 }

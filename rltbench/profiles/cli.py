@@ -41,6 +41,9 @@ def parse_arms(text: str) -> list[str]:
         raise UsageError(f"unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
     if len(set(arms)) != len(arms):
         raise UsageError(f"--arms lists an arm twice: {text}")
+    from rltbench import native
+
+    native.require([ARMS[a] for a in arms])   # builds the native kernels now, or says why they cannot run
     return arms
 
 
@@ -67,7 +70,7 @@ def profile_command(
     batch: Annotated[int, typer.Option(help="Sequences per decode step.")] = 1,
     context: Annotated[int, typer.Option(help="Cached tokens per sequence.")] = 512,
     arms: Annotated[
-        str, typer.Option(help="Comma-separated arms: torch, exact, approx.")
+        str, typer.Option(help="Comma-separated arms: torch, exact, approx, cuda (native CUDA C++).")
     ] = "torch,exact,approx",
     dtype: Annotated[
         str | None, typer.Option(help="bf16 | fp16 | fp32 (default bf16 on GPU, fp32 on CPU).")

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-ARM_COLORS = {"torch": "#4C72B0", "exact": "#55A868", "approx": "#C44E52"}
+ARM_COLORS = {"torch": "#4C72B0", "exact": "#55A868", "approx": "#C44E52", "cuda": "#DD8452"}
 
 
 def arm_color(arm: str) -> str:

@@ -91,7 +91,18 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": software_info(),
         # per-GPU launch knobs (rltbench/tuned_configs): fast norm, PDL, fused K/V write, attention
         "tuned": _tuned_in_use(),
+        # the native arm's build (key, arch, compile seconds) when this process loaded it, or why not
+        "native": _native_in_use(),
     }
+
+
+def _native_in_use() -> dict[str, Any] | None:
+    from rltbench import native
+
+    try:
+        return native.provenance()
+    except Exception:  # noqa: BLE001 - provenance must never stop a run
+        return None
 
 
 def _tuned_in_use() -> dict[str, Any] | None:

@@ -71,6 +71,63 @@ def with_specials(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out.view(t.shape)
 
 
+def bulk_bitwise(ops, reference_ops, big: dict, dtype: torch.dtype, gen: torch.Generator,  # noqa: ANN001
+                 gen_cpu: torch.Generator) -> int:
+    """Every op of `big` ({op: [(tokens, width), ...]}) through `ops`, bitwise against
+    `reference_ops`, on CUDA inputs with special values in x / q / gate (with_specials); returns the
+    number of output elements compared. Shared by the exact and the native arm's GPU tests."""
+    from rltbench.kernels import OPS, op_case
+
+    total = 0
+    for name in OPS:
+        case = op_case(name)
+        for T, W in big[name]:
+            d = case.make_inputs(T, W, dtype, "cuda", gen)
+            for key in ("x", "q", "gate"):
+                if key in d:
+                    d[key] = with_specials(d[key], gen_cpu)
+            for a, b in zip(case.run(ops, d), case.run(reference_ops, d), strict=True):
+                assert_bitwise(a, b, f"{name} {dtype} T={T} W={W}")
+                total += a.numel()
+    return total
+
+
+def graph_replay_bitwise(ops, reference_ops, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16,  # noqa: ANN001
+                         tokens: int = 5) -> None:
+    """Every op captured once through `ops` (scope graph: eager runs and the side-stream warm-up run
+    torch) into one CUDA graph, then replayed twice with new input contents, each output bitwise
+    against `reference_ops`. Asserts one fused call per op and no fallback. Shared by the exact
+    and the native arm's GPU tests."""
+    from rltbench.kernels import OPS, op_case
+
+    cases = {name: op_case(name) for name in OPS}
+    widths = {name: (960 if name == "rope_interleaved" else 2048) for name in OPS}
+    static = {name: c.make_inputs(tokens, widths[name], dtype, "cuda", gen) for name, c in cases.items()}
+    with torch.inference_mode():
+        for name, c in cases.items():  # eager under scope graph: torch, not fused
+            c.run(ops, static[name])
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for name, c in cases.items():
+                c.run(ops, static[name])
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = {name: c.run(ops, static[name]) for name, c in cases.items()}
+        assert sum(ops.stats.fused.values()) == len(OPS), ops.stats.to_dict()
+        assert ops.stats.fallback_count() == 0, ops.stats.to_dict()
+        for _ in range(2):
+            for name, c in cases.items():
+                for k, v in c.make_inputs(tokens, widths[name], dtype, "cuda", gen).items():
+                    static[name][k].copy_(v)
+            graph.replay()
+            torch.cuda.synchronize()
+            for name, c in cases.items():
+                for a, b in zip(outs[name], c.run(reference_ops, static[name]), strict=True):
+                    assert_bitwise(a, b, f"graph replay {name}")
+
+
 def run_sm90_script(script: str, marker: str, env_extra: dict[str, str] | None = None) -> None:
     """Run a Triton ahead-of-time compile script for sm_90 in a subprocess without the interpreter
     (no GPU needed); skip where Triton has no NVIDIA backend or its ptxas/cuobjdump is missing, else

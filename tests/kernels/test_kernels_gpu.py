@@ -12,7 +12,7 @@ import triton.language as tl
 
 from rltbench.kernels import OPS, OpSelection, make_ops, op_case
 from rltbench.kernels.rounding import add_rn, div_rn, dtype_code, exp_torch, mul_rn, round_to, rsqrt_torch
-from tests.kernels._util import assert_bitwise, strided_rows, with_specials
+from tests.kernels._util import assert_bitwise, bulk_bitwise, graph_replay_bitwise, strided_rows
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -87,18 +87,10 @@ def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
     ex, rf = make_ops(OpSelection.exact(scope="all")), make_ops(OpSelection.torch())
     g = torch.Generator(device="cuda").manual_seed(1)
     gcpu = torch.Generator().manual_seed(1)
-    total = 0
     with torch.inference_mode():
+        total = bulk_bitwise(ex, rf, BIG, dtype, g, gcpu)
         for name in OPS:
             case = op_case(name)
-            for T, W in BIG[name]:
-                d = case.make_inputs(T, W, dtype, "cuda", g)
-                for key in ("x", "q", "gate"):
-                    if key in d:
-                        d[key] = with_specials(d[key], gcpu)
-                for a, b in zip(case.run(ex, d), case.run(rf, d), strict=True):
-                    assert_bitwise(a, b, f"{name} {dtype} T={T} W={W}")
-                    total += a.numel()
             # small token counts and strided rows (decode shapes)
             for T in (1, 3):
                 d = case.make_inputs(T, BIG[name][0][1], dtype, "cuda", g)
@@ -114,36 +106,7 @@ def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
 
 def test_graph_capture_replay_bitwise_with_new_inputs() -> None:
     ops = make_ops(OpSelection.exact(scope="graph"))
-    rf = make_ops(OpSelection.torch())
-    g = torch.Generator(device="cuda").manual_seed(2)
-    dtype = torch.bfloat16
-    cases = {name: op_case(name) for name in OPS}
-    widths = {name: (960 if name == "rope_interleaved" else 2048) for name in OPS}
-    static = {name: c.make_inputs(5, widths[name], dtype, "cuda", g) for name, c in cases.items()}
-    with torch.inference_mode():
-        for name, c in cases.items():  # eager under scope graph: torch, not fused
-            c.run(ops, static[name])
-        assert not ops.stats.fused
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for name, c in cases.items():
-                c.run(ops, static[name])
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = {name: c.run(ops, static[name]) for name, c in cases.items()}
-        assert sum(ops.stats.fused.values()) == len(OPS) and ops.stats.fallback_count() == 0
-        for _ in range(2):
-            for name, c in cases.items():
-                fresh = c.make_inputs(5, widths[name], dtype, "cuda", g)
-                for k, v in fresh.items():
-                    static[name][k].copy_(v)
-            graph.replay()
-            torch.cuda.synchronize()
-            for name, c in cases.items():
-                for a, b in zip(outs[name], c.run(rf, static[name]), strict=True):
-                    assert_bitwise(a, b, f"graph replay {name}")
+    graph_replay_bitwise(ops, make_ops(OpSelection.torch()), torch.Generator(device="cuda").manual_seed(2))
 
 
 APPROX_NORM_SETTINGS = {

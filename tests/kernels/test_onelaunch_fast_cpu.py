@@ -120,7 +120,7 @@ def test_validation_falls_back_to_general_kernel_when_fast_fails(monkeypatch: py
         bad = [{"form": "var", "tokens": 1, "n_diff": 1, "first_index": 0}] if path == "fast" else []
         return 7, 100, bad, {512, 32}
 
-    monkeypatch.setattr(nol, "_run_cases", fake_cases)
+    monkeypatch.setattr(nol, "run_cases", fake_cases)
     monkeypatch.setattr(nol, "_device_name", lambda d: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native")
     monkeypatch.setattr(nol, "gpu_props", lambda d: trm.GpuProps())

@@ -1,0 +1,395 @@
+"""The native arm `cuda` on a machine that cannot run it (CPU CI): the unavailable path and its
+message in every command, the routing and fallback counting through Ops with the extension mocked,
+the arithmetic facts the kernels rely on (packed 16-bit multiplies and adds equal torch's fp32
+opmath then rounding; the lane layout reproduces torch's reduction tree), and, where nvcc exists,
+the CUDA sources compiled for sm_90 with the instructions the exactness needs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rltbench import native
+from rltbench.errors import UsageError
+from rltbench.kernels import ARMS, OpSelection, make_ops, norm_native
+from rltbench.kernels import ops as ops_mod
+from rltbench.kernels import reference as ref
+from rltbench.kernels import torch_reduce_model as trm
+from rltbench.native import build
+from tests.kernels._util import assert_bitwise
+
+ROOT = Path(__file__).resolve().parents[2]
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _fresh_native_state():
+    native.reset()
+    norm_native.reset_validation()
+    yield
+    native.reset()
+    norm_native.reset_validation()
+
+
+# ----------------------------------------------------------------------------------------------
+# unavailable: the reason, and every command refusing the arm with it
+# ----------------------------------------------------------------------------------------------
+def test_reasons_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "CPU build" in native.unavailable_reason()
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert native.unavailable_reason() == "no CUDA GPU is visible"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    assert native.unavailable_reason().startswith("nvcc not found")
+    monkeypatch.setattr(build, "find_nvcc", lambda: "/x/nvcc")
+    monkeypatch.setattr(build, "find_ninja", lambda: None)
+    assert native.unavailable_reason().startswith("ninja not found")
+
+
+def test_build_failure_is_a_remembered_one_line_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def failing_build(verbose: bool = False):
+        calls.append(1)
+        raise RuntimeError("Error building extension 'rltbench_native_x': [1/5] nvcc ...\n"
+                           "norm.cu(42): error: identifier \"foo\" is undefined\n1 error detected")
+
+    monkeypatch.setattr(native, "_environment_reason", lambda: None)
+    monkeypatch.setattr(build, "build", failing_build)
+    for _ in range(2):
+        with pytest.raises(native.NativeUnavailable, match=r"build failed: norm.cu\(42\): error"):
+            native.load()
+    assert calls == [1]
+    assert native.unavailable_reason().startswith("build failed")
+    assert native.provenance() == {"loaded": False, "build": None, "unavailable": native.unavailable_reason()}
+
+
+def test_selecting_the_arm_here_is_a_usage_error() -> None:
+    if native.unavailable_reason() is None:
+        pytest.skip("the native arm can be built on this machine")
+    with pytest.raises(UsageError, match="unavailable: "):
+        native.require([ARMS["cuda"]])
+    with pytest.raises(UsageError, match="unavailable"):
+        make_ops(OpSelection(norm="cuda"))
+    assert native.require([ARMS["exact"], ARMS["torch"]]) is None   # nothing native selected: no load
+
+
+def _cli(*args: str):
+    from rltbench.cli import app
+
+    return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "250"})
+
+
+@pytest.mark.parametrize("args", [
+    ["kernels", "--arms", "torch,cuda", "--ops", "rmsnorm", "--tokens", "1", "--widths", "64"],
+    ["e2e", "--model", "ouro-tiny", "--arms", "torch,cuda", "--device", "cpu"],
+    ["e2e", "--model", "ouro-tiny", "--arms", "torch,exact", "--norm", "cuda", "--device", "cpu"],
+    ["profile", "--model", "ouro-tiny", "--cpu", "--arms", "torch,cuda"],
+    ["gsm8k", "--model", "ouro-tiny", "--arms", "torch,cuda", "--limit", "1"],
+])
+def test_commands_refuse_the_unavailable_arm_with_exit_2(args: list[str], tmp_path: Path) -> None:
+    if native.unavailable_reason() is None:
+        pytest.skip("the native arm can be built on this machine")
+    res = _cli(*args, "--result-dir", str(tmp_path / "run"))
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unavailable" in lines[0], res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_kernels_with_default_arms_notes_the_unavailable_arm(tmp_path: Path) -> None:
+    if native.unavailable_reason() is None:
+        pytest.skip("the native arm can be built on this machine")
+    res = _cli("kernels", "--ops", "silu_mul", "--tokens", "1", "--widths", "16", "--result-dir",
+               str(tmp_path / "run"))
+    assert res.exit_code == 0, res.output
+    assert "native arm unavailable: " in res.output
+    rows = [ln for ln in (tmp_path / "run" / "rows.jsonl").read_text().splitlines() if ln.strip()]
+    assert rows and all('"arm": "cuda"' not in ln for ln in rows)
+
+
+def test_module_entry_point_status_and_build() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rltbench.native", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    status = run("--status")
+    assert status.returncode == 0 and status.stdout.startswith("native arm: "), status.stderr
+    if "unavailable" not in status.stdout:
+        pytest.skip("the native arm can be built on this machine")
+    built = run("--build")
+    assert built.returncode == 1 and built.stdout.startswith("native arm: unavailable: "), built.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# routing with the extension mocked (CPU tensors admitted as if they were CUDA ones)
+# ----------------------------------------------------------------------------------------------
+class FakeExtension:
+    """Stands in for the compiled module: records each call and writes torch's answer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def rms_norm(self, x, branch, residual, w, out, var_out, eps, factor, lanes, warp_down):  # noqa: ANN001
+        self.calls.append(("rms_norm", {"eps": eps, "factor": factor, "lanes": lanes, "down": warp_down}))
+        v = x if branch is None else branch + x
+        y = ref.rms_norm(v, w, EPS)
+        out.copy_(y if residual is None else residual + y)
+
+    def rms_norm_norm(self, residual, branch, w1, w2, h_out, y_out, var_out, eps, factor, lanes, down):  # noqa: ANN001
+        self.calls.append(("rms_norm_norm", {"lanes": lanes}))
+        h, y = ref.residual_rms_norm_norm(residual, branch, w1, w2, EPS)
+        h_out.copy_(h)
+        y_out.copy_(y)
+
+    def silu_mul(self, gate, up, out):  # noqa: ANN001
+        self.calls.append(("silu_mul", {}))
+        out.copy_(ref.silu_mul(gate, up))
+
+    def rope(self, q, k, cos, sin, qo, ko, interleaved):  # noqa: ANN001
+        self.calls.append(("rope", {"interleaved": interleaved}))
+        fn = ref.rope_interleaved if interleaved else ref.rope_neox
+        a, b = fn(q, k, cos, sin)
+        qo.copy_(a)
+        ko.copy_(b)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeExtension:
+    ext = FakeExtension()
+    monkeypatch.setattr(native, "load", lambda verbose=False: ext)
+    common = ops_mod._common_reason   # the Triton checks: CPU tensors pass under the interpreter (conftest)
+    monkeypatch.setattr(ops_mod, "_common_reason", lambda ts, native_impl=False: common(ts, False))
+    monkeypatch.setattr(norm_native, "untrusted_reason", lambda x: None)
+    return ext
+
+
+def _rows(T: int = 3, W: int = 160, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(T, W, generator=g).to(dtype) for _ in range(3)) + (
+        (torch.randn(W, generator=g) + 1).to(dtype), (torch.randn(W, generator=g) + 1).to(dtype))
+
+
+def test_every_op_routes_to_the_extension(fake: FakeExtension) -> None:
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    x, r, b, w1, w2 = _rows()
+    assert_bitwise(ops.rms_norm(x, w1, EPS), ref.rms_norm(x, w1, EPS))
+    assert_bitwise(ops.rms_norm_huginn(x, w1, EPS), ref.rms_norm_huginn(x, w1, EPS))
+    assert_bitwise(ops.residual_rms_norm(r, x, w1, EPS), ref.residual_rms_norm(r, x, w1, EPS))
+    assert_bitwise(ops.add_rms_norm_huginn(x, b, w1, EPS), ref.add_rms_norm_huginn(x, b, w1, EPS))
+    want_hy = ref.residual_rms_norm_norm(r, x, w1, w2, EPS)
+    for got, want in zip(ops.residual_rms_norm_norm(r, x, w1, w2, EPS), want_hy, strict=True):
+        assert_bitwise(got, want)
+    assert_bitwise(ops.silu_mul(x, b), ref.silu_mul(x, b))
+    q = x.view(3, 20, 8)
+    c = torch.randn(3, 8).to(torch.bfloat16)
+    for got, want in zip(ops.rope_neox(q, q, c, c), ref.rope_neox(q, q, c, c), strict=True):
+        assert_bitwise(got, want)
+    cf = torch.randn(3, 4)
+    for got, want in zip(ops.rope_interleaved(q, q, cf, cf), ref.rope_interleaved(q, q, cf, cf), strict=True):
+        assert_bitwise(got, want)
+    assert [c for c, _ in fake.calls] == ["rms_norm"] * 4 + ["rms_norm_norm", "silu_mul", "rope", "rope"]
+    norm_call = fake.calls[0][1]
+    plan = trm.reduce_plan(3, 160)
+    assert norm_call["lanes"] == plan.lanes and norm_call["factor"] == float(trm.mean_factor(3, 160))
+    assert norm_call["eps"] == float(np.float32(EPS))
+    assert norm_call["down"] == (trm.default_warp_order(torch.__version__) == trm.WARP_DOWN)
+    stats = ops.stats.to_dict()
+    assert stats["fallbacks"] == {} and sum(stats["native_calls"].values()) == 8
+    assert stats["native_calls"]["residual_rms_norm_norm"] == 1
+    assert ops.stats.native == ops.stats.fused
+
+
+def test_untrusted_norm_falls_back_counted_and_graph_scope_keeps_torch(fake, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(norm_native, "untrusted_reason", lambda x: "validation_failed")
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    x, r, _, w1, w2 = _rows()
+    assert_bitwise(ops.rms_norm(x, w1, EPS), ref.rms_norm(x, w1, EPS))
+    h, y = ops.residual_rms_norm_norm(r, x, w1, w2, EPS)   # not fused: the two ops, each refused
+    rh, ry = ref.residual_rms_norm_norm(r, x, w1, w2, EPS)
+    assert_bitwise(h, rh)
+    assert_bitwise(y, ry)
+    assert ops.stats.fallback_count(reason="validation_failed") == 3
+    assert ops.stats.to_dict()["native_norm_validation"] is not None
+    assert [c for c, _ in fake.calls] == []
+    assert_bitwise(ops.silu_mul(x, x), ref.silu_mul(x, x))   # the other families still run natively
+    graph_ops = make_ops(OpSelection.cuda(scope="graph"))
+    graph_ops.rms_norm(x, w1, EPS)
+    graph_ops.silu_mul(x, x)
+    assert graph_ops.stats.reference == {"rms_norm": 1, "silu_mul": 1} and not graph_ops.stats.native
+
+
+def test_inputs_the_kernels_cannot_take_fall_back_by_reason(fake: FakeExtension) -> None:
+    ops = make_ops(OpSelection(norm="cuda", rope="cuda", act="cuda", scope="all"))
+    x, r, _, w1, _ = _rows()
+    ops.rms_norm(x.t().contiguous().t(), w1, EPS)            # last dim not contiguous
+    ops.rms_norm(x, w1.float(), EPS)                          # mixed dtypes
+    ops.rms_norm(x.double(), w1.double(), EPS)                # dtype
+    ops.rms_norm(x[:0], w1, EPS)                              # empty
+    ops.silu_mul(x, x[:1])                                    # shape
+    q, c = torch.randn(3, 4, 7).to(torch.bfloat16), torch.randn(3, 7).to(torch.bfloat16)
+    ops.rope_neox(q, q, c, c)                                 # odd head dim
+    fb = ops.stats.to_dict()["fallbacks"]
+    assert fb["rms_norm"] == {"layout": 1, "mixed_dtype": 1, "dtype": 1, "empty": 1}
+    assert fb["silu_mul"] == {"shape": 1} and fb["rope_neox"] == {"shape": 1}
+    assert fake.calls == []
+
+
+def test_cpu_tensors_are_not_cuda_for_the_native_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "load", lambda verbose=False: FakeExtension())
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    x, _, _, w1, _ = _rows()
+    assert_bitwise(ops.rms_norm(x, w1, EPS), ref.rms_norm(x, w1, EPS))
+    assert_bitwise(ops.silu_mul(x, x), ref.silu_mul(x, x))
+    assert ops.stats.fallback_count(reason="not_cuda") == 2
+
+
+def test_selection_names_and_bitwise_arms() -> None:
+    from rltbench.e2e.arms import is_exact, parse_arms
+    from rltbench.kernels import bench, parse_selection
+
+    assert ARMS["cuda"] == OpSelection("cuda", "cuda", "cuda", "graph") and ARMS["cuda"].name == "cuda"
+    assert parse_selection("cuda", env={}) == OpSelection.cuda()
+    assert parse_selection("norm=cuda,act=exact", env={}).name == "norm=cuda,rope=off,act=exact"
+    assert bench.bitwise_arm("cuda") and bench.bitwise_arm("exact") and not bench.bitwise_arm("approx")
+    assert not bench.bitwise_arm("torch") and bench.fused_arm("cuda") and not bench.fused_arm("liger")
+    assert is_exact(OpSelection.cuda()) and is_exact(OpSelection(norm="cuda", act="exact"))
+    assert not is_exact(OpSelection(norm="cuda", act="approx"))
+    if native.unavailable_reason() is not None:
+        with pytest.raises(UsageError, match="unavailable"):
+            parse_arms("torch,custom=norm:cuda")
+
+
+# ----------------------------------------------------------------------------------------------
+# the arithmetic the kernels rely on
+# ----------------------------------------------------------------------------------------------
+FORMATS = {"bf16": (8, -126, 127, torch.bfloat16), "fp16": (11, -14, 15, torch.float16)}
+
+
+def _round_p(x: np.ndarray, p: int, emin: int, emax: int) -> np.ndarray:
+    """float64 -> nearest value with a p-bit significand (subnormals below 2**emin, RNE, inf past
+    the largest finite value): a correctly rounded cast from float64."""
+    _, e = np.frexp(x)
+    ulp = np.ldexp(1.0, np.maximum(e, emin + 1) - p)
+    r = np.rint(x / ulp) * ulp
+    big = (2.0 - 2.0 ** (1 - p)) * 2.0**emax
+    return np.where(np.abs(r) > big, np.copysign(np.inf, x), r)
+
+
+def _samples(name: str, n: int, gen: np.random.Generator) -> np.ndarray:
+    """Random finite values of the format as float64: every bit pattern, plus a share forced to tiny
+    exponents so that products land in fp32's subnormal range (bf16) and sums in subnormals."""
+    dt = FORMATS[name][3]
+    bits = torch.from_numpy(gen.integers(0, 2**16, n, dtype=np.int64).astype(np.int16))
+    v = bits.view(dt).double().numpy()
+    tiny = gen.random(n) < 0.3
+    v = np.where(tiny, v * 2.0 ** (-gen.integers(0, 60, n)), v)
+    v = torch.from_numpy(v).to(dt).double().numpy()      # exact: rescaled back onto the format
+    return v[np.isfinite(v)]
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_packed_16bit_mul_and_add_equal_fp32_opmath_then_round(name: str) -> None:
+    """What __hmul2_rn / __hadd2_rn compute (the exact result rounded once) equals torch's fp32
+    result rounded to the dtype, for bf16 and fp16 operands (fp32 has >= 2p + 2 bits)."""
+    p, emin, emax, _ = FORMATS[name]
+    gen = np.random.default_rng(0)
+    a, b = _samples(name, 400_000, gen), _samples(name, 400_000, gen)
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    for op in (np.multiply, np.add):
+        once = _round_p(op(a, b), p, emin, emax)   # float64 result: exact (mul) or >= 2p + 2 bits (add)
+        with np.errstate(over="ignore"):
+            twice = _round_p(op(a.astype(np.float32), b.astype(np.float32)).astype(np.float64), p, emin, emax)
+        np.testing.assert_array_equal(once, twice, err_msg=f"{name} {op.__name__}")
+    if name == "bf16":   # products in fp32's subnormal range were covered
+        assert ((np.abs(a * b) < 2.0**-126) & (a * b != 0)).sum() > 1000
+
+
+def _torch_lane(h: int, w: int, k: int, down: bool) -> int:
+    """norm.cu's torch_lane (reduced_bit inlined), ported for the layout check below."""
+    def bit(i: int) -> int:
+        return k - 1 - i if (down or i < k - 5) else i - (k - 5)
+
+    lane = sum(((h >> j) & 1) << bit(4 - j) for j in range(5))
+    return lane + sum(((w >> j) & 1) << bit(k - 1 - j) for j in range(k - 5))
+
+
+@pytest.mark.parametrize("order", trm.WARP_ORDERS)
+def test_lane_layout_reproduces_torchs_tree(order: str) -> None:
+    """norm.cu's layout argument: thread (warp w, lane h) plays torch lane torch_lane(h, w); a warp
+    butterfly (xor 16..1), then the warps' partials halved from the top, gives torch's block_x_reduce
+    result bit for bit (torch_reduce_model) for every lane count and both shuffle orders."""
+    f32 = np.float32
+    gen = np.random.default_rng(1)
+    for k in range(5, 10):
+        nw = 1 << (k - 5)
+        for _ in range(20):
+            v = (gen.standard_normal(1 << k) * 2.0 ** gen.integers(-20, 20, 1 << k)).astype(f32)
+            want = trm._block_x_reduce(v.copy(), 32, order)
+            down = order == trm.WARP_DOWN
+            lanes = np.array([[_torch_lane(h, w, k, down) for h in range(32)] for w in range(nw)])
+            assert sorted(lanes.ravel().tolist()) == list(range(1 << k))
+            s = v[lanes]                                           # [warp, hardware lane]
+            for offset in (16, 8, 4, 2, 1):
+                s = (s + s[:, np.arange(32) ^ offset]).astype(f32)
+            q = np.zeros(16, f32)
+            q[:nw] = s[:, 0]
+            for half in (8, 4, 2, 1):
+                if half < nw:
+                    q[:half] = q[:half] + q[half:2 * half]
+            assert q[0].tobytes() == want.tobytes(), (k, order)
+
+
+# ----------------------------------------------------------------------------------------------
+# the sources compile for sm_90 with the instructions exactness needs (where nvcc exists)
+# ----------------------------------------------------------------------------------------------
+def test_sources_compile_to_the_expected_ptx(tmp_path: Path) -> None:
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    torch_defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    flags = ["-std=c++17", "-arch=sm_90", "-ptx", *torch_defines, *build.CUDA_FLAGS]
+    ptx = {}
+    for name in ("norm", "act", "rope"):
+        out = tmp_path / f"{name}.ptx"
+        proc = subprocess.run([nvcc, *flags, str(build.CSRC / f"{name}.cu"), "-o", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ptx[name] = out.read_text()
+    for name in ("norm", "rope"):   # sums and rotations round every op: no contraction
+        assert "fma" not in ptx[name], name
+    assert "rsqrt.approx.f32" in ptx["norm"] and "rsqrt.approx.ftz" not in ptx["norm"]
+    assert "div.rn.f32" in ptx["act"] and "div.full" not in ptx["act"] and "div.approx" not in ptx["act"]
+    assert "mul.rn.bf16x2" in ptx["act"] and "mul.rn.f16x2" in ptx["act"]
+    assert "ld.global.cs.v4" in ptx["act"] and ".local" not in ptx["norm"]
+
+
+def test_build_key_follows_sources_and_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert build.arch_list() == "9.0"
+    k90 = build.build_key("9.0")
+    assert k90 == build.build_key("9.0") and k90 != build.build_key("10.0")
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
+    assert build.cache_root() == tmp_path
+    monkeypatch.delenv(build.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_root() == tmp_path / "xdg" / "rltbench" / "native"
+    assert all((build.CSRC / s).exists() for s in (*build.SOURCES, *build.HEADERS))
+
+
+def test_ninja_next_to_the_interpreter_counts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    (tmp_path / "ninja").write_text("")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert build.find_ninja() == str(tmp_path / "ninja")

@@ -1,0 +1,203 @@
+"""GPU checks of the native arm `cuda` (run with --run-gpu on the H200; builds the extension first):
+the norm's validation per dtype and width, every op bitwise vs torch CUDA over >= 1e8 elements per
+dtype through Ops (special values, odd widths, storage offsets, strided rows; both kernel variants,
+vector and scalar, exercised), empty inputs, the current stream, CUDA-graph replay with new inputs,
+and Ouro / Huginn forwards equal to torch's inside a graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltbench import native
+from rltbench.kernels import OPS, OpSelection, make_ops, op_case
+from rltbench.kernels import norm_native as nn
+from rltbench.kernels import reference as ref
+from tests.kernels._util import assert_bitwise, bulk_bitwise, graph_replay_bitwise, strided_rows
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+EPS = 1e-6
+# (op, tokens, width) for the big batches: model widths and odd ones
+BIG = {
+    "rmsnorm": [(8192, 2048), (2000, 5633)],
+    "rmsnorm_huginn": [(4096, 5280), (999, 4097)],
+    "rmsnorm_residual": [(8192, 2048), (1024, 5633)],
+    "add_rmsnorm_huginn": [(4096, 5280), (777, 3001)],
+    "rope_neox": [(8192, 2048)],
+    "rope_interleaved": [(8192, 5280)],
+    "silu_mul": [(4096, 5632), (2000, 17920), (333, 5635)],
+}
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    try:
+        return native.load()
+    except native.NativeUnavailable as exc:  # on the GPU machine this is a failure, not a skip
+        pytest.fail(f"native arm unavailable on a GPU machine: {exc}")
+
+
+def _offset(t: torch.Tensor, by: int = 1) -> torch.Tensor:
+    """A copy of t that starts `by` elements into its storage (breaks 16-byte alignment)."""
+    buf = torch.empty(t.numel() + by, dtype=t.dtype, device=t.device)
+    v = buf[by:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_validates_at_model_and_odd_widths(ext, dtype: torch.dtype) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for width in (2048, 5280, 5632, 1000, 5633):
+        res = nn.validate(dev, dtype, width)
+        assert res.passed, res.to_dict()
+        assert res.warp_order == res.expected_warp_order, res.to_dict()
+    print(nn.validation_report())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_bitwise_vs_torch_cuda_big(ext, dtype: torch.dtype) -> None:
+    """Every op through the cuda arm over >= 1e8 elements, with inf/nan/denormals; then T = 1 and 3
+    with strided rows and with storage offsets (the scalar kernels)."""
+    ops, rf = make_ops(OpSelection.cuda(scope="all")), make_ops(OpSelection.torch())
+    g = torch.Generator(device="cuda").manual_seed(1)
+    gcpu = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        total = bulk_bitwise(ops, rf, BIG, dtype, g, gcpu)
+        for name in OPS:
+            case = op_case(name)
+            for T in (1, 3):
+                for layout in ("strided", "offset"):
+                    d = case.make_inputs(T, BIG[name][0][1], dtype, "cuda", g)
+                    move = strided_rows if layout == "strided" else _offset
+                    if name.startswith("rope"):
+                        d["q"], d["k"] = _offset(d["q"]), _offset(d["k"])
+                        d["cos"], d["sin"] = move(d["cos"]), move(d["sin"])
+                    else:
+                        d = {k: (move(v) if v.dim() == 2 else v) for k, v in d.items()}
+                    for a, b in zip(case.run(ops, d), case.run(rf, d), strict=True):
+                        assert_bitwise(a, b, f"{name} {dtype} T={T} {layout}")
+    assert total >= 1e8, total
+    assert ops.stats.fallback_count() == 0, ops.stats.to_dict()
+    assert sum(ops.stats.native.values()) == sum(ops.stats.fused.values()) > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_forms_bulk_1e8(ext, dtype: torch.dtype) -> None:
+    """Every norm form and the variance, >= 1e8 elements per dtype on the validation's adversarial
+    rows (wide magnitudes: the sum is order sensitive), at 2048 and 5280 for 1..8192 rows."""
+    from rltbench.kernels import norm_onelaunch as nol
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(2)
+    done = 0
+    for W in (2048, 5280):
+        order = nn.validate(dev, dtype, W).warp_order
+        for T in (1, 2, 4, 8, 16, 100, 8192, 8192, 8192):
+            bad: list[dict] = []
+            done += nol.validation_case(dev, dtype, W, T, gen, T % 2 == 1, order, bad,
+                                        nn.rms_norm_native_rows, nn.residual_rms_norm_norm_native_rows)
+            assert not bad, (W, T, bad[:3])
+    assert done >= 1e8, done
+
+
+def test_both_kernel_variants_are_exercised(ext) -> None:
+    """The test inputs above reach the vector and the scalar variant of every kernel."""
+    x = torch.randn(4, 2048, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(x)
+    assert ext.norm_variant(x, None, w, out) == "vec"
+    assert ext.norm_variant(strided_rows(x), None, w, out) == "scalar"
+    assert ext.norm_variant(x[:, :2047], None, w[:2047], out[:, :2047].contiguous()) == "scalar"
+    g = torch.randn(4, 5632, device="cuda").to(torch.bfloat16)
+    assert ext.silu_mul_variant(g, g, torch.empty_like(g)) == "vec"
+    assert ext.silu_mul_variant(_offset(g), g, torch.empty_like(g)) == "scalar"
+    q = torch.randn(2, 16, 128, device="cuda").to(torch.bfloat16)
+    c = torch.randn(2, 128, device="cuda").to(torch.bfloat16)
+    assert ext.rope_variant(q, q, c, c, torch.empty_like(q), torch.empty_like(q), False) == "vec"
+    assert ext.rope_variant(_offset(q), q, c, c, torch.empty_like(q), torch.empty_like(q), False) == "scalar"
+
+
+def test_empty_inputs(ext) -> None:
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    for T, W in ((0, 2048), (4, 0)):
+        x = torch.randn(T, W, device="cuda").to(torch.bfloat16)
+        w = torch.randn(W, device="cuda").to(torch.bfloat16)
+        assert_bitwise(ops.rms_norm(x, w, EPS), ref.rms_norm(x, w, EPS), f"norm {T}x{W}")
+        assert_bitwise(ops.silu_mul(x, x), ref.silu_mul(x, x), f"silu {T}x{W}")
+    q = torch.randn(0, 4, 128, device="cuda").to(torch.bfloat16)
+    c = torch.randn(0, 128, device="cuda").to(torch.bfloat16)
+    for a, b in zip(ops.rope_neox(q, q, c, c), ref.rope_neox(q, q, c, c), strict=True):
+        assert_bitwise(a, b, "rope empty")
+    assert ops.stats.fallback_count("rms_norm", "empty") >= 1
+
+
+def test_runs_on_the_current_stream(ext) -> None:
+    """Inputs written on a side stream after a long sleep: a kernel launched on any other stream
+    would read them before they exist."""
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    src = torch.randn(8, 2048, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, device="cuda").to(torch.bfloat16)
+    nn.prevalidate([2048], [torch.bfloat16])
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.zeros_like(src)
+        torch.cuda._sleep(50_000_000)
+        x.copy_(src)
+        out = ops.rms_norm(x, w, EPS)
+        act = ops.silu_mul(x, x)
+    s.synchronize()
+    assert_bitwise(out, ref.rms_norm(src, w, EPS), "norm on a side stream")
+    assert_bitwise(act, ref.silu_mul(src, src), "silu on a side stream")
+
+
+def test_graph_capture_replay_bitwise_with_new_inputs(ext) -> None:
+    ops = make_ops(OpSelection.cuda(scope="graph"))
+    nn.prevalidate([2048], [torch.bfloat16])   # never validated during a capture
+    graph_replay_bitwise(ops, make_ops(OpSelection.torch()), torch.Generator(device="cuda").manual_seed(2))
+    assert sum(ops.stats.native.values()) == len(OPS), ops.stats.to_dict()
+
+
+def test_unvalidated_width_falls_back_during_capture(ext) -> None:
+    ops = make_ops(OpSelection.cuda(scope="graph"))
+    x = torch.randn(2, 3333, device="cuda").to(torch.bfloat16)
+    w = torch.randn(3333, device="cuda").to(torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.rms_norm(x, w, EPS)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(out, ref.rms_norm(x, w, EPS), "fallback in capture")
+    assert ops.stats.fallback_count("rms_norm", "not_prevalidated_before_capture") == 1
+
+
+@pytest.mark.parametrize("preset,forms", [
+    ("ouro-1.4b", {"rms_norm", "residual_rms_norm_norm", "rope_neox", "silu_mul"}),
+    ("huginn-0125", {"rms_norm_huginn", "add_rms_norm_huginn", "rope_interleaved", "silu_mul"}),
+])
+def test_model_forward_equals_torch_in_graph(ext, preset: str, forms: set[str]) -> None:
+    from rltbench.models import build_model
+    from rltbench.models.bench import capture_step, fill_random_kv
+
+    kw = {"mean_recurrence": 2} if preset.startswith("huginn") else {}
+    model = build_model(preset, device="cuda", dtype=torch.bfloat16, seed=0, **kw)
+    nn.prevalidate([model.config.hidden_size], [torch.bfloat16])
+    dev = model.device
+    cuda_ops, torch_ops = make_ops(OpSelection.cuda()), make_ops(OpSelection.torch())
+    ids, pos = torch.tensor([11, 12], device=dev), torch.tensor([40, 47], device=dev)
+    seqs = torch.arange(2, device=dev)
+    outs = []
+    for ops in (torch_ops, cuda_ops):
+        cache = model.new_kv_cache(max_seqs=2, max_len=64)
+        fill_random_kv(cache, 56, seed=1)
+        graph, out = capture_step(model, ops, cache, ids, pos, seqs, True)
+        graph.replay()
+        torch.cuda.synchronize()
+        outs.append({k: v.clone() for k, v in out.items()})
+    for key in ("hidden", "logits", "next_token"):
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    assert cuda_ops.stats.fallback_count() == 0, cuda_ops.stats.to_dict()
+    assert forms <= {op for op, n in cuda_ops.stats.native.items() if n > 0}, cuda_ops.stats.to_dict()
