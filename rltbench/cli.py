@@ -45,17 +45,17 @@ _use_triton_interpreter_without_gpu()
 
 # command name -> (module, function) for the commands and for `report` re-rendering.
 COMMANDS = {
-    "kernels": ("rltbench.kernels.cli", "kernels_command"),
-    "e2e": ("rltbench.e2e.cli", "e2e_command"),
-    "profile": ("rltbench.profiles.cli", "profile_command"),
-    "gsm8k": ("rltbench.gsm8k.cli", "gsm8k_command"),
-    "serve": ("rltbench.serve.cli", "serve_command"),
+    "kernels": ("rltbench.commands.kernels.cli", "kernels_command"),
+    "e2e": ("rltbench.commands.e2e.cli", "e2e_command"),
+    "profile": ("rltbench.commands.profile.cli", "profile_command"),
+    "gsm8k": ("rltbench.commands.gsm8k.cli", "gsm8k_command"),
+    "serve": ("rltbench.commands.serve.cli", "serve_command"),
 }
 RENDERERS = {
-    "kernels": ("rltbench.kernels.report", "render"),
-    "e2e": ("rltbench.e2e.report", "render"),
-    "profile": ("rltbench.profiles.report", "render"),
-    "gsm8k": ("rltbench.gsm8k.report", "render"),
+    "kernels": ("rltbench.commands.kernels.report", "render"),
+    "e2e": ("rltbench.commands.e2e.report", "render"),
+    "profile": ("rltbench.commands.profile.report", "render"),
+    "gsm8k": ("rltbench.commands.gsm8k.report", "render"),
 }
 
 

@@ -1,7 +1,7 @@
 """Per-GPU tuned launch knobs, one JSON file per device model (as vLLM keeps its fused-MoE configs).
 
 Why files, not constants: the best tile, warp count or partition of a kernel depends on the GPU;
-the tuning scripts (scripts/kernel_tune.py, ``python -m rltbench.engine.attention_bench --sweep
+the tuning scripts (scripts/kernel_tune.py, ``python -m rltbench.commands.tune.attention --sweep
 --write-tuned``) measure them on the device and write ``rltbench/tuned_configs/<device>.json``;
 kernels read their section at launch. A GPU without a file, and the CPU, get the built-in
 defaults. Environment variables (``RLTBENCH_*``, recorded in every manifest) override both, so a

@@ -6,7 +6,7 @@ a WarmCheck per timed cell, speedups as paired intervals labelled against the A/
 1. Plain model decode step (dense KV, CUDA graph) per arm: Ouro-1.4B random weights, batch 1,
    context 512, and whether the exact arm's logits are bitwise equal to the torch arm's.
 2. Engine decode step per arm at batch 1/8/32 (context 512): the same figure as `rltbench profile`
-   (rltbench.engine.bench: same engine sizing, context class and timing routine), plus the engine's
+   (rltbench.bench.decode: same engine sizing, context class and timing routine), plus the engine's
    host overhead at batch 1 (output rate vs 1000 / graph ms).
 3. With --attribute: the batch-1 engine step of torch, exact and torch#2 in four engines, context
    class capped at context + 64 (how `profile` once sized its engine) or the serving class, times a
@@ -27,18 +27,18 @@ from typing import Any
 
 import torch
 
-from rltbench.engine import Engine, EngineConfig, SamplingParams
-from rltbench.engine.bench import (
+from rltbench.bench.decode import (
     BLOCK_SIZE,
     decode_engine_config,
     decode_step_cells,
     decode_step_table,
     serving_len_class,
 )
+from rltbench.bench.model_step import capture_step, fill_random_kv, time_replays
+from rltbench.bench.timing import WarmCheck, cold_cells, summarize
+from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.kernels import ARMS, make_ops, norm_onelaunch
-from rltbench.kernels.timing import WarmCheck, cold_cells, summarize
 from rltbench.models import build_model
-from rltbench.models.bench import capture_step, fill_random_kv, time_replays
 from rltbench.results import RunDir
 from rltbench.results.stats import aa_name, abba_order, compare_to_reference, format_interval, format_spread
 from rltbench.results.stats import rep_medians as medians_of

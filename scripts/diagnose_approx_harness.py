@@ -21,10 +21,7 @@ from typing import Any
 
 import torch
 
-from rltbench.kernels import op_case
-from rltbench.kernels.bench import BenchConfig, Case, make_arm_ops, make_inputs
-from rltbench.kernels.norm_approx import rms_norm_approx_rows
-from rltbench.kernels.timing import (
+from rltbench.bench.timing import (
     GraphCalls,
     l2_cache_bytes,
     measure_copy_bandwidth,
@@ -32,6 +29,9 @@ from rltbench.kernels.timing import (
     summarize,
     time_interleaved,
 )
+from rltbench.commands.kernels.sweep import BenchConfig, Case, make_arm_ops, make_inputs
+from rltbench.kernels import op_case
+from rltbench.kernels.norm_approx import rms_norm_approx_rows
 from rltbench.results import RunDir
 
 EPS = 1e-6

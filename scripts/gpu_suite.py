@@ -86,7 +86,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "tune-approx": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "approx", "--write-tuned",
                           "--result-dir", str(RESULTS / "tune-approx")]),
     # decode attention knobs per (batch, context), best written to the device's tuned file
-    "attention": (150, [PY, "-m", "rltbench.engine.attention_bench", "--sweep", "--write-tuned", "--out",
+    "attention": (150, [PY, "-m", "rltbench.commands.tune.attention", "--sweep", "--write-tuned", "--out",
                         str(RESULTS / "attention" / "sweep.json")]),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
     "prefill": (180, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--reps", "8", "--iters", "3",

@@ -35,12 +35,7 @@ import triton
 import triton.language as tl
 
 from rltbench import tuned
-from rltbench.kernels import norm_onelaunch as nol
-from rltbench.kernels import norm_onelaunch_fast as fast
-from rltbench.kernels import reference as ref
-from rltbench.kernels.act_exact import silu_mul_exact_rows
-from rltbench.kernels.norm_approx import rms_norm_approx_rows
-from rltbench.kernels.timing import (
+from rltbench.bench.timing import (
     GraphCalls,
     l2_cache_bytes,
     measure_copy_bandwidth,
@@ -48,6 +43,11 @@ from rltbench.kernels.timing import (
     summarize,
     time_interleaved,
 )
+from rltbench.kernels import norm_onelaunch as nol
+from rltbench.kernels import norm_onelaunch_fast as fast
+from rltbench.kernels import reference as ref
+from rltbench.kernels.act_exact import silu_mul_exact_rows
+from rltbench.kernels.norm_approx import rms_norm_approx_rows
 from rltbench.results import RunDir
 from rltbench.results.provenance import git_info
 

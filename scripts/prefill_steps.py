@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
+from rltbench.bench.decode import engine_captures
+from rltbench.bench.timing import WarmCheck, cold_cells, summarize
 from rltbench.engine import Engine, EngineConfig, SamplingParams
-from rltbench.engine.bench import engine_captures
 from rltbench.engine.scheduler import PrefillBatch
 from rltbench.kernels import ARMS, norm_onelaunch
-from rltbench.kernels.timing import WarmCheck, cold_cells, summarize
 from rltbench.models import build_model
 from rltbench.results import RunDir
 from rltbench.results.stats import (

@@ -38,21 +38,21 @@ $PY -m rltbench.cli serve --model "$MODEL" --weights random --arm "$ARM" $DEVICE
   --max-num-seqs "$MAX_SEQS" --tokenizer ids --export-tokenizer "$tok_dir" >"$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null' EXIT
-if ! $PY -m rltbench.serve.bench wait "$URL" --timeout 400; then
+if ! $PY -m rltbench.commands.serve.bench wait "$URL" --timeout 400; then
   tail -20 "$OUT/server.log"
   exit 1
 fi
 grep -m2 -E "warming up|ready on" "$OUT/server.log"
 
 step "rltbench e2e over HTTP"
-$PY -m rltbench.serve.bench scrape "$URL" "$OUT/metrics_http_before.json"
+$PY -m rltbench.commands.serve.bench scrape "$URL" "$OUT/metrics_http_before.json"
 $PY -m rltbench.cli e2e --backend openai --arm "$ARM=$URL" --model "$MODEL" --concurrency "$CONC" \
   --input-len "$IN_LEN" --output-len "$OUT_LEN" --repeats "$REPEATS" --no-live \
   --result-dir "$OUT/e2e-http" || failed+=(e2e-http)
-$PY -m rltbench.serve.bench scrape "$URL" "$OUT/metrics_http_after.json"
+$PY -m rltbench.commands.serve.bench scrape "$URL" "$OUT/metrics_http_after.json"
 
 step "soak: $SOAK bursts of C=$SOAK_C"
-$PY -m rltbench.serve.bench soak "$URL" --model "$MODEL" --bursts "$SOAK" --concurrency "$SOAK_C" \
+$PY -m rltbench.commands.serve.bench soak "$URL" --model "$MODEL" --bursts "$SOAK" --concurrency "$SOAK_C" \
   --input-len "$IN_LEN" --output-len "$OUT_LEN" --out "$OUT/soak" || failed+=(soak)
 
 step "peer client: guidellm"
@@ -71,13 +71,13 @@ if [ -n "$PEER_PY" ]; then
           "tokenizer": {"kind": "huggingface_auto", "model": "$tok_dir"},
           "data": [{"kind": "synthetic_text", "prompt_tokens": $IN_LEN, "output_tokens": $OUT_LEN}]}}
 EOF
-  $PY -m rltbench.serve.bench scrape "$URL" "$OUT/metrics_peer_before.json"
+  $PY -m rltbench.commands.serve.bench scrape "$URL" "$OUT/metrics_peer_before.json"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $PEER_PY -m guidellm run -c "$OUT/guidellm_scenario.json" \
     --output "kind=json,path=$OUT/guidellm.json" --disable-console-interactive >"$OUT/guidellm.log" 2>&1 \
     || { tail -30 "$OUT/guidellm.log"; failed+=(guidellm); }
-  $PY -m rltbench.serve.bench scrape "$URL" "$OUT/metrics_peer_after.json"
+  $PY -m rltbench.commands.serve.bench scrape "$URL" "$OUT/metrics_peer_after.json"
   grep -A14 "Request Latency Statistics" "$OUT/guidellm.log" || true
-  $PY -m rltbench.serve.bench check "$URL" || failed+=(blocks-after-peer)
+  $PY -m rltbench.commands.serve.bench check "$URL" || failed+=(blocks-after-peer)
 else
   echo "no .whl/peer wheels (scripts/fetch_peer_wheels.sh) and no PEER_PY: peer client skipped"
   failed+=(guidellm-missing)
@@ -103,7 +103,7 @@ $PY -m rltbench.cli e2e --backend engine --arms "$ARM" --model "$MODEL" $DEVICE_
 step "tables"
 peer_arg=()
 [ -f "$OUT/guidellm.json" ] && peer_arg=(--peer "$OUT/guidellm.json")
-$PY -m rltbench.serve.bench compare --http "$OUT/e2e-http" --inproc "$OUT/e2e-inproc" "${peer_arg[@]}" \
+$PY -m rltbench.commands.serve.bench compare --http "$OUT/e2e-http" --inproc "$OUT/e2e-inproc" "${peer_arg[@]}" \
   --scrapes "$OUT" --out "$OUT/table.md" || failed+=(tables)
 [ -f "$OUT/soak/soak.md" ] && head -3 "$OUT/soak/soak.md"
 

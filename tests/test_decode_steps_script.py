@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rltbench.bench.decode import decode_engine_config, decode_step_table
 from rltbench.engine import Engine
-from rltbench.engine.bench import decode_engine_config, decode_step_table
 from rltbench.kernels import ARMS
 from rltbench.models import build_model
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rltbench import tuned
+from rltbench.commands.tune import attention as ab
 from rltbench.engine import attention as attn
-from rltbench.engine import attention_bench as ab
 from rltbench.kernels import norm_onelaunch_fast as fast
 
 DEV = "NVIDIA Test GPU"

@@ -19,8 +19,8 @@ _EXPORTS = {
     "TokenEvent": "rltbench.engine.types",
     "RequestOutput": "rltbench.engine.types",
     "EngineRequestError": "rltbench.engine.types",
-    "DecodeBenchmark": "rltbench.engine.decode_bench",
-    "decode_step_table": "rltbench.engine.bench",
+    "DecodeBenchmark": "rltbench.bench.decode_benchmark",
+    "decode_step_table": "rltbench.bench.decode",
 }
 
 __all__ = sorted(_EXPORTS)

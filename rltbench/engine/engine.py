@@ -1002,6 +1002,6 @@ class Engine:
 
     def decode_benchmark(self, batch_size: int, context_len: int) -> Any:
         """A captured decode step over `batch_size` fake sequences of `context_len` cached tokens."""
-        from rltbench.engine.decode_bench import DecodeBenchmark
+        from rltbench.bench.decode_benchmark import DecodeBenchmark
 
         return DecodeBenchmark(self, batch_size, context_len)

@@ -783,8 +783,8 @@ def bench_onelaunch(widths: tuple[int, ...] = (2048, 5280), tokens: tuple[int, .
     holds `calls` calls on one hot input) of the torch reference, the 3-launch exact norm and the
     one-launch norm. Each row also says whether the captured output equals torch's (torch.equal)
     and whether is_trusted() accepts the shape (validated before capture)."""
+    from rltbench.bench.timing import GraphCalls, summarize, time_interleaved
     from rltbench.kernels import reference as ref
-    from rltbench.kernels.timing import GraphCalls, summarize, time_interleaved
 
     dev = torch.device("cuda", torch.cuda.current_device())
     rows: list[dict[str, Any]] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.e2e.arms import is_exact, parse_arms, reference_arm
-from rltbench.e2e.runner import Cell, schedule
+from rltbench.arms import is_exact, parse_arms, reference_arm
+from rltbench.commands.e2e.runner import Cell, schedule
 from rltbench.errors import UsageError
 
 

@@ -7,11 +7,11 @@ import time
 import pytest
 from e2e_fakes import FakeEngine, FakeParams
 
-from rltbench.e2e.display import RunDisplay
-from rltbench.e2e.engine_backend import DeadlineReached, EngineBackend, Timeouts
-from rltbench.e2e.report import render
-from rltbench.e2e.runner import Cell, Plan, run_plan
-from rltbench.e2e.workload import Request
+from rltbench.commands.e2e.display import RunDisplay
+from rltbench.commands.e2e.engine_backend import DeadlineReached, EngineBackend, Timeouts
+from rltbench.commands.e2e.report import render
+from rltbench.commands.e2e.runner import Cell, Plan, run_plan
+from rltbench.commands.e2e.workload import Request
 from rltbench.results import RunDir
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.e2e.compare import first_divergence, identity, paired_deltas
-from rltbench.e2e.report import compute_cells
+from rltbench.commands.e2e.compare import first_divergence, identity, paired_deltas
+from rltbench.commands.e2e.report import compute_cells
 
 
 def test_first_divergence():
@@ -163,7 +163,7 @@ def test_one_repetition_throughput_has_no_verdict():
 def test_latency_table_gives_each_metric_p50_p90_p99_and_its_own_count(tmp_path):
     """Spec: p50/p90/p99 with the sample count (old table: no p90 beyond TTFT, one n for all).
     One-token requests have a TTFT but no TPOT: the TPOT percentiles must show their own n."""
-    from rltbench.e2e.report import render
+    from rltbench.commands.e2e.report import render
     from rltbench.results import RunDir
 
     run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": ["torch"], "repeats": 1})
@@ -184,7 +184,7 @@ def test_report_of_one_token_outputs_warns_nothing(tmp_path):
     """--output-len 1 has no TPOT: the empty latency panel made matplotlib warn on the console."""
     import warnings
 
-    from rltbench.e2e.report import render
+    from rltbench.commands.e2e.report import render
     from rltbench.results import RunDir
 
     run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": ["torch"], "repeats": 1})

@@ -17,7 +17,7 @@ def test_cpu_size_note_only_for_large_models_on_cpu() -> None:
 
 
 def test_kv_pool_larger_than_memory_is_refused_in_one_line(monkeypatch) -> None:
-    from rltbench.e2e import job
+    from rltbench.commands.e2e import job
 
     model = build_model("ouro-tiny", device="cpu", dtype=torch.float32, seed=0)
     monkeypatch.setattr(job, "_available_memory_bytes", lambda: 2**20)

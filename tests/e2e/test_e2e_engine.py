@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rltbench.cli import main
-from rltbench.e2e.report import render
+from rltbench.commands.e2e.report import render
 from rltbench.results import RunDir
 
 
@@ -153,7 +153,7 @@ def test_bad_flags_exit_2(args, tmp_path, capsys):
 
 
 def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch, capsys):
-    from rltbench.e2e.engine_backend import EngineBackend
+    from rltbench.commands.e2e.engine_backend import EngineBackend
 
     orig = EngineBackend.run_cell
     calls = {"n": 0}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rltbench.cli import main
-from rltbench.e2e import gpu_preset
 from rltbench.results import RunDir
 
 
@@ -50,40 +49,3 @@ def test_gpu_session_prefix_hits(tmp_path):
     assert not summary["cold_cells"], summary["cold_cells"]
     assert all(r["status"] == "ok" for r in run.read_jsonl("requests.jsonl"))
     assert all(c["measured_prefix_hit_rate"] is not None for c in run.read_json("cells.json"))
-
-
-def test_gpu_preset_flags_are_valid_on_cpu(tmp_path):
-    """The GPU script's preset with tiny overrides (last flag wins) runs on CPU: flag names stay valid."""
-    small = [
-        "--model",
-        "ouro-tiny",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--arms",
-        "torch",
-        "--concurrency",
-        "2",
-        "--input-len",
-        "8",
-        "--output-len",
-        "2",
-        "--repeats",
-        "1",
-        "--warmup-requests",
-        "1",
-    ]
-    rc = main([*gpu_preset.argv("burst", str(tmp_path / "b")), *small])
-    assert rc == 0 and RunDir.open(tmp_path / "b").manifest["status"] == "complete"
-    rc = main(
-        [
-            *gpu_preset.argv("session", str(tmp_path / "s")),
-            *small,
-            "--trace",
-            "mooncake-tiny",
-            "--max-requests",
-            "4",
-        ]
-    )
-    assert rc == 0 and RunDir.open(tmp_path / "s").manifest["config"]["session"]["requests"] >= 1

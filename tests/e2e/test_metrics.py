@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.e2e.metrics import cell_summary, itl_samples, percentiles, request_metrics, steady_window
+from rltbench.commands.e2e.metrics import (
+    cell_summary,
+    itl_samples,
+    percentiles,
+    request_metrics,
+    steady_window,
+)
 
 
 def rec(send, times, counts=None, status="ok", expected=None, **kw):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltbench.e2e.workload import (
+from rltbench.commands.e2e.workload import (
     WORKLOAD_DIR,
     allowed_ids,
     burst_prompts,

@@ -420,7 +420,7 @@ def test_gpu_cuda_graph_replay_with_new_metadata(impl: str) -> None:
 
 @pytest.mark.gpu
 def test_gpu_bench_smoke() -> None:
-    from rltbench.engine.attention_bench import bench_decode_attention
+    from rltbench.commands.tune.attention import bench_decode_attention
 
     res = bench_decode_attention(batch_sizes=(1, 8), iters=5, reps=2)
     rows = res["results"]
@@ -432,7 +432,7 @@ def test_gpu_bench_smoke() -> None:
 
 @pytest.mark.gpu
 def test_gpu_sweep_smoke() -> None:
-    from rltbench.engine.attention_bench import SWEEP_VARIANTS, sweep_decode_attention
+    from rltbench.commands.tune.attention import SWEEP_VARIANTS, sweep_decode_attention
 
     variants = {k: SWEEP_VARIANTS[k] for k in ("default", "v1", "t64h2w8-1split")}
     res = sweep_decode_attention(cases=((1, 512), (8, 96)), variants=variants, reps=2, min_calls=10)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rltbench.engine import attention_bench as ab
+from rltbench.commands.tune import attention as ab
 from rltbench.engine.attention import _CONFIG_FIELDS, DecodeConfig
 
 

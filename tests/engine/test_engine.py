@@ -294,7 +294,7 @@ def test_decode_benchmark_cpu_and_release(ouro_tiny, ops):
 
 
 def test_decode_step_table_cpu(ouro_tiny):
-    from rltbench.engine.bench import decode_step_table
+    from rltbench.bench.decode import decode_step_table
 
     ops = {"a": torch_ops(), "b": torch_ops(), "a#2": torch_ops()}
     eng = Engine(ouro_tiny, ops, EngineConfig(block_size=4, num_blocks=64))
@@ -347,7 +347,7 @@ def test_kv_pool_too_small_names_the_block_size_and_budget(ouro_tiny, ops):
 def test_gsm8k_engine_kv_pool_is_sized_to_its_workload() -> None:
     """The gsm8k engine holds batch_size + 1 sequences of max_context tokens, not all free memory
     (sized from free memory it took 129 GiB of an H200 for a 4 x 2k-token run)."""
-    from rltbench.gsm8k.cli import make_engine as gsm8k_engine
+    from rltbench.commands.gsm8k.cli import make_engine as gsm8k_engine
     from tests.engine.engine_testutil import tiny_model as _tiny
 
     eng = gsm8k_engine(_tiny("ouro-tiny"), ["torch"], batch_size=3, max_context=200)

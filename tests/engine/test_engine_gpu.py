@@ -74,7 +74,7 @@ def test_decode_benchmark_graph_and_timing():
         assert r["n"] == 20 and 0 < r["p10"] <= r["median"] <= r["p90"]
         print("ouro-tiny decode step b=8 ctx=100:", r["median"], "ms")
     assert eng.blocks.num_free_blocks == free
-    from rltbench.engine.bench import decode_step_table
+    from rltbench.bench.decode import decode_step_table
 
     res = decode_step_table(eng, batch_sizes=(1, 8), context_len=64, iters=10, warmup=2, host_tokens=16)
     print(res["rows"], res["host_overhead"])

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from rltbench.commands.gsm8k.backends import EngineBackend, Generation, completions_url, cut_at_stop
+from rltbench.commands.gsm8k.cli import parse_arm_urls, parse_arms, validate_numbers
 from rltbench.errors import UsageError
-from rltbench.gsm8k.backends import EngineBackend, Generation, completions_url, cut_at_stop
-from rltbench.gsm8k.cli import parse_arm_urls, parse_arms, validate_numbers
-from rltbench.gsm8k.textcodec import TextCodec, train_fallback_tokenizer
+from rltbench.textcodec import TextCodec, train_fallback_tokenizer
 
 
 @dataclass
@@ -91,7 +91,7 @@ def test_engine_backend_stops_truncates_and_counts(codec: TextCodec) -> None:
 
 
 def test_lm_records_by_doc_id() -> None:
-    from rltbench.gsm8k.lm import RltbenchLM
+    from rltbench.commands.gsm8k.lm import RltbenchLM
 
     class Backend:
         arm = "x"

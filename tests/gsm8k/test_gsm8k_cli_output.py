@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-import rltbench.gsm8k.cli as gcli
+import rltbench.commands.gsm8k.cli as gcli
 
 
 def _summary() -> dict:
@@ -125,8 +125,8 @@ def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from rltbench.cli import app
-    from rltbench.gsm8k.textcodec import train_fallback_tokenizer
     from rltbench.models import build_model, save_hf_checkpoint
+    from rltbench.textcodec import train_fallback_tokenizer
 
     ckpt = tmp_path / "hug-ckpt"
     save_hf_checkpoint(build_model("huginn-tiny", device="cpu", seed=3), ckpt)
@@ -150,9 +150,9 @@ def test_ctrl_c_after_the_first_arm_keeps_a_readable_partial_report(tmp_path, mo
     (exit code 0 ...)' with no word about the arms that never ran."""
     from typer.testing import CliRunner
 
-    import rltbench.gsm8k.evaluate as ev
+    import rltbench.commands.gsm8k.evaluate as ev
     from rltbench.cli import app
-    from rltbench.gsm8k.textcodec import train_fallback_tokenizer
+    from rltbench.textcodec import train_fallback_tokenizer
 
     orig, calls = ev.run_arm, []
 

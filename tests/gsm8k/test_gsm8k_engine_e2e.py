@@ -9,8 +9,8 @@ import pytest
 import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from rltbench.gsm8k.cli import gsm8k_command  # noqa: E402
-from rltbench.gsm8k.textcodec import train_fallback_tokenizer  # noqa: E402
+from rltbench.commands.gsm8k.cli import gsm8k_command  # noqa: E402
+from rltbench.textcodec import train_fallback_tokenizer  # noqa: E402
 
 
 def _run(tmp_path, arms: str, device: str):
@@ -104,7 +104,7 @@ def test_random_weights_arm_that_differs_is_inconclusive(tmp_path, monkeypatch) 
     """The old gate passed approx on random weights with 81/87 sequences different (both arms score
     0%). One differing sequence in the exact arm's output (altered after generation) makes it
     'inconclusive: random weights', exit 3, whatever the statistics say."""
-    import rltbench.gsm8k.evaluate as ev
+    import rltbench.commands.gsm8k.evaluate as ev
 
     orig = ev.run_arm
 

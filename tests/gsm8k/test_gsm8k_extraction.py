@@ -7,7 +7,7 @@ import json
 import lm_eval  # noqa: F401 - a test dependency (pyproject [test]): missing must fail, not skip
 import pytest
 
-from rltbench.gsm8k.tasks import DATA_DIR, apply_filters, build_task, stop_sequences, task_config  # noqa: E402
+from rltbench.commands.gsm8k.tasks import DATA_DIR, apply_filters, build_task, stop_sequences, task_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def _checkpoint_dir(tmp_path: Path, *, config: bool, tokenizer: bool) -> Path:
     ckpt = tmp_path / "ckpt"
     save_hf_checkpoint(build_model("ouro-tiny", device="cpu", seed=1), ckpt)
     if tokenizer:
-        from rltbench.gsm8k.textcodec import train_fallback_tokenizer
+        from rltbench.textcodec import train_fallback_tokenizer
 
         texts = ["Q: 3 + 4?\nA: 7. The answer is 7.\n\n"] * 20
         train_fallback_tokenizer(texts, model_vocab=256).save(str(ckpt / "tokenizer.json"))

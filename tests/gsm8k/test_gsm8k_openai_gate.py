@@ -14,9 +14,9 @@ import typer  # noqa: E402
 from aiohttp import web  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from rltbench.gsm8k.cli import gsm8k_command  # noqa: E402
-from rltbench.gsm8k.report import render  # noqa: E402
-from rltbench.gsm8k.tasks import DATA_DIR  # noqa: E402
+from rltbench.commands.gsm8k.cli import gsm8k_command  # noqa: E402
+from rltbench.commands.gsm8k.report import render  # noqa: E402
+from rltbench.commands.gsm8k.tasks import DATA_DIR  # noqa: E402
 
 TARGETS = {}
 ORDER = []

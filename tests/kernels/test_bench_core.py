@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.commands.kernels import cli as kcli
+from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
-from rltbench.kernels import bench
-from rltbench.kernels import cli as kcli
 
 
 def _cfg(**kw) -> bench.BenchConfig:

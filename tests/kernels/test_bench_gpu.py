@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 
 def _app() -> typer.Typer:
-    from rltbench.kernels.cli import kernels_command
+    from rltbench.commands.kernels.cli import kernels_command
 
     app = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
     app.command("kernels")(kernels_command)

@@ -1,4 +1,4 @@
-"""Pure logic of rltbench.kernels.timing (interleave order, statistics, rotation sizing) + GPU smoke."""
+"""Pure logic of rltbench.bench.timing (interleave order, statistics, rotation sizing) + GPU smoke."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rltbench.kernels import timing
+from rltbench.bench import timing
 
 
 def test_interleave_order_alternates_forward_and_reverse():

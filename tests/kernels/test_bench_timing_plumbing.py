@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rltbench.kernels import bench, report, timing
+from rltbench.bench import timing
+from rltbench.commands.kernels import report
+from rltbench.commands.kernels import sweep as bench
 from rltbench.results import RunDir
 
 MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}

@@ -10,7 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rltbench.kernels import bench, report
+from rltbench.commands.kernels import report
+from rltbench.commands.kernels import sweep as bench
 
 
 def _app() -> typer.Typer:

@@ -10,9 +10,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from rltbench.commands.kernels import cli as kcli
+from rltbench.commands.kernels import report
+from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
-from rltbench.kernels import bench, report
-from rltbench.kernels import cli as kcli
 
 from .test_cli_kernels import _app, _rows
 

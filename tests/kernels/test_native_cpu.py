@@ -254,8 +254,9 @@ def test_cpu_tensors_are_not_cuda_for_the_native_kernels(monkeypatch: pytest.Mon
 
 
 def test_selection_names_and_bitwise_arms() -> None:
-    from rltbench.e2e.arms import is_exact, parse_arms
-    from rltbench.kernels import bench, parse_selection
+    from rltbench.arms import is_exact, parse_arms
+    from rltbench.commands.kernels import sweep as bench
+    from rltbench.kernels import parse_selection
 
     assert ARMS["cuda"] == OpSelection("cuda", "cuda", "cuda", "graph") and ARMS["cuda"].name == "cuda"
     assert parse_selection("cuda", env={}) == OpSelection.cuda()

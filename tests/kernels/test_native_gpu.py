@@ -179,8 +179,8 @@ def test_unvalidated_width_falls_back_during_capture(ext) -> None:
     ("huginn-0125", {"rms_norm_huginn", "add_rms_norm_huginn", "rope_interleaved", "silu_mul"}),
 ])
 def test_model_forward_equals_torch_in_graph(ext, preset: str, forms: set[str]) -> None:
+    from rltbench.bench.model_step import capture_step, fill_random_kv
     from rltbench.models import build_model
-    from rltbench.models.bench import capture_step, fill_random_kv
 
     kw = {"mean_recurrence": 2} if preset.startswith("huginn") else {}
     model = build_model(preset, device="cuda", dtype=torch.bfloat16, seed=0, **kw)

@@ -139,7 +139,7 @@ def test_generate_errors():
 
 
 def test_bench_helpers_on_cpu():
-    from rltbench.models.bench import decode_step_ms, fill_random_kv
+    from rltbench.bench.model_step import decode_step_ms, fill_random_kv
 
     model = build_model("ouro-tiny", seed=0)
     cache = model.new_kv_cache(max_seqs=2, max_len=8)

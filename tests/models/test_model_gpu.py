@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.bench.model_step import capture_step, decode_step_ms, fill_random_kv
 from rltbench.models import build_model
-from rltbench.models.bench import capture_step, decode_step_ms, fill_random_kv
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rltbench.profiles.classify import (
+from rltbench.commands.profile.classify import (
     COPY,
     NORM,
     OTHER,

@@ -10,7 +10,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from rltbench.profiles import floors
+from rltbench.commands.profile import floors
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -50,7 +50,7 @@ def _app() -> typer.Typer:
         return app
     except Exception:  # noqa: BLE001
         from rltbench.cli import _user_errors_exit_2  # pragma: no cover
-        from rltbench.profiles.cli import profile_command
+        from rltbench.commands.profile.cli import profile_command
 
         app = typer.Typer()
         app.command("profile")(_user_errors_exit_2(profile_command))
@@ -119,9 +119,9 @@ def test_cpu_profile_end_to_end_and_render(tmp_path: Path) -> None:
 
 
 def test_render_gpu_summary_from_fixture(tmp_path: Path) -> None:
-    from rltbench.profiles.collect import summarize_trace
-    from rltbench.profiles.graph_nodes import GraphCensus
-    from rltbench.profiles.report import render
+    from rltbench.commands.profile.collect import summarize_trace
+    from rltbench.commands.profile.graph_nodes import GraphCensus
+    from rltbench.commands.profile.report import render
     from rltbench.results import RunDir
 
     trace = json.loads((FIX / "decode_trace.json").read_text())

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rltbench.profiles.classify import classify_name
-from rltbench.profiles.compat import cpu_leaf_ops, cpu_op_alias, device_time_us, event_time_us
-from rltbench.profiles.graph_nodes import census, graph_census
+from rltbench.commands.profile.classify import classify_name
+from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, device_time_us, event_time_us
+from rltbench.commands.profile.graph_nodes import census, graph_census
 
 
 class FakeApi:

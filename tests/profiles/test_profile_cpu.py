@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from rltbench.profiles.collect import (
+from rltbench.commands.profile.collect import (
     ProfileSpec,
     _decode_step,
     _start_decode,
@@ -18,7 +18,7 @@ from rltbench.profiles.collect import (
     decode_tokens,
     run_profile,
 )
-from rltbench.profiles.report import _step_ms
+from rltbench.commands.profile.report import _step_ms
 
 # More timed steps than the old pool sizing (context + 64) allowed: the bug shows as 0 ops and median 0.
 ITERS = 140
@@ -95,8 +95,8 @@ def test_profile_engine_uses_the_decode_tables_context_class() -> None:
     profile's engine once was: 368; on Ouro-1.4B 512 -> 1024, not 576) and the same batch bucket."""
     from dataclasses import replace
 
+    from rltbench.bench.decode import decode_engine_config, serving_len_class
     from rltbench.engine import Engine
-    from rltbench.engine.bench import decode_engine_config, serving_len_class
 
     spec = replace(_spec(["torch"], iters=1), context=300, batch=3)
     model = build_model(spec, "cpu")

@@ -8,7 +8,7 @@ import torch
 
 @pytest.mark.gpu
 def test_profile_ouro_tiny_counts_agree() -> None:
-    from rltbench.profiles.collect import ProfileSpec, run_profile
+    from rltbench.commands.profile.collect import ProfileSpec, run_profile
 
     spec = ProfileSpec(
         model="ouro-tiny",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rltbench.profiles import counting
-from rltbench.profiles.collect import PHASE_REPLAYS, PHASE_STEPS, summarize_trace
-from rltbench.profiles.graph_nodes import GraphCensus
-from rltbench.profiles.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
+from rltbench.commands.profile import counting
+from rltbench.commands.profile.collect import PHASE_REPLAYS, PHASE_STEPS, summarize_trace
+from rltbench.commands.profile.graph_nodes import GraphCensus
+from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
 
 FIX = Path(__file__).parent / "fixtures"
 STEP = len(json.loads((FIX / "step_kernels.json").read_text())["step"])

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 from serve_fixtures import InProcessServer, request
 
+from rltbench.commands.serve.app import ServerApp
+from rltbench.commands.serve.loop import EngineLoop
+from rltbench.commands.serve.metrics import Histogram, ServerMetrics
+from rltbench.commands.serve.protocol import ApiError, ServedModel, parse_request
+from rltbench.commands.serve.server import Built
+from rltbench.commands.serve.textstream import TextStream
 from rltbench.engine import SamplingParams
 from rltbench.errors import UsageError
-from rltbench.serve.app import ServerApp
-from rltbench.serve.loop import EngineLoop
-from rltbench.serve.metrics import Histogram, ServerMetrics
-from rltbench.serve.protocol import ApiError, ServedModel, parse_request
-from rltbench.serve.server import Built
-from rltbench.serve.textstream import TextStream
 
 
 class CharCodec:

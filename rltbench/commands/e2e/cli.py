@@ -1,0 +1,206 @@
+"""`rltbench e2e`: serving loads (burst / session) across kernel arms, on the engine or OpenAI servers.
+
+Flag names follow vLLM where the meaning is the same (--input-len, --output-len, --max-num-seqs,
+--max-num-batched-tokens, --block-size, --enforce-eager, --result-dir, --seed, --dtype,
+--served-model-name). The metric contract is /work/shared/specs/e2e.md (printed in table.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rltbench.errors import UsageError
+
+BURST = "burst"
+SESSION = "session"
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,8,32,128' -> [1, 8, 32, 128] (positive, unique, in the given order)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            c = int(part)
+        except ValueError:
+            raise UsageError(f"--concurrency: {part!r} is not an integer (e.g. 1,8,32,128)") from None
+        if c < 1:
+            raise UsageError(f"--concurrency: {c} must be >= 1")
+        if c not in out:
+            out.append(c)
+    if not out:
+        raise UsageError("--concurrency is empty (e.g. 1,8,32,128)")
+    return out
+
+
+def _device_dtype(device: str | None, dtype: str | None) -> tuple[str, Any]:
+    import torch
+
+    from rltbench.models.configs import dtype_from_name
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {dev}: CUDA is not available on this machine")
+    try:
+        dt = dtype_from_name(dtype or ("bfloat16" if dev.startswith("cuda") else "float32"))
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"--dtype {dtype}: {exc}") from None
+    return dev, dt
+
+
+def e2e_command(
+    model: Annotated[
+        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
+    ] = "ouro-1.4b",
+    weights: Annotated[
+        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
+    ] = "random",
+    arms: Annotated[
+        str,
+        typer.Option(
+            help="Comma list: torch,exact,approx,cuda or NAME=norm:exact/rope:off/scope:all; "
+            "a repeated name is an A/A arm (torch,torch -> torch#2)."
+        ),
+    ] = "torch,exact,approx",
+    norm: Annotated[
+        str | None, typer.Option(help="Override norm (exact|approx|cuda|off) on named non-torch arms.")
+    ] = None,
+    rope: Annotated[
+        str | None, typer.Option(help="Override rope (exact|approx|cuda|off) on named non-torch arms.")
+    ] = None,
+    act: Annotated[
+        str | None, typer.Option(help="Override act (exact|approx|cuda|off) on named non-torch arms.")
+    ] = None,
+    scope: Annotated[
+        str | None, typer.Option(help="Override scope (graph|all) on named non-torch arms.")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="burst (C requests at once) or session (trace replay).")
+    ] = BURST,
+    concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32,128",
+    input_len: Annotated[int, typer.Option(help="Burst prompt length (token ids).")] = 512,
+    output_len: Annotated[int, typer.Option(help="Burst generated tokens per request (EOS ignored).")] = 128,
+    repeats: Annotated[
+        int | None,
+        typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, trace blocks and random weights.")] = 0,
+    trace: Annotated[
+        str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
+    ] = ("mooncake"),
+    trace_time_scale: Annotated[
+        float | None, typer.Option(help="Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).")
+    ] = None,
+    trace_length_scale: Annotated[
+        float | None, typer.Option(help="Multiply trace lengths and the 512-token hash block.")
+    ] = None,
+    max_requests: Annotated[int | None, typer.Option(help="Replay only the first N trace records.")] = None,
+    kv_cache_gib: Annotated[
+        float | None, typer.Option(help="KV pool size (default: from free GPU memory).")
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="Engine batch limit (default: max C; session 128).")
+    ] = None,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
+    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
+    ] = False,
+    prefill_graphs: Annotated[
+        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
+    ] = True,
+    dtype: Annotated[
+        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda | cpu (default: cuda if available).")] = None,
+    result_dir: Annotated[
+        Path | None, typer.Option(help="Output directory (default results/e2e-<time>).")
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="engine (in process) or openai (servers given by --arm).")
+    ] = "engine",
+    arm: Annotated[
+        list[str] | None, typer.Option(help="openai backend: NAME=URL, one per arm/server.")
+    ] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="openai backend: model field (default: first of /v1/models).")
+    ] = None,
+    warmup_requests: Annotated[int, typer.Option(help="Warm-up burst size per arm (not measured).")] = 4,
+    ttft_timeout: Annotated[float, typer.Option(help="Per-request first-token timeout (s).")] = 300.0,
+    stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
+    deadline: Annotated[float, typer.Option(help="Global deadline for the whole run (s, 0 = none).")] = 0.0,
+    live: Annotated[bool, typer.Option(help="Rich live table (off when not a terminal).")] = True,
+) -> None:
+    """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
+    from rltbench.commands.e2e.job import build_and_run
+
+    t_start = time.perf_counter()
+    if workload not in (BURST, SESSION):
+        raise UsageError(f"--workload must be burst or session, not {workload!r}")
+    if backend not in ("engine", "openai"):
+        raise UsageError(f"--backend must be engine or openai, not {backend!r}")
+    if repeats is None:
+        repeats = 3 if workload == SESSION else 2
+    if repeats < 1:
+        raise UsageError("--repeats must be >= 1")
+    if input_len < 1 or output_len < 1:
+        raise UsageError("--input-len and --output-len must be >= 1")
+    if ttft_timeout <= 0 or stall_timeout <= 0 or deadline < 0:
+        raise UsageError("--ttft-timeout/--stall-timeout must be > 0 and --deadline >= 0")
+    if warmup_requests < 0:
+        raise UsageError("--warmup-requests must be >= 0")
+    if block_size < 1 or max_num_batched_tokens < 1 or (max_num_seqs is not None and max_num_seqs < 1):
+        raise UsageError("--block-size, --max-num-batched-tokens and --max-num-seqs must be >= 1")
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise UsageError("--kv-cache-gib must be > 0")
+    if max_requests is not None and max_requests < 1:
+        raise UsageError("--max-requests must be >= 1")
+    if backend == "engine" and arm:
+        raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
+    if backend == "openai" and not arm:
+        raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
+    path, mismatch = build_and_run(
+        dict(
+            model=model,
+            weights=weights,
+            arms=arms,
+            overrides={"norm": norm, "rope": rope, "act": act, "scope": scope},
+            workload=workload,
+            concurrency=parse_concurrency(concurrency),
+            input_len=input_len,
+            output_len=output_len,
+            repeats=repeats,
+            seed=seed,
+            trace=trace,
+            trace_time_scale=trace_time_scale,
+            trace_length_scale=trace_length_scale,
+            max_requests=max_requests,
+            kv_cache_gib=kv_cache_gib,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            enforce_eager=enforce_eager,
+            prefill_graphs=prefill_graphs,
+            dtype=dtype,
+            device=device,
+            result_dir=result_dir,
+            backend=backend,
+            arm_urls=list(arm or []),
+            served_model_name=served_model_name,
+            warmup_requests=warmup_requests,
+            ttft_timeout=ttft_timeout,
+            stall_timeout=stall_timeout,
+            deadline=(t_start + deadline) if deadline > 0 else None,
+            live=live,
+            argv=list(sys.argv),
+        )
+    )
+    if mismatch:
+        raise typer.Exit(code=1)  # an exact arm changed tokens on the reference's own batches

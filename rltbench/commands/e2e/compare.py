@@ -1,0 +1,248 @@
+"""Arm-vs-reference comparisons: token identity and paired statistics with the A/A noise floor.
+
+Requests are paired by (C, repetition, request index): the same prompt went to every arm.
+Identity compares stored generated token ids. Statistics (relative deltas, arm / reference - 1):
+- request metrics (TTFT, TPOT, E2E): per repetition the median of paired per-request deltas; the
+  estimate is the median over repetitions; the 95% interval is a two-stage (cluster) percentile
+  bootstrap: resample repetitions, then requests within each (2000 resamples, fixed seed).
+- cell throughput (output tok/s, steady tok/s): one paired ratio per repetition; estimate = median,
+  95% interval = percentile bootstrap over repetitions (none with a single repetition).
+Verdicts: a difference whose interval overlaps the A/A spread (the largest |bound| of the
+reference measured twice) is "within noise"; without an A/A arm, one whose interval contains 0 is
+a "tie"; without an interval (one repetition of a cell metric) the verdict is "n/a": one ratio is
+no evidence of a difference. Where the timings cannot mean anything (CPU, the Triton interpreter)
+there is no verdict at all ("no verdict: ..." with the reason).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rltbench.commands.e2e.metrics import request_metrics
+from rltbench.engine.schedule import first_divergence
+
+BOOTSTRAP = 2000
+INTERVAL_METHOD = "95% two-stage percentile bootstrap (repetitions, then requests), 2000 resamples"
+REQUEST_METRICS = ("ttft", "tpot", "e2e")
+CELL_METRICS = ("output_tok_s", "steady_tok_s")
+HIGHER_IS_BETTER = {"output_tok_s", "steady_tok_s"}
+
+
+def is_aa(arm: str, ref: str) -> bool:
+    """`torch#2` is the reference arm run a second time (A/A)."""
+    return arm.split("#", 1)[0] == ref and arm != ref
+
+
+def compare_pair(rec: dict[str, Any], base: dict[str, Any]) -> tuple[bool, int | None]:
+    """(compared, first divergence) of one request against the reference's same request.
+
+    Both finished ok: the whole sequences are compared. Otherwise (a timeout, an error, a cell cut
+    by the global deadline) only the tokens both produced are: a difference there is a real
+    divergence, while a shorter, merely unfinished sequence is not compared (it is no evidence of a
+    kernel difference and must never raise the exact-arm alarm). No token ids: not compared."""
+    a, b = rec.get("token_ids"), base.get("token_ids")
+    if a is None or b is None:
+        return False, None
+    if rec.get("status", "ok") == "ok" and base.get("status", "ok") == "ok":
+        return True, first_divergence(a, b)
+    n = min(len(a), len(b))
+    d = first_divergence(a[:n], b[:n])
+    return (True, d) if d is not None else (False, None)
+
+
+def _by_key(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    return {(r["arm"], r["cell"], r["rep"], r["request"]): r for r in records}
+
+
+def identity(
+    records: list[dict[str, Any]],
+    ref: str,
+    exact_arms: set[str] = frozenset(),
+    batches_deterministic: bool = True,
+) -> list[dict[str, Any]]:
+    """Per arm and cell: identical / compared requests, first divergences, a loud flag for exact arms.
+
+    Greedy outputs are not batch-invariant (GEMM and attention kernels are chosen per batch
+    shape). In a burst every arm sees the same batches, so any exact-arm divergence is a bug
+    (`exact_mismatch`). In a session replay requests arrive on the wall clock, so batch
+    composition depends on each arm's speed: there an exact-arm divergence is a bug only when the
+    exact arm matches torch less often than torch matches itself (the A/A arm of the same cell);
+    without an A/A arm it is reported as unverified (`exact_unverified`), never silently passed."""
+    idx = _by_key(records)
+    groups: dict[tuple, list[int | None]] = defaultdict(list)
+    missing: dict[tuple, int] = defaultdict(int)
+    for (arm, cell, rep, req), r in idx.items():
+        if arm == ref:
+            continue
+        base = idx.get((ref, cell, rep, req))
+        compared, div = compare_pair(r, base) if base is not None else (False, None)
+        if not compared:
+            missing[(arm, cell)] += 1
+            continue
+        groups[(arm, cell)].append(div)
+    rows = []
+    for arm, cell in sorted(set(groups) | set(missing)):
+        divs = groups.get((arm, cell), [])
+        diff = [d for d in divs if d is not None]
+        row = {
+            "arm": arm,
+            "cell": cell,
+            "compared": len(divs),
+            "identical": len(divs) - len(diff),
+            "not_compared": missing.get((arm, cell), 0),
+            "first_divergence_min": min(diff) if diff else None,
+            "first_divergence_median": float(np.median(diff)) if diff else None,
+            "aa": is_aa(arm, ref),
+            "exact_arm": arm in exact_arms,
+        }
+        row["identity"] = row["identical"] / row["compared"] if row["compared"] else None
+        row["exact_mismatch"] = bool(arm in exact_arms and diff)
+        row["exact_unverified"] = False
+        row["batches_deterministic"] = batches_deterministic
+        rows.append(row)
+    if not batches_deterministic:
+        aa = {r["cell"]: r["identity"] for r in rows if r["aa"] and r["identity"] is not None}
+        for row in rows:
+            if row["exact_mismatch"]:
+                base = aa.get(row["cell"])
+                row["aa_identity"] = base
+                row["exact_mismatch"] = base is not None and row["identity"] < base
+                row["exact_unverified"] = base is None
+    return rows
+
+
+def _boot_two_stage(per_rep: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
+    reps = [v for v in per_rep if v.size]
+    meds = np.empty((len(reps), BOOTSTRAP))
+    for i, v in enumerate(reps):
+        meds[i] = np.median(v[rng.integers(0, v.size, size=(BOOTSTRAP, v.size))], axis=1)
+    if len(reps) > 1:
+        pick = rng.integers(0, len(reps), size=(BOOTSTRAP, len(reps)))
+        stat = np.median(meds[pick, np.arange(BOOTSTRAP)[:, None]], axis=1)
+    else:
+        stat = meds[0]
+    lo, hi = np.percentile(stat, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _boot_reps(vals: np.ndarray, rng: np.random.Generator) -> tuple[float | None, float | None]:
+    if vals.size < 2:
+        return None, None
+    stat = np.median(vals[rng.integers(0, vals.size, size=(BOOTSTRAP, vals.size))], axis=1)
+    lo, hi = np.percentile(stat, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def paired_deltas(
+    records: list[dict[str, Any]],
+    cells: list[dict[str, Any]],
+    ref: str,
+    seed: int = 0,
+    no_verdict: str | None = None,
+) -> list[dict[str, Any]]:
+    """Rows (arm, cell, C, metric, delta, ci_lo, ci_hi, reps, pairs, aa_spread, verdict); invalid out."""
+    rng = np.random.default_rng(seed)
+    valid = {(c["arm"], c["cell"], c["rep"]): bool(c["valid"]) for c in cells}
+    cellrow = {(c["arm"], c["cell"], c["rep"]): c for c in cells}
+    conc = {c["cell"]: c.get("C") for c in cells}
+    idx = _by_key(records)
+    arms = sorted({c["arm"] for c in cells if c["arm"] != ref})
+    cell_names = list(dict.fromkeys(c["cell"] for c in cells))
+    reps = sorted({c["rep"] for c in cells})
+    metrics_cache: dict[tuple, dict[str, Any]] = {}
+
+    def m(key: tuple) -> dict[str, Any]:
+        if key not in metrics_cache:
+            metrics_cache[key] = request_metrics(idx[key])
+        return metrics_cache[key]
+
+    rows: list[dict[str, Any]] = []
+    for arm in arms:
+        for cell in cell_names:
+            ok_reps = [r for r in reps if valid.get((arm, cell, r)) and valid.get((ref, cell, r))]
+            excluded = [r for r in reps if (arm, cell, r) in valid and r not in ok_reps]
+            for metric in REQUEST_METRICS:
+                per_rep = []
+                for rep in ok_reps:
+                    d = []
+                    for a, c, rp, req in idx:
+                        if a != arm or c != cell or rp != rep or (ref, cell, rep, req) not in idx:
+                            continue
+                        x, y = m((arm, cell, rep, req))[metric], m((ref, cell, rep, req))[metric]
+                        if x is not None and y is not None and y > 0:
+                            d.append(x / y - 1.0)
+                    per_rep.append(np.asarray(d, dtype=np.float64))
+                pairs = int(sum(v.size for v in per_rep))
+                if pairs:
+                    est = float(np.median([np.median(v) for v in per_rep if v.size]))
+                    lo, hi = _boot_two_stage(per_rep, rng)
+                else:
+                    est = lo = hi = None
+                rows.append(
+                    _row(arm, cell, conc.get(cell), metric, est, lo, hi, len(ok_reps), pairs, excluded)
+                )
+            for metric in CELL_METRICS:
+                vals = []
+                for rep in ok_reps:
+                    x, y = cellrow[(arm, cell, rep)].get(metric), cellrow[(ref, cell, rep)].get(metric)
+                    if x is not None and y:
+                        vals.append(x / y - 1.0)
+                arr = np.asarray(vals, dtype=np.float64)
+                est = float(np.median(arr)) if arr.size else None
+                lo, hi = _boot_reps(arr, rng)
+                rows.append(
+                    _row(
+                        arm, cell, conc.get(cell), metric, est, lo, hi, len(ok_reps), int(arr.size), excluded
+                    )
+                )
+    _apply_aa(rows, ref, no_verdict)
+    return rows
+
+
+def _row(arm, cell, c, metric, est, lo, hi, reps, pairs, excluded) -> dict[str, Any]:
+    return {
+        "arm": arm,
+        "cell": cell,
+        "C": c,
+        "metric": metric,
+        "delta": est,
+        "ci_lo": lo,
+        "ci_hi": hi,
+        "reps": reps,
+        "pairs": pairs,
+        "excluded_reps": excluded,
+        "aa_spread": None,
+        "verdict": None,
+    }
+
+
+def _apply_aa(rows: list[dict[str, Any]], ref: str, no_verdict: str | None = None) -> None:
+    """Fill the A/A spread beside every row and the verdict (better / worse / within noise / tie /
+    n/a; `no_verdict` = why timings cannot carry one, e.g. "CPU timings")."""
+    spread: dict[tuple, float] = {}
+    for r in rows:
+        if is_aa(r["arm"], ref) and r["delta"] is not None:
+            bounds = [abs(v) for v in (r["delta"], r["ci_lo"], r["ci_hi"]) if v is not None]
+            key = (r["cell"], r["metric"])
+            spread[key] = max(spread.get(key, 0.0), max(bounds))
+    for r in rows:
+        r["aa_spread"] = spread.get((r["cell"], r["metric"]))
+        d = r["delta"]
+        s = r["aa_spread"]
+        if is_aa(r["arm"], ref):
+            r["verdict"] = "A/A"
+        elif no_verdict:
+            r["verdict"] = f"no verdict: {no_verdict}"
+        elif d is None or (isinstance(d, float) and math.isnan(d)) or r["ci_lo"] is None:
+            r["verdict"] = "n/a"  # no interval (a cell metric from one repetition): no claim either way
+        elif s is not None and r["ci_lo"] <= s and r["ci_hi"] >= -s:
+            r["verdict"] = "within noise"  # the interval reaches into the A/A spread
+        elif r["ci_lo"] <= 0.0 <= r["ci_hi"]:
+            r["verdict"] = "tie"
+        else:
+            better = d > 0 if r["metric"] in HIGHER_IS_BETTER else d < 0
+            r["verdict"] = "better" if better else "worse"

@@ -1,0 +1,307 @@
+"""The in-process backend: drives `rltbench.engine.Engine` directly, one process hosting every arm.
+
+Why one process: at C=128 with 512/128 tokens an Ouro-1.4B KV cache needs ~60 GiB; two arms with
+their own pools would not fit on one 80 GB GPU (and must not silently shrink C), so the engine keeps
+one model and one KV pool and switches the arm's ops and CUDA-graph set with `set_arm` (the pool and
+prefix cache are reset between arms).
+
+The client side is simulated on the engine's step loop: a request is "sent" at its scheduled time
+(cell start + arrival offset) and admitted at the next step boundary, so host time spent in a step
+counts as queueing, as it would for a request waiting at a real server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltbench.commands.e2e.workload import Request
+from rltbench.engine.coldwork import ColdWorkProbe
+from rltbench.engine.schedule import Schedule
+
+
+@dataclass
+class Timeouts:
+    """Per-request limits (seconds) and the run's absolute deadline (perf_counter time, None = none)."""
+
+    first_token: float = 300.0
+    stall: float = 120.0
+    deadline: float | None = None
+
+    def deadline_passed(self, now: float | None = None) -> bool:
+        return (
+            self.deadline is not None and (now if now is not None else time.perf_counter()) >= self.deadline
+        )
+
+
+@dataclass
+class CellProgress:
+    """Live counters of the running cell, read by the display (cheap to update in the step loop)."""
+
+    total: int = 0
+    done: int = 0
+    errors: int = 0
+    tokens: int = 0
+    start: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+
+
+class DeadlineReached(Exception):
+    """The global deadline ended the run; the cell's records are attached (unfinished -> timeout)."""
+
+    def __init__(self, records: list[dict[str, Any]]):
+        super().__init__("global deadline reached")
+        self.records = records
+
+
+def new_record(req: Request, rid: str, send: float) -> dict[str, Any]:
+    return {
+        "request": req.index,
+        "request_id": rid,
+        "prompt_len": len(req.prompt),
+        "expected_len": req.output_len,
+        "send": send,
+        "first": None,
+        "last": None,
+        "token_ids": [],
+        "event_times": [],
+        "event_tokens": [],
+        "status": None,
+        "error": None,
+        "prefix_hit_tokens": None,
+    }
+
+
+def finalize(rec: dict[str, Any]) -> dict[str, Any]:
+    """Set the final status of a request that ended without error: ok or length_mismatch."""
+    if rec["status"] is None:
+        n = len(rec["token_ids"]) if rec["token_ids"] is not None else int(rec.get("n_tokens") or 0)
+        rec["status"] = "ok" if n == rec["expected_len"] else "length_mismatch"
+        if rec["status"] != "ok":
+            rec["error"] = f"{n} tokens, expected {rec['expected_len']}"
+    return rec
+
+
+class EngineBackend:
+    """Runs cells on an in-process Engine (all arms in one process, one GPU)."""
+
+    name = "engine"
+    hosting = (
+        "one process, one model, one KV pool; the engine switches each arm's ops and CUDA-graph set "
+        "(set_arm), resetting the pool and prefix cache between arms, because two KV pools of an "
+        "Ouro-1.4B C=128 burst (~60 GiB each) would not fit on one GPU"
+    )
+
+    supports_replay = True
+
+    def __init__(self, engine: Any, sampling_cls: Any, arms: list[str]):
+        self.engine = engine
+        self.sampling_cls = sampling_cls
+        self.arms = arms
+        # the last timed cell: its schedule (for replays), request ids -> requests, cold-work counts
+        self.last_schedule: Schedule | None = None
+        self.last_requests: dict[str, Request] = {}
+        self.last_cold_work: dict[str, int | None] = {}
+
+    def warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
+        """Everything a timed cell of `arm` could otherwise pay for, done untimed: decode graphs for
+        every bucket and context class, the burst's prefill graphs (1..k whole prompts of one length;
+        session shapes vary and run eagerly), the largest eager prefill step (allocator and cuBLAS),
+        then a small burst through the real step loop. Timed cells then run frozen (no capture)."""
+        eng = self.engine
+        eng.set_arm(arm)
+        eng.warmup()
+        lens = {len(r.prompt) for r in requests}
+        if len(lens) == 1:
+            eng.warmup_prefill(lens.pop())
+        eng.warmup_eager_prefill()
+        if requests:
+            self.run_cell(
+                arm,
+                "warmup",
+                requests,
+                Timeouts(timeouts.first_token, timeouts.stall, None),
+                reset_prefix_cache=True,
+                timed=False,
+            )
+
+    def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request]) -> dict[int, list[int]]:
+        """Run `arm` untimed through `schedule` (recorded on another arm's timed cell of `requests`):
+        request index -> generated ids. Eager steps run the arm's kernels (scope forced to all) on
+        a GPU, so prefill is compared too; on CPU they would run in the Triton interpreter, so eager
+        steps keep the arm's own ops there."""
+        eng = self.engine
+        eng.set_arm(arm)
+        fused = eng.fused_ops if eng.device.type == "cuda" else None
+        out = eng.replay(
+            schedule,
+            {rid: list(r.prompt) for rid, r in requests.items()},
+            {rid: r.output_len for rid, r in requests.items()},
+            eager_ops=fused,
+        )
+        return {requests[rid].index: toks for rid, toks in out.items()}
+
+    def stats(self, arm: str | None = None) -> dict[str, Any]:
+        """The engine's counters for `arm` (the engine keeps counters per arm; switching needs it idle)."""
+        try:
+            if arm is not None and getattr(self.engine, "arm", arm) != arm:
+                self.engine.set_arm(arm)
+            return dict(self.engine.stats())
+        except Exception:  # stats are informative only
+            return {}
+
+    def run_cell(
+        self,
+        arm: str,
+        tag: str,
+        requests: list[Request],
+        timeouts: Timeouts,
+        reset_prefix_cache: bool = True,
+        progress: CellProgress | None = None,
+        on_step: Callable[[], None] | None = None,
+        timed: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Serve `requests` (sent at cell start + arrival) and return one record per request.
+
+        A timed cell runs on a frozen engine (no graph capture), records its schedule
+        (`last_schedule`, for replays on other arms) and counts cold work (`last_cold_work`)."""
+        eng = self.engine
+        eng.set_arm(arm)
+        if reset_prefix_cache:
+            eng.reset_prefix_cache()
+        probe = ColdWorkProbe(eng) if timed else None
+        if probe is not None:
+            eng.freeze(True)
+            probe.start()
+            eng.start_recording()
+        try:
+            return self._serve(arm, tag, requests, timeouts, progress, on_step)
+        finally:
+            if probe is not None:
+                self.last_schedule = eng.stop_recording()
+                self.last_cold_work = probe.delta()
+                self.last_requests = {f"{arm}/{tag}/{r.index}": r for r in requests}
+                eng.freeze(False)
+
+    def _serve(
+        self,
+        arm: str,
+        tag: str,
+        requests: list[Request],
+        timeouts: Timeouts,
+        progress: CellProgress | None,
+        on_step: Callable[[], None] | None,
+    ) -> list[dict[str, Any]]:
+        eng = self.engine
+        pending = sorted(requests, key=lambda r: (r.arrival, r.index))
+        recs: dict[str, dict[str, Any]] = {}
+        order: list[str] = []
+        live: set[str] = set()
+        prog = progress or CellProgress()
+        prog.total, prog.start = len(requests), time.perf_counter()
+        t0 = prog.start
+        pi = 0
+        try:
+            while True:
+                now = time.perf_counter()
+                while pi < len(pending) and t0 + pending[pi].arrival <= now:
+                    req = pending[pi]
+                    pi += 1
+                    rid = f"{arm}/{tag}/{req.index}"
+                    rec = recs[rid] = new_record(req, rid, t0 + req.arrival)
+                    order.append(rid)
+                    try:
+                        eng.add_request(
+                            rid,
+                            list(req.prompt),
+                            self.sampling_cls(max_tokens=req.output_len, ignore_eos=True),
+                        )
+                        live.add(rid)
+                    except ValueError as exc:  # EngineRequestError: bad request, the rest goes on
+                        rec["status"], rec["error"] = "error", str(exc)
+                        prog.done += 1
+                        prog.errors += 1
+                if timeouts.deadline_passed(now):
+                    self._abort_all(live, recs, "global deadline reached")
+                    for req in pending[pi:]:
+                        rid = f"{arm}/{tag}/{req.index}"
+                        recs[rid] = new_record(req, rid, t0 + req.arrival)
+                        recs[rid].update(status="timeout", error="global deadline reached (not sent)")
+                        order.append(rid)
+                    raise DeadlineReached([finalize(recs[r]) for r in order])
+                if not live:
+                    if pi >= len(pending):
+                        break
+                    wait = t0 + pending[pi].arrival - time.perf_counter()
+                    if timeouts.deadline is not None:
+                        wait = min(wait, timeouts.deadline - time.perf_counter())
+                    if wait > 0:
+                        time.sleep(min(wait, 0.05))
+                    continue
+                try:
+                    events = eng.step()
+                except Exception as exc:  # an engine failure fails the in-flight requests, not the run
+                    n_live = len(live)
+                    self._abort_all(live, recs, f"engine step failed: {type(exc).__name__}: {exc}", "error")
+                    prog.errors += n_live
+                    prog.done += n_live
+                    continue
+                for ev in events:
+                    rec = recs.get(ev.request_id)
+                    if rec is None:
+                        continue
+                    if rec["first"] is None:
+                        rec["first"] = ev.time
+                        prog.ttfts.append(ev.time - rec["send"])
+                    rec["last"] = ev.time
+                    rec["token_ids"].extend(int(t) for t in ev.token_ids)
+                    rec["event_times"].append(ev.time)
+                    rec["event_tokens"].append(len(ev.token_ids))
+                    hit = getattr(ev, "prefix_hit_tokens", None)
+                    if hit is not None:
+                        rec["prefix_hit_tokens"] = int(hit)
+                    prog.tokens += len(ev.token_ids)
+                    if ev.finished:
+                        live.discard(ev.request_id)
+                        finalize(rec)
+                        prog.done += 1
+                        prog.errors += rec["status"] != "ok"
+                self._check_timeouts(live, recs, timeouts, prog)
+                if on_step is not None:
+                    on_step()
+        except KeyboardInterrupt:
+            self._abort_all(live, recs, "interrupted")
+            raise
+        return [finalize(recs[r]) for r in order]
+
+    def _check_timeouts(
+        self, live: set[str], recs: dict[str, dict[str, Any]], timeouts: Timeouts, prog: CellProgress
+    ) -> None:
+        now = time.perf_counter()
+        for rid in list(live):
+            rec = recs[rid]
+            if rec["first"] is None and now - rec["send"] > timeouts.first_token:
+                why = f"no first token after {timeouts.first_token:g}s"
+            elif rec["last"] is not None and now - rec["last"] > timeouts.stall:
+                why = f"no token for {timeouts.stall:g}s"
+            else:
+                continue
+            self._abort(rid, live, rec, why, "timeout")
+            prog.done += 1
+            prog.errors += 1
+
+    def _abort(self, rid: str, live: set[str], rec: dict[str, Any], why: str, status: str) -> None:
+        try:
+            self.engine.abort_request(rid)
+        except Exception:  # already finished or unknown: nothing left to free
+            pass
+        live.discard(rid)
+        rec["status"], rec["error"] = status, why
+
+    def _abort_all(
+        self, live: set[str], recs: dict[str, dict[str, Any]], why: str, status: str = "timeout"
+    ) -> None:
+        for rid in list(live):
+            self._abort(rid, live, recs[rid], why, status)

@@ -1,0 +1,240 @@
+"""OpenAI-compatible backend: streaming `/v1/completions` with token-id prompts, one server per arm.
+
+Works against vLLM, SGLang or any server that accepts `prompt` as a list of token ids. Each request
+asks for `max_tokens`, temperature 0, `stream: true`, usage in the last chunk, and (where the server
+accepts them) `ignore_eos` and vLLM's `return_token_ids`; the generated ids are taken from
+`token_ids` or from `logprobs.tokens` written as `token_id:N`; otherwise tokens are counted as
+one per streamed text event and N comes from the server's usage (identity is then unavailable).
+If the server rejects the extra fields with HTTP 400 during warm-up they are dropped (and noted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from rltbench.commands.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts, finalize, new_record
+from rltbench.commands.e2e.workload import Request
+from rltbench.errors import UsageError
+
+# Optional request fields, dropped in this order when a server answers HTTP 400 to the warm-up probe.
+EXTRA_FIELDS = ("return_token_ids", "ignore_eos", "stream_options")
+
+
+def parse_arm_urls(specs: list[str]) -> dict[str, str]:
+    """`--arm NAME=URL` (repeatable) -> {name: base url without trailing /v1}."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        name, url = name.strip(), url.strip().rstrip("/")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise UsageError(f"--arm {spec!r}: expected NAME=http://host:port")
+        if name in out:
+            raise UsageError(f"--arm {name} given twice")
+        out[name] = url[:-3] if url.endswith("/v1") else url
+    return out
+
+
+def _token_ids_of(choice: dict[str, Any]) -> list[int] | None:
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return [int(t) for t in ids]
+    lp = choice.get("logprobs")
+    toks = lp.get("tokens") if isinstance(lp, dict) else None
+    if (
+        isinstance(toks, list)
+        and toks
+        and all(isinstance(t, str) and t.startswith("token_id:") for t in toks)
+    ):
+        return [int(t.split(":", 1)[1]) for t in toks]
+    return None
+
+
+class OpenAIBackend:
+    """Runs cells against OpenAI-compatible servers with aiohttp (one arm per server)."""
+
+    name = "openai"
+    hosting = "one server per arm (OpenAI-compatible /v1/completions); arms run one at a time in the schedule"
+
+    def __init__(self, urls: dict[str, str], model_name: str | None = None):
+        self.urls = urls
+        self.arms = list(urls)
+        self.model_name = model_name
+        self.models: dict[str, str] = {}
+        self.extras: dict[str, dict[str, Any]] = {
+            a: {"return_token_ids": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+            for a in urls
+        }
+        self.notes: dict[str, Any] = {}
+
+    # -- public API (same shape as EngineBackend) ------------------------------------------------
+    def stats(self, arm: str | None = None) -> dict[str, Any]:
+        return {}
+
+    def warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
+        """Find the served model name, negotiate the extra fields, run a small warm-up burst."""
+        asyncio.run(self._warmup(arm, requests, timeouts))
+
+    def run_cell(
+        self,
+        arm: str,
+        tag: str,
+        requests: list[Request],
+        timeouts: Timeouts,
+        reset_prefix_cache: bool = True,
+        progress: CellProgress | None = None,
+        on_step: Any = None,
+    ) -> list[dict[str, Any]]:
+        """Serve `requests` (each sent at cell start + arrival); one record per request.
+
+        The server's prefix cache cannot be reset through this API; the session report says so.
+        """
+        return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress()))
+
+    # -- internals -------------------------------------------------------------------------------
+    def _session(self, aiohttp: Any) -> Any:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+
+    async def _warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
+        import aiohttp
+
+        async with self._session(aiohttp) as sess:
+            if arm not in self.models:
+                self.models[arm] = self.model_name or await self._served_model(sess, arm)
+            probe = Request(index=0, prompt=list(requests[0].prompt) if requests else [1, 2, 3], output_len=2)
+            error = ""
+            for n_drop in range(len(EXTRA_FIELDS) + 1):
+                for key in EXTRA_FIELDS[:n_drop]:
+                    self.extras[arm].pop(key, None)
+                async with sess.post(
+                    self.urls[arm] + "/v1/completions", json=self._payload(arm, probe)
+                ) as resp:
+                    body = await resp.text()
+                    if resp.status != 400:
+                        break
+                    error = body[:200]
+            else:
+                raise UsageError(
+                    f"--arm {arm}: {self.urls[arm]} rejects streaming token-id completions: {error}"
+                )
+            self.notes[arm] = {"model": self.models[arm], "extra_fields": sorted(self.extras[arm])}
+        if requests:
+            await self._run_cell(
+                arm, "warmup", requests, Timeouts(timeouts.first_token, timeouts.stall, None), CellProgress()
+            )
+
+    async def _served_model(self, sess: Any, arm: str) -> str:
+        try:
+            async with sess.get(self.urls[arm] + "/v1/models") as resp:
+                data = await resp.json(content_type=None)
+            return str(data["data"][0]["id"])
+        except Exception as exc:
+            raise UsageError(
+                f"--arm {arm}: cannot list models at {self.urls[arm]}/v1/models ({exc}); "
+                "give --served-model-name"
+            ) from None
+
+    def _payload(self, arm: str, req: Request) -> dict[str, Any]:
+        return {
+            "model": self.models.get(arm, self.model_name or ""),
+            "prompt": list(req.prompt),
+            "max_tokens": req.output_len,
+            "temperature": 0.0,
+            "stream": True,
+            **self.extras[arm],
+        }
+
+    async def _run_cell(
+        self, arm: str, tag: str, requests: list[Request], timeouts: Timeouts, prog: CellProgress
+    ) -> list[dict[str, Any]]:
+        import aiohttp
+
+        prog.total, prog.start = len(requests), time.perf_counter()
+        t0 = prog.start
+        recs = [new_record(r, f"{arm}/{tag}/{r.index}", t0 + r.arrival) for r in requests]
+        async with self._session(aiohttp) as sess:
+            tasks = [
+                asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog))
+                for req, rec in zip(requests, recs, strict=False)
+            ]
+            remaining = (
+                None if timeouts.deadline is None else max(0.0, timeouts.deadline - time.perf_counter())
+            )
+            _, pending = await asyncio.wait(tasks, timeout=remaining)
+            if pending:
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                for t, rec in zip(tasks, recs, strict=False):
+                    if t in pending:
+                        rec.update(status="timeout", error="global deadline reached")
+                raise DeadlineReached([finalize(r) for r in recs])
+        return [finalize(r) for r in recs]
+
+    async def _one(
+        self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress
+    ) -> None:
+        delay = rec["send"] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec["send"] = time.perf_counter()
+        usage_n: int | None = None
+        ids_missing = False
+        try:
+            async with sess.post(self.urls[arm] + "/v1/completions", json=self._payload(arm, req)) as resp:
+                if resp.status != 200:
+                    body = (await resp.text())[:200]
+                    rec.update(status="error", error=f"HTTP {resp.status}: {body}")
+                    return
+                while True:
+                    limit = timeouts.first_token if rec["first"] is None else timeouts.stall
+                    line = await asyncio.wait_for(resp.content.readline(), timeout=limit)
+                    if not line:
+                        break
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    now = time.perf_counter()
+                    chunk = json.loads(data)
+                    if (
+                        isinstance(chunk.get("usage"), dict)
+                        and chunk["usage"].get("completion_tokens") is not None
+                    ):
+                        usage_n = int(chunk["usage"]["completion_tokens"])
+                    for choice in chunk.get("choices") or []:
+                        ids = _token_ids_of(choice)
+                        if ids is None:
+                            k = 1 if choice.get("text") else 0
+                            ids_missing = ids_missing or k == 1
+                        else:
+                            k = len(ids)
+                            rec["token_ids"].extend(ids)
+                        if k == 0:
+                            continue
+                        if rec["first"] is None:
+                            rec["first"] = now
+                            prog.ttfts.append(now - rec["send"])
+                        rec["last"] = now
+                        rec["event_times"].append(now)
+                        rec["event_tokens"].append(k)
+                        prog.tokens += k
+        except asyncio.TimeoutError:
+            what = "first token" if rec["first"] is None else "next token"
+            rec.update(status="timeout", error=f"no {what} within the timeout")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # connection reset, bad JSON...: this request fails, the cell goes on
+            rec.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            if ids_missing:
+                rec["token_ids"] = None
+                rec["n_tokens"] = usage_n if usage_n is not None else int(sum(rec["event_tokens"]))
+            prog.done += 1
+            prog.errors += rec["status"] is not None

@@ -1,0 +1,615 @@
+"""Analysis and rendering of an e2e run from its raw files only (requests.jsonl, cell_meta.jsonl,
+replay.jsonl, manifest).
+
+`render(run_dir)` (called at the end of a run and by `rltbench report DIR`) recomputes cells,
+identity (under schedule replay: the verdict; free-running: information) and paired statistics,
+then writes cells.csv/json, identity.csv/json, replay_identity.csv/json, comparison.csv/json,
+summary.json, table.md and the plots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rltbench.commands.e2e import compare
+from rltbench.commands.e2e.metrics import (
+    METRIC_DEFINITIONS,
+    cell_summary,
+    fmt_ms,
+    percentiles,
+    request_metrics,
+)
+from rltbench.engine.coldwork import is_cold
+from rltbench.results import RunDir
+
+CELL_KEYS = ("arm", "cell", "C", "rep")
+REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition), written by the runner
+
+
+def compute_cells(
+    records: list[dict[str, Any]], meta: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One summary row per (arm, cell, rep), in the order cells ran; metadata rows merged in."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["arm"], r["cell"], r["C"], r["rep"])].append(r)
+    extra = {(m["arm"], m["cell"], m["C"], m["rep"]): m for m in meta or []}
+    keys = list(dict.fromkeys([*(tuple(m[k] for k in CELL_KEYS) for m in meta or []), *groups]))
+    rows = []
+    for key in keys:
+        recs = groups.get(key, [])
+        m = extra.get(key, {})
+        row = dict(zip(CELL_KEYS, key, strict=False))
+        row.update(cell_summary(recs, burst=m.get("workload", "burst") == "burst"))
+        for k in (
+            "order",
+            "started",
+            "wall_s",
+            "theoretical_prefix_hit_rate",
+            "engine_prefix_hit_rate",
+            "interrupted",
+            "note",
+            "cold_work",
+        ):
+            if k in m:
+                row[k] = m[k]
+        if m.get("interrupted"):
+            row["valid"] = False
+        row["cold"] = is_cold(m.get("cold_work"))
+        rows.append(row)
+    return rows
+
+
+def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list[dict[str, Any]]:
+    """Per arm and cell: identical / compared under schedule replay over all repetitions, the first
+    divergence (request, step, token) and whether it is an exact-arm mismatch (a kernel bug)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in replays:
+        groups[(r["arm"], r["cell"])].append(r)
+    rows = []
+    for (arm, cell), rs in groups.items():
+        done = [r for r in rs if "compared" in r]
+        divs = [dict(d, rep=r["rep"]) for r in done for d in r.get("divergences", [])]
+        first = min(divs, key=lambda d: (d["token_index"], d["rep"], d["request"])) if divs else None
+        row = {
+            "arm": arm,
+            "cell": cell,
+            "reps": len(done),
+            "compared": sum(r["compared"] for r in done),
+            "identical": sum(r["identical"] for r in done),
+            "skipped": [f"rep {r['rep']}: {r['skipped']}" for r in rs if "skipped" in r],
+            "first_divergence": first,
+            "same_schedule_free_running": sum(bool(r.get("same_schedule_free_running")) for r in rs),
+            "exact_arm": arm in exact_arms,
+        }
+        row["exact_mismatch"] = bool(row["exact_arm"] and row["identical"] < row["compared"])
+        row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
+        rows.append(row)
+    return rows
+
+
+def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
+    """Why the run's timings cannot carry a speed verdict, or None where they can."""
+    if cfg.get("device") == "cpu":
+        return "CPU timings (fused arms run torch ops or the Triton interpreter)"
+    return None
+
+
+def analyse(run: RunDir) -> dict[str, Any]:
+    """Everything the report shows, from the raw files."""
+    cfg = run.manifest.get("config", {})
+    records = run.read_jsonl("requests.jsonl")
+    meta = run.read_jsonl("cell_meta.jsonl")
+    arms = cfg.get("arm_names") or list(dict.fromkeys(r["arm"] for r in records))
+    ref = cfg.get("reference_arm") or (arms[0] if arms else "torch")
+    exact_arms = set(cfg.get("exact_arms") or [])
+    cells = compute_cells(records, meta)
+    batches_deterministic = cfg.get("workload", "burst") == "burst"
+    ident = compare.identity(records, ref, exact_arms, batches_deterministic)
+    cell_order = list(dict.fromkeys(c["cell"] for c in cells))
+    ident.sort(
+        key=lambda r: (
+            arms.index(r["arm"]) if r["arm"] in arms else len(arms),
+            cell_order.index(r["cell"]) if r["cell"] in cell_order else len(cell_order),
+        )
+    )
+    replays = replay_identity(run.read_jsonl(REPLAY_FILE), exact_arms)
+    replays.sort(key=lambda r: (arms.index(r["arm"]) if r["arm"] in arms else len(arms)))
+    replay_on = cfg.get("backend", "engine") == "engine"
+    if replay_on:  # the verdict comes from the replays; free-running identity is information
+        for r in ident:
+            r["exact_mismatch"] = r["exact_unverified"] = False
+    no_verdict = no_verdict_reason(cfg)
+    comp = (
+        compare.paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
+        if ref in arms
+        else []
+    )
+    pooled = []
+    for arm in arms:
+        for cell in dict.fromkeys(c["cell"] for c in cells):
+            valid_reps = {c["rep"] for c in cells if c["arm"] == arm and c["cell"] == cell and c["valid"]}
+            recs = [r for r in records if r["arm"] == arm and r["cell"] == cell and r["rep"] in valid_reps]
+            per = [request_metrics(r) for r in recs]
+            row = {
+                "arm": arm,
+                "cell": cell,
+                "C": next((c["C"] for c in cells if c["cell"] == cell), None),
+                "valid_reps": len(valid_reps),
+            }
+            for name in ("ttft", "tpot", "e2e"):
+                row.update({f"{name}_{k}": v for k, v in percentiles([p[name] for p in per]).items()})
+            row.update({f"itl_{k}": v for k, v in percentiles([x for p in per for x in p["itl"]]).items()})
+            tps = [
+                c["output_tok_s"]
+                for c in cells
+                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["output_tok_s"]
+            ]
+            st = [
+                c["steady_tok_s"]
+                for c in cells
+                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["steady_tok_s"]
+            ]
+            row["output_tok_s_median"] = float(pd.Series(tps).median()) if tps else None
+            row["steady_tok_s_median"] = float(pd.Series(st).median()) if st else None
+            pooled.append(row)
+    if replay_on:
+        missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref})
+        mismatch = [_mismatch_row(r) for r in replays if r["exact_mismatch"]]
+        unverified = [_mismatch_row(r) for r in replays if r["exact_unverified"]]
+        unverified += [{"arm": a, "cell": "-", "compared": 0, "identical": 0} for a in missing]
+    else:
+        mismatch = [_mismatch_row(r) for r in ident if r["exact_mismatch"]]
+        unverified = [_mismatch_row(r) for r in ident if r.get("exact_unverified")]
+    cold = [{k: c[k] for k in (*CELL_KEYS, "cold_work")} for c in cells if c.get("cold")]
+    summary = {
+        "status": run.manifest.get("status"),
+        "interrupted_by": run.manifest.get("interrupted_by"),
+        "skipped_cells": run.manifest.get("skipped_cells"),
+        "reference_arm": ref,
+        "arms": arms,
+        "cells_total": len(cells),
+        "cells_invalid": sum(1 for c in cells if not c["valid"]),
+        "identity_method": "schedule replay" if replay_on else "free-running (replay needs the engine)",
+        "exact_arm_mismatch": bool(mismatch),
+        "exact_arm_mismatches": mismatch,
+        "exact_arm_unverified": unverified,
+        "identity": ident,
+        "replay_identity": replays,
+        "cold_cells": cold,
+        "no_verdict": no_verdict,
+        "interval_method": compare.INTERVAL_METHOD,
+        "random_weights": bool(cfg.get("random_weights")),
+    }
+    return {
+        "cells": cells,
+        "identity": ident,
+        "replay_identity": replays,
+        "comparison": comp,
+        "pooled": pooled,
+        "summary": summary,
+        "config": cfg,
+        "arms": arms,
+        "ref": ref,
+    }
+
+
+def _mismatch_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an identity row that name a mismatch (replay rows carry request/step/token)."""
+    keys = ("arm", "cell", "compared", "identical", "first_divergence", "first_divergence_min")
+    return {k: r[k] for k in keys if k in r}
+
+
+def status_text(s: dict[str, Any]) -> str:
+    """'complete', or 'interrupted (global deadline (--deadline); 4 cells skipped)'."""
+    skipped = s.get("skipped_cells")
+    why = [w for w in (s.get("interrupted_by"), skipped and f"{skipped} cells skipped") if w]
+    return f"{s.get('status')} ({'; '.join(why)})" if why else str(s.get("status"))
+
+
+def _p3(p: dict[str, Any], m: str) -> str:
+    """'p50 / p90 / p99' in ms of metric `m`, the p99 starred when it comes from < 100 samples."""
+    return f"{fmt_ms(p[m + '_p50'])} / {fmt_ms(p[m + '_p90'])} / {fmt_ms(p[m + '_p99'], p[m + '_p99_low_n'])}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def _spec(s: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in s.items()) if isinstance(s, dict) else str(s)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _speed(v: float | None) -> str:
+    return "-" if v is None else f"{1 + v:.3f}x"
+
+
+def table_markdown(a: dict[str, Any]) -> str:
+    """The human summary: configuration, speedup, latency, identity, statistics, definitions."""
+    cfg, ref, arms = a["config"], a["ref"], a["arms"]
+    L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
+    if cfg.get("random_weights"):
+        L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+    notes = list(cfg.get("notes") or [])
+    if len(arms) > 1 and not any(compare.is_aa(arm, ref) for arm in arms):
+        notes.append(
+            f"no A/A arm ({ref} run twice, e.g. --arms {','.join(arms)},{ref}): identity has no "
+            "batch-invariance baseline and the verdicts no noise floor"
+        )
+    summ = a["summary"]
+    if summ.get("no_verdict"):
+        notes.append(f"no speed verdicts: {summ['no_verdict']} cannot say which arm is faster")
+    for note in notes:
+        L += [f"**note: {note}**", ""]
+    if summ["exact_arm_mismatch"]:
+        L += [
+            f"**EXACT ARM MISMATCH ({summ.get('identity_method', 'free-running')}): an exact arm "
+            "generated tokens different from the reference on the same batches (a kernel bug):** "
+            + "; ".join(mismatch_text(m) for m in summ["exact_arm_mismatches"]),
+            "",
+        ]
+    if summ.get("cold_cells"):
+        L += [
+            f"**{len(summ['cold_cells'])} timed cell(s) did cold work (graph capture, compile or device "
+            "malloc inside the timed window): their timings include it; see 'Cold work' below**",
+            "",
+        ]
+    L += [
+        f"- backend: {cfg.get('backend')}; hosting: {cfg.get('hosting', '-')}",
+        "- arms: " + "; ".join(f"{n} ({_spec(s)})" for n, s in (cfg.get("arm_specs") or {}).items()),
+        f"- reference: {ref}; repetitions: {cfg.get('repeats')}; schedule: {cfg.get('schedule_note', '-')}",
+        f"- device: {cfg.get('device')}, dtype: {cfg.get('dtype')}, weights: {cfg.get('weights')}",
+        f"- workload: {cfg.get('workload_note', '-')}",
+        f"- status: {status_text(a['summary'])}",
+        "",
+    ]
+    cells = a["cells"]
+    comp = {(r["arm"], r["cell"], r["metric"]): r for r in a["comparison"]}
+    cell_names = list(dict.fromkeys(c["cell"] for c in cells))
+    L += [
+        "## Output throughput (median over valid repetitions) and speedup vs " + ref,
+        "",
+        "| cell | arm | tok/s | steady tok/s | speedup (95% CI) | steady speedup (95% CI) | A/A spread "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    pooled = {(p["arm"], p["cell"]): p for p in a["pooled"]}
+    for cell in cell_names:
+        for arm in arms:
+            p = pooled.get((arm, cell), {})
+            tps, st = p.get("output_tok_s_median"), p.get("steady_tok_s_median")
+            r, rs = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
+
+            def ci(row: dict[str, Any]) -> str:
+                if not row or row.get("delta") is None:
+                    return "-"
+                s = _speed(row["delta"])
+                if row.get("ci_lo") is not None:
+                    s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
+                return s
+
+            L.append(f"| {cell} | {arm} | {_num(tps)} | {_num(st)} | ")
+            L[-1] += (
+                f"{'(ref)' if arm == ref else ci(r)} | {'(ref)' if arm == ref else ci(rs)} | "
+                f"{_pct(r.get('aa_spread'))} | {r.get('verdict') or '-'} |"
+            )
+    L += [
+        "",
+        "## Latency (ms, pooled over valid repetitions: p50 / p90 / p99, n = samples; * = p99 from < 100 "
+        "samples)",
+        "",
+        "| cell | arm | TTFT | n | TPOT | n | ITL | n | E2E | n |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cell_names:
+        for arm in arms:
+            p = pooled.get((arm, cell))
+            if not p:
+                continue
+            L.append(
+                f"| {cell} | {arm} | "
+                + " | ".join(f"{_p3(p, m)} | {p[m + '_n']}" for m in ("ttft", "tpot", "itl", "e2e"))
+                + " |"
+            )
+    L += _replay_section(a)
+    replayed = a["summary"].get("identity_method") == "schedule replay"
+    L += [
+        "",
+        f"## Free-running token identity vs {ref} ({'information' if replayed else 'the verdict'}; "
+        f"A/A = {ref} run twice)",
+        "",
+        "The tokens of the timed cells. Bursts give every arm the same batches; session loads admit "
+        "requests on the wall clock, so batch composition depends on each arm's speed and greedy "
+        "outputs are not batch-invariant: free-running divergences there mix kernels and timing. "
+        + (
+            "The verdict is the replay above."
+            if replayed
+            else "Without replay an exact-arm divergence is flagged only when it exceeds the A/A one."
+        ),
+        "",
+        "| cell | arm | identical / compared | first divergence (min, median) | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in a["identity"]:
+        note = (
+            "A/A"
+            if r["aa"]
+            else (
+                "**MISMATCH: exact arm must match (bug)**"
+                if r["exact_mismatch"]
+                else (
+                    "exact arm: unverified (session batches depend on timing; add an A/A arm)"
+                    if r.get("exact_unverified")
+                    else (
+                        "exact arm (divergence within A/A: timing-dependent batches)"
+                        if r["exact_arm"] and r["identical"] < r["compared"]
+                        else ("exact arm" if r["exact_arm"] else "")
+                    )
+                )
+            )
+        )
+        if r["not_compared"]:
+            note += f" ({r['not_compared']} not compared: unfinished or without token ids)"
+        fd = (
+            "-"
+            if r["first_divergence_min"] is None
+            else f"{r['first_divergence_min']}, {r['first_divergence_median']:.0f}"
+        )
+        L.append(f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {fd} | {note} |")
+    sess = [c for c in cells if c.get("theoretical_prefix_hit_rate") is not None]
+    if sess:
+        L += [
+            "",
+            "## Session prefix cache",
+            "",
+            "| arm | rep | theoretical hit rate | measured hit rate |",
+            "|---|---|---|---|",
+        ]
+        for c in sess:
+            mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
+            L.append(
+                f"| {c['arm']} | {c['rep']} | {c['theoretical_prefix_hit_rate']:.1%} | "
+                f"{'-' if mh is None else f'{mh:.1%}'} |"
+            )
+        L += [
+            "",
+            "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
+            "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
+        ]
+    L += _cold_section(cells)
+    bad = [c for c in cells if not c["valid"]]
+    if bad:
+        L += [
+            "",
+            "## Invalid cells (excluded from paired statistics)",
+            "",
+            "| cell | arm | rep | ok | error | timeout | length_mismatch | note |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in bad:
+            L.append(
+                f"| {c['cell']} | {c['arm']} | {c['rep']} | {c['n_ok']} | {c['n_error']} | "
+                f"{c['n_timeout']} | "
+                f"{c['n_length_mismatch']} | {'interrupted' if c.get('interrupted') else c.get('note', '')} |"
+            )
+    if a["comparison"]:
+        L += [
+            "",
+            f"## Paired deltas vs {ref} (arm / {ref} - 1; {compare.INTERVAL_METHOD}; "
+            "cell throughput: bootstrap over repetitions)",
+            "",
+            "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in a["comparison"]:
+            ci = "-" if r["ci_lo"] is None else f"[{_pct(r['ci_lo'])}, {_pct(r['ci_hi'])}]"
+            L.append(
+                f"| {r['cell']} | {r['arm']} | {r['metric']} | {_pct(r['delta'])} | {ci} | {r['reps']} | "
+                f"{r['pairs']} | {_pct(r['aa_spread'])} | {r['verdict']} |"
+            )
+        L += [
+            "",
+            "Verdict: `within noise` when the 95% interval reaches into the A/A spread (largest |bound| "
+            "of the A/A arm's delta); `tie` when it contains 0 and there is no A/A spread; `n/a` when "
+            "there is no interval (cell throughput from one repetition); `no verdict` where timings "
+            "cannot mean "
+            "anything (CPU); latency: lower is better, throughput: higher.",
+        ]
+        reps = int(cfg.get("repeats") or 0)
+        if reps == 1:
+            L.append(
+                "With 1 repetition there is no interval over repetitions: request-metric intervals "
+                "resample requests only, and cell throughput has none (use --repeats 5+ for intervals)."
+            )
+        elif reps < 5:
+            L.append(
+                f"With {reps} repetitions the interval over repetitions is little more than their "
+                "range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
+            )
+    L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
+    return "\n".join(L)
+
+
+def mismatch_text(m: dict[str, Any]) -> str:
+    """'exact C=8 15/16 (first: request 3, step 41, token 7)'."""
+    s = f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
+    fd = m.get("first_divergence")
+    if isinstance(fd, dict):
+        s += f" (first: rep {fd['rep']} request {fd['request']}, step {fd['step']}, "
+        s += f"token {fd['token_index']})"
+    elif m.get("first_divergence_min") is not None:
+        s += f" (first divergence at token {m['first_divergence_min']})"
+    return s
+
+
+def _replay_section(a: dict[str, Any]) -> list[str]:
+    """The identity verdict: every other arm run untimed on the reference's recorded batches."""
+    ref, rows = a["ref"], a.get("replay_identity") or []
+    L = ["", f"## Token identity vs {ref} under schedule replay (the verdict)", ""]
+    if a["config"].get("backend", "engine") != "engine":
+        return L + ["Replay needs the in-process engine: with servers only free-running identity exists."]
+    if not rows:
+        return L + ["No replay ran (no finished block of cells with more than one arm)."]
+    L += [
+        f"Each arm ran, untimed, the exact batches {ref} ran in its timed cell (same requests, prompt "
+        "chunks and decode rows per step; eager steps with the arm's kernels on), so a divergence is a "
+        "property of the kernels, not of timing. Exact arms must be 100% identical.",
+        "",
+        "| cell | arm | identical / compared | reps | first divergence (rep, request, step, token) | "
+        "free-running batches equal | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        fd = r["first_divergence"]
+        fdt = "-" if fd is None else f"{fd['rep']}, {fd['request']}, {fd['step']}, {fd['token_index']}"
+        note = (
+            "**MISMATCH: exact arm must match (kernel bug)**"
+            if r["exact_mismatch"]
+            else ("exact arm" if r["exact_arm"] else "")
+        )
+        if r["skipped"]:
+            note += ("; " if note else "") + "; ".join(r["skipped"])
+        L.append(
+            f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {r['reps']} | {fdt} | "
+            f"{r['same_schedule_free_running']}/{r['reps'] + len(r['skipped'])} | {note} |"
+        )
+    return L
+
+
+def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
+    """Cold work per timed cell: graph captures, compiles and device mallocs inside the window."""
+    counted = [c for c in cells if c.get("cold_work")]
+    if not counted:
+        return []
+    L = ["", "## Cold work in timed cells", ""]
+    cold = [c for c in counted if c.get("cold")]
+    keys = sorted({k for c in counted for k in c["cold_work"]})
+    unobserved = [k for k in keys if all(c["cold_work"].get(k) is None for c in counted)]
+    if not cold:
+        L.append(
+            f"None: all {len(counted)} timed cells ran warm ("
+            + ", ".join(f"0 {k}" for k in keys if k not in unobserved)
+            + (f"; not observable here: {', '.join(unobserved)}" if unobserved else "")
+            + ")."
+        )
+        return L
+    L += ["| cell | arm | rep | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+    for c in cold:
+        vals = [c["cold_work"].get(k) for k in keys]
+        L.append(
+            f"| {c['cell']} | {c['arm']} | {c['rep']} | "
+            + " | ".join("n/a" if v is None else str(v) for v in vals)
+            + " |"
+        )
+    return L
+
+
+def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:
+    """One line per arm in run order; A/A arms (torch#2) dashed in their base arm's colour."""
+    from rltbench.results.plotting import arm_color
+
+    for arm in arms:
+        g = df[df["arm"] == arm].dropna(subset=[ycol])
+        if not g.empty:
+            ax.plot(
+                g["C"],
+                g[ycol].astype(float) * scale,
+                "o--" if "#" in arm else "o-",
+                label=arm,
+                color=arm_color(arm),
+            )
+
+
+def _legend(ax: Any) -> None:
+    """A legend only where something was drawn (a metric with no samples, e.g. TPOT of 1-token
+    outputs, leaves an empty panel; matplotlib would warn on the console)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
+def _c_axis(ax: Any, cs: list[int]) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_xticks(cs)
+    ax.set_xticklabels([str(c) for c in cs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("concurrency C")
+
+
+def make_plots(run: RunDir, a: dict[str, Any]) -> None:
+    """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
+    from rltbench.results.plotting import arm_color, figure
+
+    pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
+    if not pooled:
+        return
+    df = pd.DataFrame(pooled).sort_values("C")
+    cs = sorted(df["C"].unique().tolist())
+    fig, ax = figure()
+    _arm_lines(ax, df, a["arms"], "output_tok_s_median")
+    _c_axis(ax, cs)
+    ax.set(ylabel="output tok/s", title="Output throughput vs C (median over repetitions)")
+    _legend(ax)
+    run.save_plot("throughput.png", fig)
+    fig, _ = figure(11, 4.5)
+    fig.clf()
+    for i, (m, label) in enumerate((("ttft_p50", "TTFT p50 (ms)"), ("tpot_p50", "TPOT p50 (ms)"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        _arm_lines(ax, df, a["arms"], m, 1e3)
+        _c_axis(ax, cs)
+        ax.set(ylabel=label, title=label + " vs C")
+        _legend(ax)
+    run.save_plot("latency.png", fig)
+    rows = [r for r in a["comparison"] if r["metric"] == "output_tok_s" and r["delta"] is not None]
+    comp = pd.DataFrame(rows)
+    if comp.empty:
+        return
+    comp = comp[comp["C"].apply(lambda c: isinstance(c, int) and c > 0)].sort_values("C")
+    fig, ax = figure()
+    for arm in a["arms"]:
+        g = comp[comp["arm"] == arm]
+        if g.empty:
+            continue
+        lo = g["ci_lo"].fillna(g["delta"]).astype(float)
+        hi = g["ci_hi"].fillna(g["delta"]).astype(float)
+        ax.errorbar(
+            g["C"],
+            1 + g["delta"],
+            yerr=[g["delta"] - lo, hi - g["delta"]],
+            fmt="o--" if "#" in arm else "o-",
+            capsize=3,
+            label=arm,
+            color=arm_color(arm),
+        )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    _c_axis(ax, cs)
+    ax.set(ylabel=f"speedup vs {a['ref']} (output tok/s)", title="Speedup vs C (bars: interval)")
+    _legend(ax)
+    run.save_plot("speedup.png", fig)
+
+
+def render(run_dir: str | Path) -> dict[str, Any]:
+    """Recompute everything from the raw files and (re)write tables, summary, table.md and plots."""
+    run = RunDir.open(run_dir)
+    a = analyse(run)
+    if a["cells"]:
+        run.write_table("cells", pd.DataFrame(a["cells"]))
+    if a["identity"]:
+        run.write_table("identity", pd.DataFrame(a["identity"]))
+    if a["replay_identity"]:
+        run.write_table("replay_identity", pd.DataFrame(a["replay_identity"]))
+    if a["comparison"]:
+        run.write_table("comparison", pd.DataFrame(a["comparison"]))
+    run.write_json("summary.json", a["summary"])
+    run.write_markdown("table.md", table_markdown(a))
+    make_plots(run, a)
+    return a

@@ -1,0 +1,257 @@
+"""The e2e schedule: warm-up per arm, then cells (arm x concurrency x repetition) interleaved A B C C B A,
+then, per block of one cell and repetition, the identity replays.
+
+Works with any backend offering `warmup(arm, requests, timeouts)`, `run_cell(arm, tag, requests,
+timeouts, reset_prefix_cache, progress)` and `stats()` (EngineBackend, OpenAIBackend). A backend
+with `supports_replay` (the in-process engine) also gives each timed cell's schedule and cold-work
+counts and runs `replay(arm, schedule, requests)`: after every arm has run a block's timed cell,
+each other arm runs the reference arm's exact batches untimed, and that token comparison is the
+identity verdict (free-running identity stays as information: session batches depend on timing).
+Each finished cell and replay is appended to its JSONL file at once, so a crash or Ctrl-C keeps it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltbench.commands.e2e import compare
+from rltbench.commands.e2e.display import RunDisplay
+from rltbench.commands.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts
+from rltbench.commands.e2e.metrics import cell_summary
+from rltbench.commands.e2e.report import REPLAY_FILE, compute_cells
+from rltbench.commands.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_rate
+
+SCHEDULE_NOTE = (
+    "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
+    "repetitions; warm-up per arm before any measured cell (decode graphs for every batch bucket and "
+    "context class, the burst's prefill graphs, the largest eager prefill step, a small burst; sessions: "
+    "one untimed pass over the trace by the first arm and by every arm whose eager steps run other "
+    "kernels); timed cells run frozen (no graph capture) and record their cold work"
+)
+
+
+
+@dataclass
+class Cell:
+    name: str
+    C: int  # concurrency (0 for a session replay: open loop by trace time)
+
+
+@dataclass
+class Plan:
+    """What to run. `prompts(cell, rep)` returns the requests of one cell-repetition (same for every arm)."""
+
+    workload: str
+    arms: list[str]
+    ref: str
+    repeats: int
+    cells: list[Cell]
+    prompts: Callable[[Cell, int], list[Request]]
+    warmup_requests: list[Request]
+    timeouts: Timeouts
+    exact_arms: set[str] = field(default_factory=set)
+    session: SessionTrace | None = None
+    # arms that replay the whole workload once, untimed, before any measured cell (sessions: their
+    # eager prefill shapes vary with timing, so only a pass over the trace meets the kernel
+    # specialisations, cuBLAS shapes and allocator sizes a timed cell will need)
+    warmup_pass_arms: set[str] = field(default_factory=set)
+
+
+def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
+    """(rep, cell, arm) in run order: blocks alternate forward/backward, and so does each cell per rep."""
+    out = []
+    for rep in range(repeats):
+        for ci, cell in enumerate(cells):
+            order = arms if (rep + ci) % 2 == 0 else list(reversed(arms))
+            out.extend((rep, cell, arm) for arm in order)
+    return out
+
+
+def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
+    if "prefix_hit_tokens" in stats and "prefix_query_tokens" in stats:
+        return int(stats["prefix_hit_tokens"]), int(stats["prefix_query_tokens"])
+    return None
+
+
+def _max_batch(before: dict[str, Any], after: dict[str, Any]) -> int | None:
+    hb, ha = before.get("batch_size_hist") or {}, after.get("batch_size_hist") or {}
+    grew = [int(k) for k, v in ha.items() if v > hb.get(k, 0)]
+    return max(grew) if grew else None
+
+
+def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
+    """Run the plan into `run` (a RunDir). Returns "complete", or "deadline" if the deadline cut it."""
+    theo = None
+    if plan.session is not None:
+        theo = theoretical_prefix_hit_rate(plan.session.requests, plan.session.block_size)
+    for arm in plan.arms:
+        display.note(f"warm-up {arm} (graph capture + {len(plan.warmup_requests)} requests, not measured)")
+        backend.warmup(arm, plan.warmup_requests, plan.timeouts)
+        if arm in plan.warmup_pass_arms and plan.cells:
+            reqs = plan.prompts(plan.cells[0], 0)
+            display.note(f"warm-up {arm}: one untimed pass over the {len(reqs)} requests of the workload")
+            backend.run_cell(arm, "warmup-pass", reqs, plan.timeouts, reset_prefix_cache=True, timed=False)
+    idents: dict[tuple[str, str], list[int | None]] = {}
+    stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
+    sched = schedule(plan.arms, plan.cells, plan.repeats)
+    status = "complete"
+    replay = bool(getattr(backend, "supports_replay", False))
+    block_runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]] = {}
+    for order, (rep, cell, arm) in enumerate(sched):
+        if plan.timeouts.deadline_passed():
+            run.update_manifest(skipped_cells=len(sched) - order)
+            status = "deadline"
+            break
+        reqs = plan.prompts(cell, rep)
+        prog = CellProgress()
+        display.start_cell(arm, cell.name, rep, prog)
+        display.note(f"cell {order + 1}/{len(sched)}: {arm} {cell.name} rep {rep}")
+        before = backend.stats(arm)
+        started = time.time()
+        meta: dict[str, Any] = {
+            "arm": arm,
+            "cell": cell.name,
+            "C": cell.C,
+            "rep": rep,
+            "order": order,
+            "workload": plan.workload,
+            "started": started,
+        }
+        try:
+            recs = backend.run_cell(
+                arm, f"{cell.name}/r{rep}", reqs, plan.timeouts, reset_prefix_cache=True, progress=prog
+            )
+        except DeadlineReached as exc:
+            recs, status = exc.records, "deadline"
+            meta["note"] = "global deadline reached"
+        except KeyboardInterrupt:
+            meta.update(interrupted=True, wall_s=time.time() - started)
+            run.append_jsonl("cell_meta.jsonl", meta)
+            raise
+        after = backend.stats(arm)
+        meta["wall_s"] = time.time() - started
+        if replay:
+            meta["cold_work"] = dict(backend.last_cold_work)
+            meta["schedule"] = backend.last_schedule.summary()
+            block_runs[arm] = (backend.last_schedule, backend.last_requests, recs)
+        pb, pa = _engine_prefix(before), _engine_prefix(after)
+        if pb is not None and pa is not None and pa[1] > pb[1]:
+            meta["engine_prefix_hit_rate"] = (pa[0] - pb[0]) / (pa[1] - pb[1])
+        mb = _max_batch(before, after)
+        if mb is not None:
+            meta["max_decode_batch"] = mb
+        if theo is not None:
+            meta["theoretical_prefix_hit_rate"] = theo
+        for r in recs:
+            r.update(arm=arm, cell=cell.name, C=cell.C, rep=rep)
+            run.append_jsonl("requests.jsonl", r)
+        run.append_jsonl("cell_meta.jsonl", meta)
+        _write_cells_so_far(run)
+        display.finish_cell(_display_row(plan, arm, cell, rep, recs, stored, idents))
+        if status == "deadline":
+            run.update_manifest(skipped_cells=len(sched) - order - 1)
+            break
+        if replay and len(block_runs) == len(plan.arms):
+            _replay_block(plan, backend, run, display, cell, rep, block_runs)
+            block_runs = {}
+    return status
+
+
+def _replay_block(
+    plan: Plan,
+    backend: Any,
+    run: Any,
+    display: RunDisplay,
+    cell: Cell,
+    rep: int,
+    runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]],
+) -> None:
+    """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
+    identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
+    finish cleanly (a cut cell's schedule stops mid-request)."""
+    ref_sched, ref_reqs, ref_recs = runs[plan.ref]
+    ref_tokens = {r["request"]: r.get("token_ids") for r in ref_recs}
+    clean = all(r.get("status") == "ok" for r in ref_recs)
+    ref_sig = ref_sched.signature()
+    for arm in plan.arms:
+        if arm == plan.ref:
+            continue
+        row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": plan.ref}
+        row["same_schedule_free_running"] = runs[arm][0].signature() == ref_sig
+        if not clean:
+            row["skipped"] = f"the {plan.ref} cell has unfinished requests: its schedule cannot be replayed"
+            run.append_jsonl(REPLAY_FILE, row)
+            continue
+        display.note(f"identity replay: {arm} on {plan.ref}'s schedule ({cell.name} rep {rep}, untimed)")
+        t0 = time.perf_counter()
+        try:
+            got = backend.replay(arm, ref_sched, ref_reqs)
+        except Exception as exc:  # a replay failure is reported, never taken for identity
+            row["skipped"] = f"replay failed: {type(exc).__name__}: {exc}"
+            run.append_jsonl(REPLAY_FILE, row)
+            continue
+        row["seconds"] = time.perf_counter() - t0
+        index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
+        divergences = []
+        for idx, want in sorted(ref_tokens.items()):
+            have = got.get(idx, [])
+            d = compare.first_divergence(have, want or [])
+            if d is not None:
+                step = ref_sched.step_of_token(index_to_rid[idx], d)
+                divergences.append(
+                    {
+                        "request": idx,
+                        "token_index": d,
+                        "step": step,
+                        "ref_token": want[d] if want and d < len(want) else None,
+                        "arm_token": have[d] if d < len(have) else None,
+                    }
+                )
+        row.update(
+            compared=len(ref_tokens),
+            identical=len(ref_tokens) - len(divergences),
+            divergences=divergences,
+            exact_arm=arm in plan.exact_arms,
+            steps=ref_sched.summary()["steps"],
+        )
+        run.append_jsonl(REPLAY_FILE, row)
+
+
+def _write_cells_so_far(run: Any) -> None:
+    """cells.csv/json after every cell, so a run cut short still has its cell table (render redoes it)."""
+    import pandas as pd
+
+    cells = compute_cells(run.read_jsonl("requests.jsonl"), run.read_jsonl("cell_meta.jsonl"))
+    if cells:
+        run.write_table("cells", pd.DataFrame(cells))
+
+
+def _display_row(
+    plan: Plan, arm: str, cell: Cell, rep: int, recs: list[dict[str, Any]], stored: dict, idents: dict
+) -> dict[str, Any]:
+    """Cell summary for the live table, with identity so far (this arm vs the reference, all reps)."""
+    summ = cell_summary(recs, burst=plan.workload == "burst")
+    row = {"arm": arm, "cell": cell.name, "rep": rep, **summ}
+    stored[(arm, cell.name, rep)] = {
+        r["request"]: {"token_ids": r.get("token_ids"), "status": r.get("status")} for r in recs
+    }
+    ref_recs = stored.get((plan.ref, cell.name, rep))
+    others = [arm] if arm != plan.ref else [a for a in plan.arms if a != plan.ref]
+    for other in others:
+        recs_o = stored.get((other, cell.name, rep))
+        if ref_recs is None or recs_o is None:
+            continue
+        pairs = [compare.compare_pair(recs_o[i], ref_recs[i]) for i in recs_o if i in ref_recs]
+        idents.setdefault((other, cell.name), []).extend(d for ok, d in pairs if ok)
+    if arm == plan.ref:
+        row["identity"] = "(ref)"
+    else:
+        divs = idents.get((arm, cell.name), [])
+        same = sum(d is None for d in divs)
+        row["identity"] = f"{same}/{len(divs)}" if divs else "-"
+        # live view: loud only where batches are identical across arms (bursts); see compare.identity
+        row["exact_mismatch"] = plan.workload == "burst" and arm in plan.exact_arms and same < len(divs)
+    return row

@@ -1,0 +1,215 @@
+"""Workloads of `rltbench e2e`: burst prompt sets and Mooncake session replays, as token ids.
+
+Prompts are token ids (never text), so every arm sees byte-identical inputs. Everything here is
+pure and deterministic given the seed: the same flags give the same prompts in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rltbench.errors import UsageError
+
+TRACE_BLOCK = 512  # Mooncake hash ids cover 512-token blocks
+WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "workloads"
+
+# Special-token id ranges known per family (clipped to the vocab): never put these in random prompts.
+# Ouro's SmolLM2-style tokenizer keeps its specials at ids 0..16; Huginn's at 65504 and above.
+_FAMILY_SPECIAL = {"ouro": (0, 17), "huginn": (65504, 1 << 30)}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a cell: `index` pairs it across arms (same index, same prompt)."""
+
+    index: int
+    prompt: list[int]
+    output_len: int
+    arrival: float = 0.0  # seconds after the cell starts (0 for bursts)
+    hash_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class SessionTrace:
+    """A materialized session: requests in arrival order plus the trace-level facts for the report."""
+
+    requests: list[Request]
+    block_size: int
+    dropped_too_long: int = 0
+    source: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def special_ids(config: Any) -> set[int]:
+    """Ids a random prompt must not contain: eos/bos/pad of the config plus the family's special range."""
+    vocab = int(config.vocab_size)
+    out: set[int] = set(int(t) for t in getattr(config, "eos_token_ids", ()) or ())
+    for key in ("bos_token_id", "pad_token_id"):
+        val = getattr(config, key, None)
+        if val is not None:
+            out.add(int(val))
+    lo, hi = _FAMILY_SPECIAL.get(getattr(config, "family", ""), (0, 0))
+    if vocab > hi or vocab > 4096:  # real vocabularies only: tiny test vocabs would lose most ids
+        out.update(range(lo, min(hi, vocab)))
+    return {t for t in out if 0 <= t < vocab}
+
+
+def allowed_ids(config: Any) -> np.ndarray:
+    """Sorted array of the token ids random prompts draw from."""
+    bad = special_ids(config)
+    ids = np.array([t for t in range(int(config.vocab_size)) if t not in bad], dtype=np.int64)
+    if ids.size < 2:
+        raise UsageError(f"vocab of {config.vocab_size} leaves no ids for random prompts")
+    return ids
+
+
+def _rng(*keys: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys])))
+
+
+def burst_prompts(
+    config: Any, n: int, input_len: int, output_len: int, seed: int, rep: int, concurrency: int
+) -> list[Request]:
+    """`n` prompts of exactly `input_len` ids, fresh per (seed, repetition, concurrency), shared by arms."""
+    if input_len < 1 or output_len < 1:
+        raise UsageError("--input-len and --output-len must be >= 1")
+    ids = allowed_ids(config)
+    rng = _rng(seed, 0xB0857, rep, concurrency)
+    picks = rng.integers(0, ids.size, size=(n, input_len))
+    return [Request(index=i, prompt=ids[picks[i]].tolist(), output_len=output_len) for i in range(n)]
+
+
+def warmup_prompts(config: Any, n: int, input_len: int, output_len: int, seed: int) -> list[Request]:
+    """A small burst for warm-up (distinct seed stream from every measured cell)."""
+    ids = allowed_ids(config)
+    rng = _rng(seed, 0x3A2F)
+    picks = rng.integers(0, ids.size, size=(n, input_len))
+    return [Request(index=i, prompt=ids[picks[i]].tolist(), output_len=output_len) for i in range(n)]
+
+
+# -- session traces ------------------------------------------------------------------------------
+def resolve_trace(trace: str) -> tuple[Path, dict[str, Any]]:
+    """A trace path or a preset name from workloads/presets.json -> (path, preset values)."""
+    presets_file = WORKLOAD_DIR / "presets.json"
+    presets = json.loads(presets_file.read_text()) if presets_file.is_file() else {}
+    if trace in presets and not trace.startswith("_"):
+        preset = dict(presets[trace])
+        return WORKLOAD_DIR / preset.pop("trace"), preset
+    path = Path(trace)
+    if not path.is_file():
+        names = ", ".join(k for k in presets if not k.startswith("_"))
+        raise UsageError(f"--trace {trace}: no such file or preset (presets: {names})")
+    return path, {}
+
+
+def load_trace(path: Path, max_requests: int | None = None) -> list[dict[str, Any]]:
+    """Mooncake-style records: timestamp (ms), input_length, output_length, hash_ids."""
+    recs: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                rec = {
+                    "timestamp": float(r["timestamp"]),
+                    "input_length": int(r["input_length"]),
+                    "output_length": int(r["output_length"]),
+                    "hash_ids": [int(h) for h in r["hash_ids"]],
+                }
+            except (ValueError, KeyError, TypeError) as exc:
+                raise UsageError(f"{path}:{lineno}: not a Mooncake record ({exc})") from None
+            if rec["input_length"] < 1 or rec["output_length"] < 1 or not rec["hash_ids"]:
+                raise UsageError(f"{path}:{lineno}: lengths must be >= 1 and hash_ids non-empty")
+            recs.append(rec)
+            if max_requests is not None and len(recs) >= max_requests:
+                break
+    if not recs:
+        raise UsageError(f"{path}: no records")
+    return recs
+
+
+def scaled_block_size(length_scale: float) -> int:
+    return max(1, round(TRACE_BLOCK * length_scale))
+
+
+def _hash_block(hash_id: int, block_size: int, ids: np.ndarray, seed: int) -> list[int]:
+    rng = _rng(seed, 0x5E55, hash_id, block_size)
+    return ids[rng.integers(0, ids.size, size=block_size)].tolist()
+
+
+def materialize_session(
+    config: Any,
+    records: list[dict[str, Any]],
+    seed: int,
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    max_model_len: int | None = None,
+    output_len: int | None = None,
+) -> SessionTrace:
+    """Turn trace records into token-id requests; each hash id is one fixed block of ids.
+
+    The prompt is the concatenation of its hash blocks cut to the (scaled) input length, so two
+    records sharing their first k hash ids share their first k blocks exactly. Records whose
+    prompt + output would exceed `max_model_len` are dropped (counted, shown in the report).
+    """
+    if time_scale < 0 or length_scale <= 0:
+        raise UsageError("--trace-time-scale must be >= 0 and --trace-length-scale > 0")
+    bs = scaled_block_size(length_scale)
+    ids = allowed_ids(config)
+    blocks: dict[int, list[int]] = {}
+    reqs: list[Request] = []
+    dropped = 0
+    t0 = records[0]["timestamp"]
+    for rec in records:
+        hids = rec["hash_ids"]
+        n_in = max(1, round(rec["input_length"] * length_scale))
+        n_in = min(n_in, len(hids) * bs)
+        n_in = max(n_in, (len(hids) - 1) * bs + 1)  # keep every hash block represented
+        n_out = output_len if output_len is not None else max(1, round(rec["output_length"] * length_scale))
+        if max_model_len is not None and n_in + n_out > max_model_len:
+            dropped += 1
+            continue
+        prompt: list[int] = []
+        for h in hids:
+            if h not in blocks:
+                blocks[h] = _hash_block(h, bs, ids, seed)
+            prompt.extend(blocks[h])
+        reqs.append(
+            Request(
+                index=len(reqs),
+                prompt=prompt[:n_in],
+                output_len=n_out,
+                arrival=(rec["timestamp"] - t0) / 1000.0 * time_scale,
+                hash_ids=tuple(hids),
+            )
+        )
+    if not reqs:
+        raise UsageError(
+            f"every trace record exceeds the model length {max_model_len}: lower --trace-length-scale"
+        )
+    return SessionTrace(requests=reqs, block_size=bs, dropped_too_long=dropped)
+
+
+def theoretical_prefix_hit_rate(requests: list[Request], block_size: int) -> float:
+    """Share of prompt tokens an infinite prefix cache could serve, at trace-block granularity.
+
+    Hash ids are prefix hashes, so a request hits its longest run of leading hash ids already seen
+    (by earlier requests, in arrival order), capped at its own prompt length.
+    """
+    seen: set[int] = set()
+    hit = total = 0
+    for r in sorted(requests, key=lambda r: (r.arrival, r.index)):
+        k = 0
+        while k < len(r.hash_ids) and r.hash_ids[k] in seen:
+            k += 1
+        hit += min(k * block_size, len(r.prompt))
+        total += len(r.prompt)
+        seen.update(r.hash_ids)
+    return hit / total if total else math.nan

@@ -1,0 +1,278 @@
+"""`rltbench kernels`: correctness, then speed, of every kernel arm op by op.
+
+`kernels_command` is a plain function with typer annotations; rltbench/cli.py registers it with
+`app.command("kernels")(kernels_command)`. Exit codes: 0 all good, 1 an exact-arm mismatch or a
+failed case, 2 bad input (UsageError), 130 Ctrl-C (finished cases stay on disk).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rltbench.commands.kernels import report
+from rltbench.commands.kernels import sweep as bench
+from rltbench.errors import UsageError
+from rltbench.kernels import OPS
+
+# Triton decides interpreter vs GPU when a kernel is *defined* (import time), so TRITON_INTERPRET
+# cannot be switched on here: rltbench.kernels is already imported. Without a GPU and without the
+# interpreter the fused arms fall back to torch and their rows say so (status "fallback").
+
+DEFAULT_TOKENS = ",".join(str(t) for t in bench.DEFAULT_TOKENS)
+MODE_CHOICES = {"graph": ["graph"], "eager": ["eager"], "hot": ["hot"], "both": ["graph", "eager"],
+                "all": ["graph", "eager", "hot"]}
+
+
+def _split(text: str, flag: str) -> list[str]:
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"{flag}: give a comma-separated list, got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def parse_tokens(text: str) -> list[int]:
+    out = []
+    for item in _split(text, "--tokens"):
+        try:
+            val = int(item)
+        except ValueError:
+            raise UsageError(f"--tokens: {item!r} is not an integer (e.g. --tokens 1,8,128)") from None
+        if val <= 0:
+            raise UsageError(f"--tokens: token counts must be positive, got {val}")
+        out.append(val)
+    return out
+
+
+def parse_widths(text: str) -> list[int] | None:
+    if str(text).strip().lower() == "model":
+        return None
+    out = []
+    for item in _split(text, "--widths"):
+        try:
+            val = int(item)
+        except ValueError:
+            raise UsageError(f"--widths: {item!r} is not an integer (or use --widths model)") from None
+        if val <= 0:
+            raise UsageError(f"--widths: widths must be positive, got {val}")
+        out.append(val)
+    return out
+
+
+def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str] | None = None) -> list[str]:
+    if str(text).strip().lower() == "all":
+        return list(known)
+    out = []
+    for item in _split(text, flag):
+        name = (aliases or {}).get(item.lower(), item.lower())
+        if name not in known:
+            raise UsageError(f"{flag}: unknown value {item!r} (known: {', '.join(known)})")
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, repeats: int, mode: str,
+                 scope: str, seed: int, peer: bool) -> tuple[bench.BenchConfig, list[str]]:
+    """Parse and validate every flag (UsageError on bad input); returns the config and notes."""
+    from rltbench.kernels import ARMS, OPS
+
+    notes: list[str] = []
+    mode_key = str(mode).strip().lower()
+    if mode_key not in MODE_CHOICES:
+        raise UsageError(f"--mode: unknown value {mode!r} (known: {', '.join(MODE_CHOICES)})")
+    scope_key = str(scope).strip().lower()
+    if scope_key not in bench.SCOPES:
+        raise UsageError(f"--scope: unknown value {scope!r} (known: {', '.join(bench.SCOPES)})")
+    if repeats <= 0:
+        raise UsageError(f"--repeats: must be a positive integer, got {repeats}")
+    arm_list = parse_choice(arms, "--arms", list(ARMS))
+    notes += native_arm_notes(arm_list, explicit=str(arms).strip().lower() != "all")
+    if "torch" not in arm_list:
+        arm_list.insert(0, "torch")
+        notes.append("torch arm added: it is the reference for correctness and speedup")
+    cfg = bench.BenchConfig(
+        ops=parse_choice(ops, "--ops", list(OPS)),
+        tokens=parse_tokens(tokens),
+        dtypes=parse_choice(dtypes, "--dtypes", list(bench.DTYPES), bench.DTYPE_ALIASES),
+        widths=parse_widths(widths),
+        arms=arm_list,
+        modes=MODE_CHOICES[mode_key],
+        repeats=int(repeats),
+        scope=scope_key,
+        seed=int(seed),
+        peer=bool(peer),
+    )
+    return cfg, notes
+
+
+def native_arm_notes(arm_list: list[str], explicit: bool) -> list[str]:
+    """The native arm is built here, before any case runs. Named in --arms and unavailable: a
+    UsageError with the reason; included by 'all' and unavailable: dropped from `arm_list` (in
+    place) with a note saying why."""
+    from rltbench import native
+
+    if native.NATIVE_IMPL not in arm_list:
+        return []
+    if explicit:
+        native.require(what="--arms cuda: the native arm")
+        return []
+    try:
+        native.load()
+    except native.NativeUnavailable as exc:
+        arm_list.remove(native.NATIVE_IMPL)
+        return [f"native arm unavailable: {exc}"]
+    return []
+
+
+def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
+    """Each (op, width) must be buildable (e.g. RoPE widths are multiples of the head dim)."""
+    from rltbench.kernels import op_case
+
+    seen = set()
+    for case in cases:
+        if (case.op, case.width) in seen:
+            continue
+        seen.add((case.op, case.width))
+        mult = bench.WIDTH_MULTIPLE.get(case.op, 1)
+        if case.width % mult:
+            hint = " (leave it out with --ops, or use --widths model)" if len(cfg.ops) > 1 else ""
+            raise UsageError(f"--widths: {case.op} needs a multiple of its head dim {mult}, got "
+                             f"{case.width}{hint}")
+        try:
+            op_case(case.op).make_inputs(1, case.width, torch.float32, torch.device("cpu"),
+                                         torch.Generator().manual_seed(0))
+        except (ValueError, AssertionError) as exc:
+            raise UsageError(f"--widths: {case.width} does not fit op {case.op}: {exc}") from None
+
+
+def kernels_command(
+    tokens: Annotated[str, typer.Option(help="Comma-separated token counts (rows); capped at "
+                                        f"{bench.CPU_MAX_TOKENS} without a GPU.")] = DEFAULT_TOKENS,
+    ops: Annotated[str, typer.Option(help=f"Comma-separated op cases ({', '.join(OPS)}), or 'all'.")
+                   ] = "all",
+    dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes: bf16, fp16, fp32, or 'all'.")] = "bf16",
+    widths: Annotated[str, typer.Option(help="Comma-separated feature widths for every op, or 'model' "
+                                        "(each op's Ouro-1.4B / Huginn-0125 widths). RoPE widths are "
+                                        "heads x head dim: multiples of 128 (rope_neox) / 96 "
+                                        f"(rope_interleaved). Capped at {bench.CPU_MAX_WIDTH} without "
+                                        "a GPU.")] = "model",
+    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, cuda (native CUDA "
+                                      "C++), or 'all' (torch is always added: it is the reference; "
+                                      "'all' leaves cuda out, with a note, where it cannot be built).")
+                    ] = "all",
+    repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
+                                         "only).")] = 100,
+    mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "
+                                      "past the L2: cold), eager, hot (graph replay of one input set: "
+                                      "L2-hot, as a decode step's activations), both (graph + eager) "
+                                      "or all.")] = "graph",
+    scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
+                                       "too) or 'graph' (fused only under graph capture, as models "
+                                       "run by default).")] = "all",
+    result_dir: Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
+                                                     "(default results/kernels-<UTC time>/).")] = None,
+    seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
+    peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
+) -> None:
+    """Check each kernel arm against torch (bitwise for exact) and the fp64 oracle, then time it."""
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough for the table, no folding
+        console = Console(width=max(console.width, 160))
+    cfg, notes = build_config(tokens, ops, dtypes, widths, arms, repeats, mode, scope, seed, peer)
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    plan = bench.plan_cases(cfg, on_gpu)
+    validate_shapes(cfg, plan.cases)
+    notes += plan.notes
+    if not on_gpu and not bench.interpreter_active():
+        notes.append("no GPU and TRITON_INTERPRET is not 1: the fused arms fall back to torch (set "
+                     "TRITON_INTERPRET=1 to check the kernels through the Triton interpreter)")
+    peer_on = False
+    if cfg.peer:
+        if not on_gpu:
+            notes.append("Liger peer column skipped: needs a GPU")
+        elif bench.liger_available():
+            peer_on = True
+            notes.append(f"Liger-Kernel peer column for {', '.join(bench.PEER_OPS)} (not a dependency)")
+        else:
+            notes.append("liger_kernel not importable: no peer column")
+    run = bench_run_dir(cfg, result_dir, notes)
+    if on_gpu:
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = "cpu (Triton interpreter)" if bench.interpreter_active() else "cpu (no interpreter)"
+    summary: dict[str, Any] = {"device": device.type, "device_name": device_name, "notes": notes,
+                               "peer": peer_on, "l2_bytes": None, "copy": None}
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+    run.write_json(report.SUMMARY, summary)
+    failed = 0
+    try:
+        ctx = None
+        if on_gpu:
+            ctx = bench.TimingContext.create(device)
+            summary.update(l2_bytes=ctx.l2_bytes, copy=ctx.copy)
+            run.write_json(report.SUMMARY, summary)
+            console.print(f"device copy: {ctx.copy['gbps']:.0f} GB/s, L2 {ctx.l2_bytes / 2**20:.0f} MiB")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            task = progress.add_task("kernels", total=len(plan.cases))
+            for case in plan.cases:
+                progress.update(task, description=f"{case.op} {case.dtype} w={case.width} T={case.tokens}")
+                arms_here = cfg.arms + ([bench.PEER_ARM] if peer_on and case.op in bench.PEER_OPS else [])
+                rows, samples = bench.case_rows(case, arms_here, device, cfg, ctx, bench.make_arm_ops)
+                run.extend_jsonl(report.SAMPLES, samples)
+                run.extend_jsonl(report.ROWS, rows)  # one write: a case's arms are stored together
+                failed += sum(int(bench.failing(r)) for r in rows)
+                progress.advance(task)
+    except KeyboardInterrupt:
+        df = report.load_rows(run)
+        run.update_manifest(status="interrupted", result=_result(df, failed, len(plan.cases)))
+        report.write_outputs(run, df, summary)
+        console.print(f"[yellow]interrupted: {_cases_done(df)} of {len(plan.cases)} cases finished, "
+                      f"kept in {run.path}[/]")
+        raise typer.Exit(code=130) from None
+    except Exception:
+        run.update_manifest(status="failed")
+        raise
+    df = report.load_rows(run)
+    run.update_manifest(status="complete", result=_result(df, failed, len(plan.cases)))
+    report.write_outputs(run, df, summary)
+    console.print(report.rich_table(df))
+    if not on_gpu:
+        console.print("[yellow]timings need a CUDA GPU: timing columns are empty on this machine[/]")
+    console.print(f"results: {run.path}")
+    if failed:
+        console.print(f"[bold red]{failed} row(s) failed: exact mismatch or error (see table)[/]")
+        raise typer.Exit(code=1)
+
+
+def _cases_done(df) -> int:
+    """Cases with at least one stored row (a case's rows are written together when it finishes)."""
+    keys = ["op", "dtype", "width", "tokens"]
+    return 0 if df.empty else int(len(df[keys].drop_duplicates()))
+
+
+def _result(df, failed: int, planned: int) -> dict[str, int]:
+    """The manifest's `result`: how much of the plan finished and how many rows failed."""
+    return {"rows": int(len(df)), "failing_rows": int(failed), "cases_done": _cases_done(df),
+            "cases_planned": int(planned)}
+
+
+def bench_run_dir(cfg: bench.BenchConfig, result_dir: Path | None, notes: list[str]):
+    """The run directory; its manifest records the config, the notes and each arm's selection."""
+    import dataclasses
+
+    from rltbench.kernels import ARMS
+    from rltbench.results import RunDir
+
+    selections = {a: dataclasses.replace(ARMS[a], scope=cfg.scope).to_dict() for a in cfg.arms if a in ARMS}
+    return RunDir.create("kernels", result_dir=result_dir, argv=list(sys.argv),
+                         config={**cfg.to_dict(), "notes": notes, "arm_selections": selections,
+                                 "correctness_scope": "all"})

@@ -1,0 +1,327 @@
+"""Running the measurements: one engine, every arm, GPU (graphs) or CPU (eager, clearly labelled).
+
+GPU order, chosen so the profiler cannot disturb the timings:
+1. copy bandwidth; weight bytes of one eager token (floors.py);
+2. timing: the engine's decode-step figure (rltbench.bench.decode.decode_step_cells, the same routine
+   and engine sizing as the engine's decode table): per arm a `decode_benchmark` graph, CUDA events
+   around back-to-back replays, arms interleaved A B C C B A, every timed cell warm; no profiler;
+3. per arm: the graph-node census (exact kernels per replay), then ONE profiler session with two
+   annotated phases: `rltbench.replays` (R replays of the benchmark graph: cross-check of the
+   count, class breakdown, one replay kept as trace-<arm>.json.gz) and `rltbench.engine_steps`
+   (K real engine decode steps at the same batch: device work launched outside the graph).
+CPU (`--cpu`): the engine runs eagerly (no graphs exist on CPU); counts are CPU `aten::` leaf ops
+per decode step and times are host wall-clock - no GPU claim is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rltbench.commands.profile import counting, floors
+from rltbench.commands.profile.classify import CLASSES, classify_sequence
+from rltbench.commands.profile.graph_nodes import graph_census
+from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
+from rltbench.errors import UsageError
+
+PHASE_REPLAYS = "rltbench.replays"
+PHASE_STEPS = "rltbench.engine_steps"
+TOP_KERNELS = 40
+
+
+@dataclass
+class ProfileSpec:
+    model: str
+    weights: str | None
+    dtype: torch.dtype
+    batch: int
+    context: int
+    arms: list[str]
+    iters: int
+    rounds: int
+    replays: int
+    steps: int
+    cpu: bool
+    seed: int = 0
+
+
+def build_model(spec: ProfileSpec, device: str) -> Any:
+    from rltbench import models
+
+    if spec.weights:
+        # the profile feeds token ids, never text: a checkpoint without tokenizer.json is fine
+        model, _tok = models.load_model(spec.weights, device=device, dtype=spec.dtype, tokenizer=False)
+    else:
+        model = models.build_model(spec.model, device=device, dtype=spec.dtype, seed=spec.seed)
+    model.eval()
+    return model
+
+
+def decode_tokens(spec: ProfileSpec) -> int:
+    """Decode steps one request must live through: the profiled engine steps, plus on CPU the timed
+    eager steps (`iters`), which are real engine steps there (GPU timing replays a benchmark graph).
+
+    The engine caps a request at max_model_len; a request that finished early turns the remaining
+    steps into no-ops that time ~0 and profile no op, so the pool must be sized for all of them.
+    """
+    return spec.steps + (spec.iters if spec.cpu else 0)
+
+
+def build_engine(model: Any, spec: ProfileSpec) -> Any:
+    """The engine of the decode-step figure (rltbench.bench.decode.decode_engine_config, shared with
+    the engine's decode table): the serving context class and graph bucket for (batch, context) and,
+    on a GPU, the serving KV pool; on CPU a pool just big enough for the profiled requests."""
+    from rltbench.bench.decode import decode_engine_config
+    from rltbench.engine import Engine
+    from rltbench.kernels import ARMS
+
+    extra = max(64, decode_tokens(spec) + 16)
+    cfg = decode_engine_config(spec.batch, spec.context, extra_tokens=extra, use_cuda_graph=not spec.cpu,
+                               model_max_len=int(model.config.max_position_embeddings))
+    if spec.cpu:
+        blocks_per_seq = -(-cfg.max_model_len // cfg.block_size)
+        cfg.num_blocks = spec.batch * blocks_per_seq + 8
+    return Engine(model, arms={a: ARMS[a] for a in spec.arms}, config=cfg)
+
+
+def _prompts(spec: ProfileSpec, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    lo = min(8, vocab - 1)
+    return [torch.randint(lo, vocab, (spec.context,), generator=g).tolist() for _ in range(spec.batch)]
+
+
+def _start_decode(eng: Any, spec: ProfileSpec, vocab: int, extra_steps: int) -> list[str]:
+    """Add `batch` requests of `context` tokens and step until all of them are decoding."""
+    from rltbench.engine import SamplingParams
+
+    ids = [f"profile-{i}" for i in range(spec.batch)]
+    params = SamplingParams(max_tokens=extra_steps + 8, ignore_eos=True)
+    for rid, prompt in zip(ids, _prompts(spec, vocab), strict=False):
+        eng.add_request(rid, prompt, params)
+    started: set[str] = set()
+    for _ in range(10_000):
+        for ev in eng.step():
+            started.add(ev.request_id)
+        if len(started) == len(ids):
+            break
+    eng.step()  # one decode step outside any measurement (captures the bucket's graph if needed)
+    return ids
+
+
+def _decode_step(eng: Any, ids: Sequence[str]) -> None:
+    """One engine step that must decode a token for every request in `ids` (never a silent no-op)."""
+    got = {ev.request_id for ev in eng.step() if ev.token_ids}
+    missing = [rid for rid in ids if rid not in got]
+    if missing:
+        raise RuntimeError(
+            f"decode step produced no token for {len(missing)} of {len(ids)} requests "
+            "(finished early? the engine must be sized for every measured step)"
+        )
+
+
+def _finish(eng: Any, ids: Sequence[str]) -> None:
+    for rid in ids:
+        eng.abort_request(rid)
+
+
+def _export(prof: Any) -> dict[str, Any]:
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="rltbench-trace-")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    finally:
+        os.unlink(path)
+
+
+def time_arms_gpu(eng: Any, spec: ProfileSpec) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Per-replay microseconds per arm and the cells' facts (context class, bucket, warm checks):
+    the engine's decode-step timing (rltbench.bench.decode.decode_step_cells), arms ABBA over
+    `rounds` repetitions of iters / rounds replays each."""
+    from rltbench.bench.decode import decode_step_cells
+
+    per_slot = max(1, spec.iters // max(1, spec.rounds))
+    cells = decode_step_cells(eng, spec.arms, [spec.batch], spec.context, reps=spec.rounds, iters=per_slot)
+    samples = {a: [ms * 1e3 for ms in cells.pooled(a, spec.batch)] for a in spec.arms}
+    facts = {"len_class": cells.len_class[spec.batch], "bucket": cells.bucket[spec.batch],
+             "num_blocks": eng.num_blocks, "order": cells.order, "warm": cells.warm}
+    return samples, facts
+
+
+def profile_arm_gpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> tuple[dict[str, Any], dict]:
+    """Census + profiler phases for one arm; returns (result, one-replay chrome trace)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    eng.set_arm(arm)
+    bench = eng.decode_benchmark(spec.batch, spec.context)
+    census, census_note = graph_census(bench.graph)
+    ids: list[str] = []
+    try:
+        bench.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function(PHASE_REPLAYS):
+                for _ in range(spec.replays):
+                    bench.replay()
+                torch.cuda.synchronize()
+            bench.release()
+            bench = None
+            ids = _start_decode(eng, spec, vocab, spec.steps)
+            torch.cuda.synchronize()
+            with record_function(PHASE_STEPS):
+                for _ in range(spec.steps):
+                    eng.step()
+                torch.cuda.synchronize()
+    finally:
+        if bench is not None:
+            bench.release()
+        _finish(eng, ids)
+    trace = _export(prof)
+    return summarize_trace(trace, census, census_note, spec.steps)
+
+
+def summarize_trace(
+    trace: dict[str, Any], census: Any, census_note: str, steps: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Counts, agreement, breakdown and the one-replay trace from a profiled arm's chrome trace."""
+    parsed = parse_trace(trace)
+    rc = counting.replay_counts(parsed, PHASE_REPLAYS)
+    oc = counting.outside_counts(parsed, PHASE_STEPS, steps)
+    steps_launches = split_phase(parsed, PHASE_STEPS).graph_launches
+    groups = group_by_launch(parsed, split_phase(parsed, PHASE_REPLAYS).in_graph)
+    rows, top = counting.breakdown([[e for e in g if e.kind == "kernel"] for g in groups])
+    copies = counting.breakdown([[e for e in g if e.kind != "kernel"] for g in groups])[0]
+    graph_kernels = census.kernels if census is not None else None
+    agree, why = counting.agreement(graph_kernels, rc)
+    base = graph_kernels if graph_kernels is not None else rc.kernels_per_replay
+    outside = oc.kernels_per_step + oc.copies_per_step if oc.steps else 0.0
+    in_graph_copies = (
+        (census.memcpy + census.memset)
+        if census is not None
+        else (rc.memcpy_per_replay + rc.memset_per_replay)
+    )
+    result = {
+        "graph_census": census.to_dict() if census is not None else None,
+        "graph_census_note": census_note,
+        "profiler": rc.to_dict(),
+        "agree": agree,
+        "agree_reason": why,
+        "outside_graph": oc.to_dict(),
+        "engine_steps_graph_launches": steps_launches,
+        "kernels_per_step": base + outside,
+        "graph_kernels_per_step": base,
+        "graph_copies_per_step": in_graph_copies,
+        "classes": [{"class": r.cls, "count": r.count, "time_us": r.time_us} for r in rows],
+        "copy_nodes": [{"class": r.cls, "count": r.count, "time_us": r.time_us} for r in copies if r.count],
+        "busy_us": sum(r.time_us for r in rows),
+        "gemm_floor_us": counting.floor_time_us(rows),
+        "top_kernels": top[:TOP_KERNELS],
+    }
+    first = groups[0][0].correlation if groups and groups[0] else None
+    small = one_replay_trace(trace, first) if first is not None else {"traceEvents": []}
+    return result, small
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[str, Any]:
+    """Eager CPU decode steps: aten leaf ops per step (classified) and host wall-clock per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
+
+    eng.set_arm(arm)
+    ids = _start_decode(eng, spec, vocab, decode_tokens(spec))
+    try:
+        wall = []
+        for _ in range(spec.iters):
+            t0 = time.perf_counter()
+            _decode_step(eng, ids)
+            wall.append((time.perf_counter() - t0) * 1e6)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(spec.steps):
+                _decode_step(eng, ids)
+        ops = cpu_leaf_ops(prof.events())
+    finally:
+        _finish(eng, ids)
+    classes = classify_sequence([cpu_op_alias(e.name) for e in ops])
+    per = {c: [0.0, 0.0] for c in CLASSES}
+    for e, c in zip(ops, classes, strict=False):
+        per[c][0] += 1.0 / spec.steps
+        per[c][1] += event_time_us(e) / spec.steps
+    counts = [{"class": c, "count": v[0], "time_us": v[1]} for c, v in per.items()]
+    names: dict[str, float] = {}
+    for e in ops:
+        names[e.name] = names.get(e.name, 0.0) + 1.0 / spec.steps
+    top = [{"name": k, "count": v} for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]]
+    return {
+        "cpu_ops_per_step": len(ops) / spec.steps,
+        "kernels_per_step": len(ops) / spec.steps,
+        "classes": counts,
+        "top_kernels": top,
+        "wall_us": wall,
+        "agree": None,
+        "agree_reason": "CPU mode: no CUDA graph, counts are CPU aten ops",
+    }
+
+
+def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
+    """Everything the command measures, as one JSON-able dict (+ traces under key `_traces`)."""
+    device = "cpu" if spec.cpu else "cuda"
+    if not spec.cpu and not torch.cuda.is_available():
+        raise UsageError(
+            "rltbench profile needs a CUDA GPU (none found); use --cpu for a labelled CPU profile"
+        )
+    model = build_model(spec, device)
+    vocab = int(model.config.vocab_size)
+    eng = build_engine(model, spec)
+    out: dict[str, Any] = {
+        "mode": "cpu" if spec.cpu else "gpu",
+        "batch": spec.batch,
+        "context": spec.context,
+        "arms": {},
+        "_traces": {},
+    }
+    from rltbench.kernels import ARMS, make_ops
+
+    log("counting weight bytes of one eager token")
+    wb = floors.count_weight_bytes(model, floors.one_token_forward(model, make_ops(ARMS["torch"])))
+    out["weight_bytes"] = wb
+    if spec.cpu:
+        for arm in spec.arms:
+            log(f"profiling arm {arm} on CPU")
+            out["arms"][arm] = profile_arm_cpu(eng, spec, arm, vocab)
+        return out
+    from rltbench.bench.timing import measure_copy_bandwidth, summarize
+
+    out["device_name"] = torch.cuda.get_device_name()
+    log("measuring device-to-device copy bandwidth")
+    bw = measure_copy_bandwidth()
+    out["copy_bandwidth"] = bw
+    out["weight_floor_ms"] = floors.weight_floor_ms(wb["bytes"], bw["gbps"])
+    log(f"timing {len(spec.arms)} arms x {spec.iters} replays (interleaved, no profiler)")
+    samples, facts = time_arms_gpu(eng, spec)
+    out["decode_step"] = facts
+    for arm in spec.arms:
+        log(f"profiling arm {arm}: graph census + {spec.replays} replays + {spec.steps} engine steps")
+        res, small = profile_arm_gpu(eng, spec, arm, vocab)
+        res["replay_us"] = samples[arm]
+        res["replay_stats_us"] = summarize(samples[arm]).to_dict()
+        out["arms"][arm] = res
+        out["_traces"][arm] = small
+    return out
+
+
+def median_or_nan(vals: Sequence[float]) -> float:
+    vals = [v for v in vals if v == v]
+    return statistics.median(vals) if vals else float("nan")

@@ -1,0 +1,217 @@
+"""`render(run_dir)`: table.md and breakdown.png of a profile run, from its raw summary.json only.
+
+The table follows the study's: arm, kernels per step and per token, GPU ms per step and per token
+with spread (p10-p90), ratio vs torch; then the floors and, per arm, the class breakdown, the
+count cross-check and the top kernels. Kernels per step at batch 1 is the study's figure.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rltbench.commands.profile.classify import CLASSES
+
+SUMMARY = "summary.json"
+GAP = "launch gaps/idle"
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return format(x, fmt)
+
+
+def _step_ms(arm: dict[str, Any], mode: str) -> tuple[float, float, float]:
+    """(median, p10, p90) of one step in ms (GPU replay time, or host wall time on CPU)."""
+    if mode == "gpu":
+        s = arm.get("replay_stats_us") or {}
+        return tuple(
+            (s.get(k) if s.get(k) is not None else float("nan")) / 1e3 for k in ("median", "p10", "p90")
+        )
+    from rltbench.bench.timing import summarize
+
+    st = summarize(arm.get("wall_us") or [])
+    return st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3
+
+
+def _decode_step_facts(facts: dict[str, Any] | None) -> list[str]:
+    """What the timed graph was (context class, bucket, pool) and whether every timed cell was warm;
+    nothing for runs recorded before these facts were (their table re-renders unchanged)."""
+    if not facts:
+        return []
+    cold = [w for w in facts.get("warm", []) if w.get("warm") is False]
+    warm = (f"**{len(cold)} of {len(facts.get('warm', []))} timed cells were not warm** (a capture, "
+            "compile or pool growth inside them)" if cold else
+            f"all {len(facts.get('warm', []))} timed cells warm (no capture, compile or pool growth)")
+    return [
+        f"Timed graph: context class {facts.get('len_class')} (attention covers that many positions), "
+        f"batch bucket {facts.get('bucket')}, KV pool {facts.get('num_blocks')} blocks; arms ABBA "
+        f"({' '.join(facts.get('order', []))}); {warm}. Same routine and engine sizing as the engine's "
+        "decode table (docs/measurement.md).",
+        "",
+    ]
+
+
+def table_markdown(s: dict[str, Any]) -> str:
+    mode, batch = s.get("mode", "gpu"), int(s.get("batch", 1))
+    arms: dict[str, Any] = s.get("arms", {})
+    lines = [f"# rltbench profile: {s.get('model', '?')} batch {batch} context {s.get('context', '?')}", ""]
+    if mode == "cpu":
+        lines += [
+            "**CPU mode**: counts are CPU `aten::` leaf ops per decode step (not GPU kernels) and times "
+            "are host wall-clock of eager steps; arms with scope `graph` run torch's reference here. "
+            "No GPU claim is made.",
+            "",
+        ]
+        unit, tunit = "CPU ops", "host ms"
+    else:
+        lines += [
+            f"Device: {s.get('device_name', '?')}. A step = one decode-graph replay generating {batch} "
+            f"token(s); per token = per step / {batch}. The study's figure is kernels per step at batch 1.",
+            "",
+        ]
+        unit, tunit = "kernels", "GPU ms"
+        lines += _decode_step_facts(s.get("decode_step"))
+    ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
+    lines.append(
+        f"| arm | {unit}/step | {unit}/token | graph nodes = profiler | {tunit}/step (p10-p90) | "
+        f"{tunit}/token | vs torch |"
+    )
+    lines.append("|---|---|---|---|---|---|---|")
+    for name, a in arms.items():
+        k = a.get("kernels_per_step")
+        med, p10, p90 = _step_ms(a, mode)
+        ratio = ref / med if med and math.isfinite(med) and math.isfinite(ref) else float("nan")
+        agree = {True: "yes", False: "**NO**", None: "n/a"}[a.get("agree")]
+        lines.append(
+            f"| {name} | {_f(k, '.0f')} | {_f(k / batch if k is not None else None, '.1f')} | {agree} | "
+            f"{_f(med)} ({_f(p10)}-{_f(p90)}) | {_f(med / batch)} | {_f(ratio, '.2f')}x |"
+        )
+    lines.append("")
+    wb = s.get("weight_bytes") or {}
+    if mode == "gpu":
+        bw = (s.get("copy_bandwidth") or {}).get("gbps")
+        lines += [
+            "## Floors (what no elementwise fusion can remove)",
+            "",
+            f"- weight-bytes floor: {_f(wb.get('bytes', float('nan')) / 1e9)} GB of weights read per step "
+            f"(counted over one eager token; {_f(wb.get('reuse'), '.2f')}x the parameter bytes) / measured "
+            f"copy {_f(bw, '.0f')} GB/s = **{_f(s.get('weight_floor_ms'))} ms/step**",
+            "- GEMM floor: summed profiler kernel time of the GEMM + attention classes of the same step "
+            "(projections, LM head, attention; excludes launch gaps):",
+        ]
+        for name, a in arms.items():
+            lines.append(
+                f"  - {name}: {_f(a.get('gemm_floor_us', float('nan')) / 1e3)} ms/step "
+                f"(all kernels busy {_f(a.get('busy_us', float('nan')) / 1e3)} ms)"
+            )
+        lines.append("")
+        lines += ["## Kernel counts: graph nodes vs profiler", ""]
+        for name, a in arms.items():
+            c = a.get("graph_census") or {}
+            p = a.get("profiler") or {}
+            o = a.get("outside_graph") or {}
+            lines.append(
+                f"- {name}: graph kernel nodes {c.get('kernels', 'n/a')}, memcpy {c.get('memcpy', 'n/a')}, "
+                f"memset {c.get('memset', 'n/a')}; profiler {_f(p.get('kernels_per_replay'), '.1f')} "
+                f"kernels/replay over {p.get('replays', 0)} replays; outside the graph per engine step: "
+                f"{_f(o.get('kernels_per_step'), '.1f')} kernels + {_f(o.get('copies_per_step'), '.1f')} "
+                f"copies. Verdict: {a.get('agree_reason', '')}"
+            )
+        lines.append("")
+    else:
+        lines += [
+            "Weights read per step (counted over one eager token): "
+            f"{_f(wb.get('bytes', float('nan')) / 1e6)} MB.",
+            "",
+        ]
+    lines += [
+        "## Breakdown per class (count / time per step)",
+        "",
+        "| class | " + " | ".join(arms) + " |",
+        "|---|" + "---|" * len(arms),
+    ]
+    for cls in CLASSES:
+        cells = []
+        for a in arms.values():
+            row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
+            cells.append(f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us")
+        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Classes of generic elementwise kernels (mul/add/cast) are inferred from their neighbours "
+        "(see rltbench/commands/profile/classify.py).",
+        "",
+    ]
+    for name, a in arms.items():
+        lines += [
+            f"### Top kernels: {name}",
+            "",
+            "| kernel | class | count/step | us/step |",
+            "|---|---|---|---|",
+        ]
+        for r in a.get("top_kernels", [])[:15]:
+            kname = r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "..."
+            kname = kname.replace("|", "\\|")
+            lines.append(
+                f"| `{kname}` | {r.get('class', '')} | {_f(r.get('count'), '.1f')} | "
+                f"{_f(r.get('time_us'), '.1f')} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def breakdown_figure(s: dict[str, Any]) -> Any:
+    """Stacked bars: time per class per arm (per step), plus launch gaps on GPU, with floor lines."""
+    from rltbench.results.plotting import figure
+
+    arms: dict[str, Any] = s.get("arms", {})
+    mode = s.get("mode", "gpu")
+    fig, ax = figure(7.5, 4.5)
+    names = list(arms)
+    bottoms = [0.0] * len(names)
+    cmap = __import__("matplotlib").colormaps["tab10"]
+    series = list(CLASSES) + ([GAP] if mode == "gpu" else [])
+    for i, cls in enumerate(series):
+        vals = []
+        for _j, a in enumerate(arms.values()):
+            if cls == GAP:
+                step = _step_ms(a, mode)[0] * 1e3
+                v = max(0.0, step - a.get("busy_us", 0.0)) if math.isfinite(step) else 0.0
+            else:
+                v = next((r["time_us"] for r in a.get("classes", []) if r["class"] == cls), 0.0)
+            vals.append(v / 1e3)
+        if any(vals):
+            ax.bar(names, vals, bottom=bottoms, label=cls, color="#cccccc" if cls == GAP else cmap(i % 10))
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=False)]
+    if mode == "gpu":
+        wf = s.get("weight_floor_ms")
+        if wf is not None and math.isfinite(wf):
+            ax.axhline(wf, color="k", ls="--", lw=1, label="weight-bytes floor")
+        gf = [a.get("gemm_floor_us") for a in arms.values() if a.get("gemm_floor_us") is not None]
+        if gf:
+            ax.axhline(min(gf) / 1e3, color="k", ls=":", lw=1, label="GEMM floor")
+    ax.set_ylabel("ms per step" + (" (CPU op self time)" if mode == "cpu" else " (GPU)"))
+    ax.set_title(
+        f"{s.get('model', '')} batch {s.get('batch')} context {s.get('context')}"
+        + (" - CPU mode" if mode == "cpu" else "")
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def render(run_dir: str | Path) -> None:
+    """Re-create table.md and breakdown.png from summary.json (for `rltbench report DIR`)."""
+    from rltbench.errors import UsageError
+    from rltbench.results import RunDir
+
+    run = RunDir.open(run_dir)
+    if not run.file(SUMMARY).is_file():
+        raise UsageError(f"{run_dir}: no {SUMMARY} (the profile did not finish any arm)")
+    s = run.read_json(SUMMARY)
+    if not s.get("arms"):
+        raise UsageError(f"{run_dir}: {SUMMARY} has no arm results")
+    run.write_markdown("table.md", table_markdown(s))
+    run.save_plot("breakdown.png", breakdown_figure(s))

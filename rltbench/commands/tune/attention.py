@@ -1,0 +1,412 @@
+"""Decode-attention microbenchmark and tuning sweep (one plane, Ouro-1.4B shape by default).
+
+Times ``paged_decode_attention`` the way the engine runs it: inside a CUDA graph, median per call of
+``reps`` timing windows between CUDA events. Blocks are shuffled over the pool so reads are as scattered
+as in a long-running engine, and the graph cycles over several KV pools (as the engine cycles over its
+24 layers x 4 loops of planes) so a small batch does not time an L2-resident cache.
+
+The sweep (``--sweep``) times the Triton kernel's knobs (tile tokens, heads per program, warps,
+pipeline stages, partition policy / single launch / fused reduce) at batch 1/8/32/128 x context 512
+and batch 1/32 x context 4096, checks every variant against the torch reference first, prints the best
+variant per case and writes everything as JSON::
+
+    python -m rltbench.commands.tune.attention --sweep --out results/gpu/attention_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rltbench import tuned
+from rltbench.engine.attention import (
+    _decode_torch,
+    _decode_triton,
+    choose_partition_size,
+    decode_config,
+    paged_decode_attention,
+)
+from rltbench.errors import UsageError
+
+
+def _fused(**knobs: Any) -> dict[str, Any]:
+    """A sweep variant with the fused reduce (several splits combined in one launch)."""
+    return knobs | {"fused_reduce": True}
+
+
+# (batch, context) cases of the sweep
+SWEEP_CASES = ((1, 512), (8, 512), (32, 512), (128, 512), (1, 4096), (32, 4096))
+# name -> knobs for _decode_triton; "default" is the engine's choice, "v1" approximates the kernel before
+# the rewrite (16-token tiles, one head, partitions 32..256 for ~528 programs, always a reduce launch)
+SWEEP_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "v1": {
+        "tile_tokens": 16,
+        "heads_per_program": 1,
+        "num_warps": 4,
+        "num_stages": 1,
+        "single_launch": False,
+    },
+    "t32h1w4": {"tile_tokens": 32, "heads_per_program": 1, "num_warps": 4, "num_stages": 1},
+    "t64h1w8": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 8, "num_stages": 1},
+    "t128h1w8": {"tile_tokens": 128, "heads_per_program": 1, "num_warps": 8, "num_stages": 1},
+    "t32h2w4": {"tile_tokens": 32, "heads_per_program": 2, "num_warps": 4, "num_stages": 1},
+    "t16h4w4": {"tile_tokens": 16, "heads_per_program": 4, "num_warps": 4, "num_stages": 1},
+    "t32h4w8": {"tile_tokens": 32, "heads_per_program": 4, "num_warps": 8, "num_stages": 1},
+    "t32h1w4s2": {"tile_tokens": 32, "heads_per_program": 1, "num_warps": 4, "num_stages": 2},
+    "t64h2w8s2": {"tile_tokens": 64, "heads_per_program": 2, "num_warps": 8, "num_stages": 2},
+    "t32h1w4-2x": {"tile_tokens": 32, "heads_per_program": 1, "num_warps": 4, "target_programs": 1056},
+    "t32h1w4-half": {"tile_tokens": 32, "heads_per_program": 1, "num_warps": 4, "target_programs": 264},
+    "t64h2w8-1split": {"tile_tokens": 64, "heads_per_program": 2, "num_warps": 8, "target_programs": 0},
+    # fixed partitions (batch 1 otherwise always gets 32-token partitions, capping the tile at 32)
+    "p16t16h1w4": {"tile_tokens": 16, "heads_per_program": 1, "num_warps": 4, "partition_size": 16},
+    "p64t64h1w4": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 4, "partition_size": 64},
+    "p128t64h1w8": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 8, "partition_size": 128},
+    # fused reduce: the last program of each head group combines the splits (one launch, no reduce kernel)
+    "p64t64h1w4-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=4, partition_size=64),
+    "p128t64h1w8-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=8, partition_size=128),
+    "p256t64h1w8-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=8, partition_size=256),
+    "p128t32h2w4-fused": _fused(tile_tokens=32, heads_per_program=2, num_warps=4, partition_size=128),
+    "t32h1w4-fused": _fused(tile_tokens=32, heads_per_program=1, num_warps=4),
+}
+_V1_PARTITIONS = (256, 128, 64, 32)
+_COLD_BYTES = 256 << 20  # KV read per graph replay at least this (H200 L2: 50 MB)
+_MAX_COPIES = 64
+_DEVICE = "cuda"  # where the inputs live (the CPU test of the sweep plumbing sets "cpu")
+_TOL = 2e-2  # max abs error vs the fp32 torch reference for bf16/fp16 outputs
+
+
+def _inputs(
+    batch: int,
+    context_len: int,
+    table_blocks: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    bs: int,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=_DEVICE).manual_seed(seed)
+    nb = batch * table_blocks + 1
+    kc = torch.randn(nb, bs, hkv, d, generator=g, device=_DEVICE).to(dtype)
+    vc = torch.randn(nb, bs, hkv, d, generator=g, device=_DEVICE).to(dtype)
+    perm = torch.randperm(nb, generator=g, device=_DEVICE)[: batch * table_blocks]
+    tables = perm.view(batch, table_blocks).to(torch.int32)
+    lens = torch.full((batch,), context_len, dtype=torch.int32, device=_DEVICE)
+    q = torch.randn(batch, hq, d, generator=g, device=_DEVICE).to(dtype)
+    return q, kc, vc, tables, lens
+
+
+def _time_graph(fns: Sequence[Callable[[], torch.Tensor]], reps: int, min_calls: int) -> list[float]:
+    """Per-call microseconds: one graph replays every fn once (each on its own KV pool); ``reps``
+    windows of enough replays for ``min_calls`` calls each."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = max(1, -(-min_calls // len(fns)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / (replays * len(fns)))
+    del graph
+    return times
+
+
+def _shape(hq: int, hkv: int, d: int, bs: int, dtype: torch.dtype) -> dict[str, Any]:
+    dt = str(dtype).removeprefix("torch.")
+    return {"num_heads": hq, "num_kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": dt}
+
+
+def _v1_partition(batch: int, hq: int, max_len: int) -> int:
+    for p in _V1_PARTITIONS:
+        if batch * hq * max(1, -(-max_len // p)) >= 528:
+            return p
+    return _V1_PARTITIONS[-1]
+
+
+def _resolve(name: str, knobs: dict[str, Any], batch: int, hq: int, max_len: int) -> dict[str, Any]:
+    """Full knob set (defaults filled in), the partition and the launch count of one variant."""
+    cfg = decode_config(batch, hq, max_len)
+    full = {
+        "tile_tokens": knobs.get("tile_tokens", cfg.tile_tokens),
+        "heads_per_program": knobs.get("heads_per_program", cfg.heads_per_program),
+        "num_warps": knobs.get("num_warps", cfg.num_warps),
+        "num_stages": knobs.get("num_stages", cfg.num_stages),
+        "target_programs": knobs.get("target_programs", cfg.target_programs),
+        "single_launch": knobs.get("single_launch", cfg.single_launch),
+        "fused_reduce": knobs.get("fused_reduce", cfg.fused_reduce),
+    }
+    if "partition_size" in knobs:
+        part = knobs["partition_size"]
+    elif name == "v1":
+        part = _v1_partition(batch, hq, max_len)
+    else:
+        part = choose_partition_size(batch, hq, max_len, full["heads_per_program"], full["target_programs"])
+    splits = max(1, -(-max_len // part))
+    launches = 1 if (splits == 1 and full["single_launch"]) or full["fused_reduce"] else 2
+    return full | {"partition_size": part, "num_splits": splits, "launches": launches}
+
+
+def sweep_decode_attention(
+    cases: Sequence[tuple[int, int]] = SWEEP_CASES,
+    variants: dict[str, dict[str, Any]] | None = None,
+    *,
+    num_heads: int = 16,
+    num_kv_heads: int = 16,
+    head_dim: int = 128,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    reps: int = 5,
+    min_calls: int = 200,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Time every variant on every (batch, context) case; a variant whose output differs from
+    ``_decode_torch`` by more than the tolerance is reported (ok=False) but never chosen as best."""
+    if not torch.cuda.is_available():
+        raise UsageError("the decode attention benchmark needs a CUDA GPU")
+    variants = SWEEP_VARIANTS if variants is None else variants
+    elem = torch.tensor([], dtype=dtype).element_size()
+    out_cases = []
+    for batch, ctx in cases:
+        t0 = time.perf_counter()
+        width = -(-ctx // block_size)
+        max_len = width * block_size
+        kv_bytes = batch * ctx * num_kv_heads * head_dim * 2 * elem
+        copies = max(1, min(_MAX_COPIES, math.ceil(_COLD_BYTES / kv_bytes)))
+        pools = [
+            _inputs(batch, ctx, width, num_heads, num_kv_heads, head_dim, block_size, dtype, seed + i)
+            for i in range(copies)
+        ]
+        q, kc, vc, tables, lens = pools[0]
+        scale = head_dim**-0.5
+        ref = _decode_torch(q, kc, vc, tables, lens, scale, max_len).float()
+        rows = []
+        for name, knobs in variants.items():
+            info = _resolve(name, knobs, batch, num_heads, max_len)
+            call = dict(knobs)
+            part = info["partition_size"] if name == "v1" else call.pop("partition_size", None)
+            row: dict[str, Any] = {"name": name, **info}
+            try:
+                got = _decode_triton(q, kc, vc, tables, lens, scale, max_len, part, **call)
+                err = (got.float() - ref).abs().max().item()
+                row |= {"max_abs_err": err, "ok": bool(math.isfinite(err) and err <= _TOL)}
+                fns = [functools.partial(_decode_triton, *p, scale, max_len, part, **call) for p in pools]
+                times = _time_graph(fns, reps, min_calls)
+                med = statistics.median(times)
+                row |= {"median_us": med, "min_us": min(times), "kv_gbps": kv_bytes / (med * 1e-6) / 1e9}
+            except Exception as exc:  # a variant that fails to compile/launch is reported, not fatal
+                row |= {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+        good = [r for r in rows if r.get("ok") and "median_us" in r]
+        best = min(good, key=lambda r: r["median_us"]) if good else None
+        out_cases.append(
+            {"batch": batch, "context_len": ctx, "kv_bytes": kv_bytes, "kv_pools": copies, "best": best,
+             "results": rows}
+        )  # fmt: skip
+        log(_case_line(out_cases[-1], time.perf_counter() - t0))
+        del pools, q, kc, vc, tables, lens, ref
+        torch.cuda.empty_cache()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "shape": _shape(num_heads, num_kv_heads, head_dim, block_size, dtype)
+        | {"reps": reps, "min_calls": min_calls},
+        "variants": variants,
+        "cases": out_cases,
+    }
+
+
+def _by_name(case: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((r for r in case["results"] if r["name"] == name and "median_us" in r), None)
+
+
+def _case_line(case: dict[str, Any], secs: float) -> str:
+    best, default, v1 = case["best"], _by_name(case, "default"), _by_name(case, "v1")
+    head = f"B={case['batch']:<4d} ctx={case['context_len']:<5d}"
+    if best is None:
+        return f"{head} no variant passed the correctness check ({secs:.1f}s)"
+    parts = [f"best {best['name']:<15s} {best['median_us']:8.2f} us {best['kv_gbps']:7.0f} GB/s"]
+    parts.append(f"P={best['partition_size']} splits={best['num_splits']} launches={best['launches']}")
+    for label, r in (("default", default), ("v1", v1)):
+        if r is not None:
+            parts.append(f"{label} {r['median_us']:.2f} us (x{r['median_us'] / best['median_us']:.2f})")
+    return f"{head} " + " | ".join(parts) + f" ({secs:.1f}s)"
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """Variants x cases matrix of median us ('!' marks a variant that failed the check)."""
+    cases = res["cases"]
+    cols = [f"B{c['batch']}/{c['context_len']}" for c in cases]
+    lines = [f"{'variant':<16s}" + "".join(f"{c:>12s}" for c in cols)]
+    for name in res["variants"]:
+        cells = []
+        for c in cases:
+            r = next(r for r in c["results"] if r["name"] == name)
+            if "median_us" not in r:
+                cells.append(f"{'error':>12s}")
+            else:
+                mark = "" if r["ok"] else "!"
+                star = "*" if c["best"] is not None and c["best"]["name"] == name else ""
+                cells.append(f"{r['median_us']:>10.2f}{mark or star:1s} ")
+        lines.append(f"{name:<16s}" + "".join(cells))
+    lines.append("us per call; * best per case; ! wrong result (excluded)")
+    return "\n".join(lines)
+
+
+def bench_decode_attention(
+    batch_sizes: Sequence[int] = (1, 8, 32, 128),
+    context_len: int = 512,
+    *,
+    num_heads: int = 16,
+    num_kv_heads: int = 16,
+    head_dim: int = 128,
+    block_size: int = 16,
+    table_blocks: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    iters: int = 100,
+    reps: int = 7,
+    impls: Sequence[str] = ("triton", "torch"),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Median decode-attention time per call of ``paged_decode_attention`` for each batch and impl.
+
+    ``table_blocks`` is the block-table width (default: just enough for ``context_len``; pass the engine's
+    ``max_blocks_per_seq`` to include its empty-split overhead). Returns ``{"device", "shape", "results":
+    [{impl, batch, median_us, min_us, kv_bytes, kv_gbps, partition_size}]}``.
+    """
+    if not torch.cuda.is_available():
+        raise UsageError("the decode attention benchmark needs a CUDA GPU")
+    if context_len < 1 or any(b < 1 for b in batch_sizes):
+        raise UsageError("context_len and every batch size must be >= 1")
+    width = table_blocks if table_blocks is not None else -(-context_len // block_size)
+    if width * block_size < context_len:
+        raise UsageError(f"table_blocks={width} cannot hold context_len={context_len}")
+    elem = torch.tensor([], dtype=dtype).element_size()
+    rows: list[dict[str, Any]] = []
+    for batch in batch_sizes:
+        q, kc, vc, tables, lens = _inputs(
+            batch, context_len, width, num_heads, num_kv_heads, head_dim, block_size, dtype, seed
+        )
+        kv_bytes = batch * context_len * num_kv_heads * head_dim * 2 * elem
+        scale = head_dim**-0.5
+        for impl in impls:
+            fn = functools.partial(paged_decode_attention, q, kc, vc, tables, lens, scale, impl=impl)
+            times = _time_graph([fn], reps, iters)
+            med = statistics.median(times)
+            part = _resolve("default", {}, batch, num_heads, width * block_size)["partition_size"]
+            row = {"impl": impl, "batch": batch, "context_len": context_len, "median_us": med}
+            row |= {"min_us": min(times), "kv_bytes": kv_bytes, "kv_gbps": kv_bytes / (med * 1e-6) / 1e9}
+            rows.append(row | {"partition_size": part if impl == "triton" else None})
+        del q, kc, vc, tables, lens
+        torch.cuda.empty_cache()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "shape": _shape(num_heads, num_kv_heads, head_dim, block_size, dtype)
+        | {"table_blocks": width, "iters": iters, "reps": reps},
+        "results": rows,
+    }
+
+
+_SHORT_LEN = 2048  # rows tuned at context 512 serve decode classes up to this covered length
+_BATCH_BOUNDS = {1: 1, 8: 8, 32: 32, 128: 1 << 30}
+
+
+def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's best variant per case as rows of the tuned table (rltbench/tuned.py section
+    "decode_attention", read by attention.decode_config): context-512 cases serve lengths up to
+    _SHORT_LEN for batches up to their bucket, the 4096 cases everything longer."""
+    rows = []
+    keys = ("tile_tokens", "heads_per_program", "num_warps", "num_stages", "target_programs", "single_launch")
+    optional = {"fused_reduce": False}  # knobs newer than some result files: their default when absent
+    for long_ctx in (False, True):
+        cases = sorted((c for c in res["cases"] if (c["context_len"] > _SHORT_LEN) == long_ctx and c["best"]),
+                       key=lambda c: c["batch"])
+        for i, c in enumerate(cases):
+            best = c["best"]
+            fixed = "partition_size" in res["variants"].get(best["name"], {}) or best["name"] == "v1"
+            row = {k: best[k] for k in keys} | {k: best.get(k, v) for k, v in optional.items()}
+            row["partition_size"] = best["partition_size"] if fixed else None
+            last = i == len(cases) - 1
+            row["max_batch"] = 1 << 30 if last else _BATCH_BOUNDS.get(c["batch"], c["batch"])
+            row["max_len"] = 1 << 30 if long_ctx else _SHORT_LEN
+            row["measured"] = {"batch": c["batch"], "context_len": c["context_len"], "variant": best["name"],
+                               "median_us": best["median_us"], "kv_gbps": best["kv_gbps"]}
+            rows.append(row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m rltbench.commands.tune.attention", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--sweep", action="store_true", help="time the kernel's tuning knobs (else triton vs torch)"
+    )
+    ap.add_argument("--out", help="write the JSON result here")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--min-calls", type=int, default=200, help="attention calls per timing window")
+    ap.add_argument("--variants", help="comma-separated subset of the sweep's variant names")
+    ap.add_argument(
+        "--write-tuned", action="store_true",
+        help="write the best variant per case to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)",
+    )  # fmt: skip
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    if args.sweep:
+        variants = SWEEP_VARIANTS
+        if args.variants:
+            names = args.variants.split(",")
+            unknown = [n for n in names if n not in SWEEP_VARIANTS]
+            if unknown:
+                raise UsageError(f"unknown variants {unknown}; known: {list(SWEEP_VARIANTS)}")
+            variants = {n: SWEEP_VARIANTS[n] for n in names}
+        os.environ["RLTBENCH_TUNED"] = "0"  # variants are measured against the built-in defaults
+        res = sweep_decode_attention(variants=variants, reps=args.reps, min_calls=args.min_calls)
+        print(format_table(res))
+        del os.environ["RLTBENCH_TUNED"]
+        if args.write_tuned:
+            rows = tuned_rows(res)
+            src = {"command": "python -m rltbench.commands.tune.attention " + " ".join(argv or sys.argv[1:]),
+                   "result_file": args.out, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "git_sha": os.environ.get("RLTBENCH_GIT_SHA")}
+            path = tuned.write_section(res["device"], "decode_attention", rows, src)
+            print(f"wrote {len(rows)} tuned rows to {path}")
+    else:
+        res = bench_decode_attention(reps=args.reps, iters=args.min_calls)
+        for r in res["results"]:
+            print(f"{r['impl']:<7s} B={r['batch']:<4d} {r['median_us']:9.2f} us {r['kv_gbps']:7.0f} GB/s")
+    res["wall_s"] = time.perf_counter() - t0
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.out} ({res['wall_s']:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,0 @@
-"""`rltbench e2e`: serving loads (burst, session replay) across kernel arms on the in-process engine or
-OpenAI-compatible servers, with TTFT/TPOT/ITL/E2E, throughput, token identity and paired statistics.
-
-Contract: /work/shared/specs/e2e.md. Entry points: `rltbench.e2e.cli.e2e_command` (CLI) and
-`rltbench.e2e.report.render` (`rltbench report DIR`).
-"""
