@@ -4,7 +4,7 @@
 # no GPU the kernels run through the Triton interpreter at small sizes and no timing is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh >/dev/null
+bash scripts/setup.sh
 if ! .venv/bin/python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   export TRITON_INTERPRET=1
 fi

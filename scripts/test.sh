@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 .venv/bin/ruff check rltbench tests || exit 1
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "no tests were collected: failing" >&2
