@@ -92,8 +92,8 @@ def provenance_notes(manifest: dict[str, Any]) -> list[str]:
         notes.append(f"recorded sha {prov['git_sha_recorded']}: {why or ''}")
     elif why:
         notes.append(why)
-    if prov.get("git_dirty"):
-        notes.append("uncommitted changes were present in the tree that ran")
+    if prov.get("git_dirty") and not prov.get("git_sha_corrected"):  # a correction restates the tree
+        notes.append("the run recorded uncommitted changes in its tree")
     env = {k: v for k, v in (prov.get("env") or {}).items() if k != "RLTBENCH_GIT_SHA"}
     if env:
         notes.append("environment: " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items())))
