@@ -1,0 +1,69 @@
+"""RESULTS.md is generated from the committed manifests and cannot drift from them; results/gpu holds
+only runs that something cites, within its size budget."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "results_md.py"
+RESULTS = ROOT / "results" / "gpu"
+SIZE_BUDGET = 15 * 1024 * 1024
+CITING = ("README.md", "docs", "rltbench", "scripts")
+"""Where a citation keeps a run in results/gpu (RESULTS.md lists every run, so it does not count)."""
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("results_md", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_results_md_is_the_scripts_output() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + "(regenerate: python scripts/results_md.py)"
+
+
+def test_command_lines_lose_the_machine_they_ran_on() -> None:
+    cmd = _script().command_line
+    assert cmd("/srv/x/rltbench/cli.py e2e --result-dir /srv/x/results/gpu/e2e") == (
+        "rltbench e2e --result-dir results/gpu/e2e")
+    assert cmd("/srv/x/scripts/tune.py --parts approx") == "python scripts/tune.py --parts approx"
+    assert cmd("/opt/venv/bin/python3 -m pytest --junitxml /a/b/results/gpu/tests/junit.xml tests") == (
+        "python -m pytest --junitxml results/gpu/tests/junit.xml tests")
+    assert cmd("python -m rltbench.commands.tune --out results/gpu/t.json") == (
+        "python -m rltbench.commands.tune --out results/gpu/t.json")
+
+
+def test_table_headline_keeps_title_verdicts_and_headline_tables() -> None:
+    text = "\n".join([
+        "# Title", "", "**Overall: pass**", "", "| a |", "|---|", "| 1 |", "",
+        "## Latency", "", "| b |", "|---|", "| 2 |", "", "## Paired comparison vs torch", "",
+        "| c |", "|---|", "| 3 |",
+    ])
+    out = _script().table_headline(text)
+    assert out[0] == "**Title**" and "**Overall: pass**" in out
+    assert "| 1 |" in out and "| 3 |" in out and "| 2 |" not in out
+
+
+def test_results_gpu_within_budget() -> None:
+    size = sum(p.stat().st_size for p in RESULTS.rglob("*") if p.is_file())
+    assert size <= SIZE_BUDGET, f"results/gpu is {size / 2**20:.1f} MiB, budget {SIZE_BUDGET / 2**20:.0f} MiB"
+
+
+def test_every_run_in_results_gpu_is_cited() -> None:
+    texts = []
+    for name in CITING:
+        path = ROOT / name
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        texts += [p.read_text(errors="replace") for p in files if p.suffix in (".md", ".py", ".json", ".sh")]
+    corpus = "\n".join(texts)
+    uncited = [p.name for p in sorted(RESULTS.iterdir())
+               if not re.search(rf"results/gpu/{re.escape(p.name)}(?![\w-])", corpus)]
+    assert not uncited, (f"runs nothing cites (README, docs, package, scripts): {', '.join(uncited)}; "
+                         "cite them or git rm them (they stay in history), then regenerate RESULTS.md")
