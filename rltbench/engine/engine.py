@@ -1033,15 +1033,18 @@ class Engine:
         """Prefilled requests whose blocks are held for export, oldest first."""
         return list(self._held)
 
-    def export_prefilled(self, request_id: str) -> tuple[Tensor, kv_transfer.PrefilledMeta]:
-        """A held request's KV as one contiguous byte buffer (all its blocks of every plane:
-        `kv_transfer.pack_blocks`) and its facts. The blocks stay held until `release_exported`."""
+    def export_prefilled(
+        self, request_id: str, extra_bytes: int = 0
+    ) -> tuple[Tensor, kv_transfer.PrefilledMeta]:
+        """A held request's KV as one contiguous byte buffer (all its blocks of every plane, then
+        `extra_bytes` for the transport: `kv_transfer.pack_blocks`) and its facts. The blocks stay
+        held until `release_exported`."""
         seq = self._held.get(request_id)
         if seq is None:
             raise EngineRequestError(f"request {request_id!r} is not a prefilled request held for export")
         geo = kv_transfer.KVGeometry.of_pool(self.kv)
         meta = kv_transfer.PrefilledMeta(request_id, seq.prompt_len, seq.output[0], len(seq.blocks), geo)
-        return kv_transfer.pack_blocks(self.kv, seq.blocks), meta
+        return kv_transfer.pack_blocks(self.kv, seq.blocks, extra_bytes), meta
 
     def release_exported(self, request_id: str) -> bool:
         """Free a held request's blocks (its transfer finished or failed); False if it is not held."""

@@ -115,11 +115,19 @@ def _block_index(blocks: Sequence[int], device: torch.device) -> Tensor:
     return torch.as_tensor(list(blocks), dtype=torch.long, device=device)
 
 
-def pack_blocks(kv: Tensor, blocks: Sequence[int]) -> Tensor:
+def pack_blocks(kv: Tensor, blocks: Sequence[int], extra_bytes: int = 0) -> Tensor:
     """Gather `blocks` of every plane of pool `kv` into one new contiguous byte buffer (uint8, 1-D):
-    the bytes of `[planes, 2, len(blocks), block_size, heads, head_dim]`. One gather kernel."""
-    packed = torch.index_select(_raw(kv), 2, _block_index(blocks, kv.device))
-    return packed.view(torch.uint8).reshape(-1)
+    the bytes of `[planes, 2, len(blocks), block_size, heads, head_dim]`, then `extra_bytes` left
+    for the caller (a transport's trailer travels in the same message without another copy). One
+    gather kernel."""
+    geo = KVGeometry.of_pool(kv)
+    n = len(blocks)
+    buf = torch.empty(n * geo.bytes_per_block + extra_bytes, dtype=torch.uint8, device=kv.device)
+    raw = _raw(kv)
+    out = buf[: n * geo.bytes_per_block].view(raw.dtype)
+    out = out.view(geo.planes, 2, n, geo.block_size, geo.heads, geo.head_dim)
+    torch.index_select(raw, 2, _block_index(blocks, kv.device), out=out)
+    return buf
 
 
 def unpack_blocks(kv: Tensor, blocks: Sequence[int], packed: Tensor, skip: int = 0) -> None:

@@ -1,0 +1,113 @@
+"""One rank of `rltbench pd`, started by the command as `python -m rltbench.commands.pd.worker
+--rank R --spec JSON`: join the process group, build the model and engine, check that both ranks
+hold the same model, then rank 0 drives the run (driver.py) and rank 1 serves decode cells.
+
+A rank whose link to the other is lost (the peer exited, crashed or was killed; a transfer that could
+not be abandoned timed out) prints one line saying so and whether every KV block came back, and
+exits with code 3 at once, without waiting on the dead process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rltbench.commands.pd.link import NO_MULTICAST_ENV, Link, new_link_groups
+from rltbench.engine.kv_transfer import TransferError
+from rltbench.errors import UsageError
+
+EXIT_LINK_LOST = 3
+ROLES = ("prefill", "decode")
+
+
+def connect(
+    rank: int, addr: str, port: int, backend: str, device: torch.device, transfer_timeout_s: float,
+    init_timeout_s: float,
+) -> Link:
+    """Join the two-rank group and return the link: the default group (its timeout bounds the
+    rendezvous) only connects; the link's own groups carry control messages (gloo) and payloads
+    (`backend`)."""
+    os.environ.update(NO_MULTICAST_ENV)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+        timeout=timedelta(seconds=init_timeout_s),
+    )
+    ctrl, data = new_link_groups(backend)
+    return Link(rank, ctrl, data, device, backend == "nccl", transfer_timeout_s)
+
+
+def exit_on_link_loss(role: str, run: Callable[[], int], engine_of: Callable[[], Any]) -> int:
+    """Run a rank; a lost link is one line on stderr and exit code 3 (os._exit: a dead process
+    group's destructors could wait on the peer)."""
+    try:
+        return run()
+    except TransferError as exc:
+        engine = engine_of()
+        if engine is None:
+            blocks = "no engine was built"
+        else:
+            for rid in engine.held_requests:
+                engine.release_exported(rid)
+            free = engine.blocks.check_all_free()
+            blocks = "every KV block returned" if free else (
+                f"{engine.num_blocks - engine.blocks.num_free_blocks} KV blocks still held")
+        peer = ROLES[1 - ROLES.index(role)]
+        print(f"pd {role}: link to the {peer} rank lost ({exc.reason}: {exc}); {blocks}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_LINK_LOST)
+
+
+def fingerprint(model: torch.nn.Module) -> list[float]:
+    """A cheap digest of the weights (float64 sums of a few parameters): both ranks must run the
+    same model, or the decode side would continue another model's KV."""
+    params = list(model.parameters())
+    picks = params[:2] + params[len(params) // 2 : len(params) // 2 + 1] + params[-2:]
+    return [float(p.detach().double().sum().cpu()) for p in picks]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rltbench.commands.pd.worker")
+    ap.add_argument("--rank", type=int, choices=(0, 1), required=True)
+    ap.add_argument("--spec", required=True, help="the run's spec as JSON (written by `rltbench pd`)")
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec)
+    role = ROLES[args.rank]
+    state: dict[str, Any] = {}
+
+    def run() -> int:
+        from rltbench.commands.pd import driver
+
+        device = torch.device(spec["devices"][args.rank])
+        link = state["link"] = connect(args.rank, spec["addr"], spec["port"], spec["backend"], device,
+                                       spec["transfer_timeout"], spec["init_timeout"])
+        if device.type == "cpu":  # two ranks share the cores: do not oversubscribe them
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        model, facts = driver.build_model(spec, device)
+        state["engine"] = engine = driver.build_engine(model, spec)
+        driver.handshake(link, spec, model, engine, fingerprint(model))
+        if args.rank == 0:
+            return driver.run_prefill_rank(spec, link, engine, facts)
+        return driver.run_decode_rank(spec, link, engine)
+
+    try:
+        rc = exit_on_link_loss(role, run, lambda: state.get("engine"))
+    except UsageError as exc:
+        print(f"pd {role}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return state["link"].close(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
