@@ -187,8 +187,19 @@ class TransferHeader:
         """The header of a request whose whole prompt (all its blocks) follows."""
         n = geo.blocks_for(len(prompt))
         return cls(
-            KIND_KV, seq, request, len(prompt), int(first_token), n, n * geo.bytes_per_block,
-            prompt_digest(prompt), geo.planes, geo.block_size, geo.heads, geo.head_dim, geo.dtype_code,
+            KIND_KV,
+            seq,
+            request,
+            len(prompt),
+            int(first_token),
+            n,
+            n * geo.bytes_per_block,
+            prompt_digest(prompt),
+            geo.planes,
+            geo.block_size,
+            geo.heads,
+            geo.head_dim,
+            geo.dtype_code,
         )
 
     @classmethod

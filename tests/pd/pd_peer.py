@@ -79,9 +79,14 @@ def engine_for(spec: dict[str, Any]) -> Engine:
     over = spec.get("overrides", {})
     model = build_model(spec["preset"], device="cpu", dtype=torch.float32, seed=0, **over)
     per = -(-(spec["input_len"] + spec["output_len"]) // 4)
-    cfg = EngineConfig(block_size=4, num_blocks=spec["C"] * per, max_num_seqs=spec["C"],
-                       max_num_batched_tokens=spec.get("budget_tokens", 64), enable_prefix_caching=False,
-                       max_model_len=spec["input_len"] + spec["output_len"])
+    cfg = EngineConfig(
+        block_size=4,
+        num_blocks=spec["C"] * per,
+        max_num_seqs=spec["C"],
+        max_num_batched_tokens=spec.get("budget_tokens", 64),
+        enable_prefix_caching=False,
+        max_model_len=spec["input_len"] + spec["output_len"],
+    )
     return Engine(model.eval(), ["torch"], cfg)
 
 
@@ -98,8 +103,17 @@ def main() -> int:
         if rank == 1:
             side = FaultyDecode(eng, link, spec["timeout"] * 4, 60, fault=fault, k=k)
             cells = side.serve(120)
-            print(json.dumps({"rank": 1, "cells": cells, "all_free": eng.blocks.check_all_free(),
-                              "sent": dict(link.sent)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "rank": 1,
+                        "cells": cells,
+                        "all_free": eng.blocks.check_all_free(),
+                        "sent": dict(link.sent),
+                    }
+                ),
+                flush=True,
+            )
             return 0
         cfg = eng.model.config
         reqs = burst_prompts(cfg, spec["C"], spec["input_len"], spec["output_len"], 0, 0, spec["C"])
@@ -107,19 +121,27 @@ def main() -> int:
         cell = side.run_cell("t", reqs, timed=False)
         if cell.link_error is None:
             link.send_json({"op": "stop"}, 60)
-        want = eng.generate([r.prompt for r in reqs], SamplingParams(max_tokens=spec["output_len"],
-                                                                     ignore_eos=True))
-        print(json.dumps({
-            "rank": 0,
-            "records": [{k2: r[k2] for k2 in ("request", "status", "error", "token_ids", "pd")}
-                        for r in cell.records],
-            "colocated": [o.token_ids for o in want],
-            "link_error": cell.link_error,
-            "sent": dict(link.sent),
-            "all_free": eng.blocks.check_all_free(),
-            "decode_all_free": cell.decode_info.get("all_blocks_free"),
-            "rejections": cell.decode_info.get("rejections"),
-        }), flush=True)
+        want = eng.generate(
+            [r.prompt for r in reqs], SamplingParams(max_tokens=spec["output_len"], ignore_eos=True)
+        )
+        print(
+            json.dumps(
+                {
+                    "rank": 0,
+                    "records": [
+                        {k2: r[k2] for k2 in ("request", "status", "error", "token_ids", "pd")}
+                        for r in cell.records
+                    ],
+                    "colocated": [o.token_ids for o in want],
+                    "link_error": cell.link_error,
+                    "sent": dict(link.sent),
+                    "all_free": eng.blocks.check_all_free(),
+                    "decode_all_free": cell.decode_info.get("all_blocks_free"),
+                    "rejections": cell.decode_info.get("rejections"),
+                }
+            ),
+            flush=True,
+        )
         if cell.link_error is not None:
             raise LinkBroken(cell.link_error)
         return 0

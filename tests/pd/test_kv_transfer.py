@@ -115,15 +115,27 @@ def test_header_checks_against_the_receiving_pool() -> None:
 
 
 def _engine(model: torch.nn.Module, blocks: int = 64) -> Engine:
-    return Engine(model, ["torch"], EngineConfig(block_size=4, num_blocks=blocks, max_num_batched_tokens=24,
-                                                 enable_prefix_caching=False, max_model_len=64))
+    return Engine(
+        model,
+        ["torch"],
+        EngineConfig(
+            block_size=4,
+            num_blocks=blocks,
+            max_num_batched_tokens=24,
+            enable_prefix_caching=False,
+            max_model_len=64,
+        ),
+    )
 
 
-@pytest.mark.parametrize("preset, overrides", [
-    ("ouro-tiny", {}),
-    ("huginn-tiny", {"kv_layout": "full"}),
-    ("huginn-tiny", {"kv_layout": "compress"}),
-])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("ouro-tiny", {}),
+        ("huginn-tiny", {"kv_layout": "full"}),
+        ("huginn-tiny", {"kv_layout": "compress"}),
+    ],
+)
 def test_export_import_decodes_like_the_colocated_engine(preset, overrides) -> None:
     model = build_model(preset, device="cpu", dtype=torch.float32, seed=3, **overrides).eval()
     g = torch.Generator().manual_seed(1)

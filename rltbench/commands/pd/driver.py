@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from rltbench.commands.e2e.metrics import cell_summary, fmt_ms
 from rltbench.commands.e2e.report import REPLAY_FILE
 from rltbench.commands.e2e.runner import Cell, schedule
 from rltbench.commands.e2e.workload import Request, burst_prompts, warmup_prompts
-from rltbench.commands.pd.link import PAYLOAD_TRAILER, Link
+from rltbench.commands.pd.link import NO_MULTICAST_ENV, PAYLOAD_TRAILER, Link
 from rltbench.commands.pd.sides import DecodeSide, PrefillCell, PrefillSide
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.kv_transfer import KVGeometry, TransferError, pack_blocks, unpack_blocks
@@ -93,8 +94,12 @@ def handshake(link: Link, spec: dict[str, Any], model: Any, engine: Engine, weig
     """Both ranks must hold the same model, arm and KV geometry: rank 0 sends its facts, rank 1
     compares and answers; a difference stops both before any work."""
     geo = KVGeometry.of_pool(engine.kv)
-    mine = {"model": spec["model"], "arm": engine.arm, "weights": weights,
-            "geometry": [geo.planes, geo.block_size, geo.heads, geo.head_dim, str(geo.dtype)]}
+    mine = {
+        "model": spec["model"],
+        "arm": engine.arm,
+        "weights": weights,
+        "geometry": [geo.planes, geo.block_size, geo.heads, geo.head_dim, str(geo.dtype)],
+    }
     t = spec["init_timeout"]
     if link.rank == 0:
         link.send_json(mine, t)
@@ -146,9 +151,14 @@ def probe_link(link: Link, engine: Engine, spec: dict[str, Any]) -> dict[str, An
         wire.append(t2 - t1)
     unpack = link.recv_json(t, "the link probe's unpack times")["unpack_s"]
     return {
-        "bytes": nbytes, "blocks": len(blocks), "tokens": spec["input_len"], "transport": link.transport,
+        "bytes": nbytes,
+        "blocks": len(blocks),
+        "tokens": spec["input_len"],
+        "transport": link.transport,
         "first": {"pack_s": pack[0], "wire_s": wire[0], "unpack_s": unpack[0]},
-        "pack_s": pack[1:], "wire_s": wire[1:], "unpack_s": unpack[1:],
+        "pack_s": pack[1:],
+        "wire_s": wire[1:],
+        "unpack_s": unpack[1:],
     }
 
 
@@ -158,9 +168,18 @@ def run_decode_rank(spec: dict[str, Any], link: Link, engine: Engine) -> int:
     probe_link(link, engine, spec)
     side = DecodeSide(engine, link, spec["header_timeout"], spec["control_timeout"])
     side.serve(spec["idle_timeout"])
-    link.send_json({"stats": engine.stats(), "all_blocks_free": engine.blocks.check_all_free()},
-                   spec["control_timeout"])
+    final = {
+        "stats": engine.stats(),
+        "all_blocks_free": engine.blocks.check_all_free(),
+        "env": multicast_env(),
+    }
+    link.send_json(final, spec["control_timeout"])
     return 0
+
+
+def multicast_env() -> dict[str, str | None]:
+    """This process's NVLink-multicast switches, for the manifest (they must read 0, 1, 1)."""
+    return {k: os.environ.get(k) for k in NO_MULTICAST_ENV}
 
 
 def _say(text: str) -> None:
@@ -208,14 +227,22 @@ def identity_replay(
         d = first_divergence(got.get(r["request"], []), r["token_ids"])
         if d is not None:
             have = got.get(r["request"], [])
-            divergences.append({
-                "request": r["request"], "token_index": d, "step": combined.step_of_token(r["request_id"], d),
-                "ref_token": r["token_ids"][d] if d < len(r["token_ids"]) else None,
-                "arm_token": have[d] if d < len(have) else None,
-            })
-    row.update(seconds=time.perf_counter() - t0, compared=len(cell.records),
-               identical=len(cell.records) - len(divergences), divergences=divergences,
-               steps=combined.summary()["steps"])
+            divergences.append(
+                {
+                    "request": r["request"],
+                    "token_index": d,
+                    "step": combined.step_of_token(r["request_id"], d),
+                    "ref_token": r["token_ids"][d] if d < len(r["token_ids"]) else None,
+                    "arm_token": have[d] if d < len(have) else None,
+                }
+            )
+    row.update(
+        seconds=time.perf_counter() - t0,
+        compared=len(cell.records),
+        identical=len(cell.records) - len(divergences),
+        divergences=divergences,
+        steps=combined.summary()["steps"],
+    )
     return row
 
 
@@ -232,8 +259,13 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
     timeouts = Timeouts(spec["ttft_timeout"], spec["stall_timeout"], spec.get("deadline"))
     warm_t = Timeouts(spec["ttft_timeout"], spec["stall_timeout"], None)
     prefill = PrefillSide(engine, link, spec["budget_bytes"], spec["control_timeout"])
-    warm = warmup_prompts(config, min(spec["warmup_requests"], max(spec["concurrency"])), spec["input_len"],
-                          min(spec["output_len"], 4), spec["seed"])
+    warm = warmup_prompts(
+        config,
+        min(spec["warmup_requests"], max(spec["concurrency"])),
+        spec["input_len"],
+        min(spec["output_len"], 4),
+        spec["seed"],
+    )
     _say(f"warm-up: colocated engine ({len(warm)} requests, graphs), then the link probe and a pd burst")
     backend.warmup(arm, warm, warm_t)
     probe = probe_link(link, engine, spec)
@@ -252,13 +284,24 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
             break
         reqs = burst_prompts(config, cell.C, spec["input_len"], spec["output_len"], spec["seed"], rep, cell.C)
         tag = f"{mode}/{cell.name}/r{rep}"
-        meta: dict[str, Any] = {"arm": mode, "cell": cell.name, "C": cell.C, "rep": rep, "order": n,
-                                "workload": "burst", "started": time.time()}
+        meta: dict[str, Any] = {
+            "arm": mode,
+            "cell": cell.name,
+            "C": cell.C,
+            "rep": rep,
+            "order": n,
+            "workload": "burst",
+            "started": time.time(),
+        }
         if mode == PD:
             res = prefill.run_cell(tag, reqs)
             recs = res.records
-            meta.update(cold_work=res.cold_work, decode=res.decode_info, link_error=res.link_error,
-                        payload_messages=link.sent["payload"])
+            meta.update(
+                cold_work=res.cold_work,
+                decode=res.decode_info,
+                link_error=res.link_error,
+                payload_messages=link.sent["payload"],
+            )
         else:
             recs = backend.run_cell(arm, tag, reqs, timeouts)
             meta.update(cold_work=dict(backend.last_cold_work), schedule=backend.last_schedule.summary())
@@ -268,19 +311,28 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
         run.extend_jsonl("requests.jsonl", recs)
         run.append_jsonl("cell_meta.jsonl", meta)
         s = cell_summary(recs)
-        _say(f"cell {n + 1}/{len(order)} {mode} {cell.name} rep {rep}: {s['n_ok']}/{s['requests']} ok, "
-             f"TTFT p50 {fmt_ms(s['ttft_p50'])} ms, TPOT p50 {fmt_ms(s['tpot_p50'])} ms")
+        _say(
+            f"cell {n + 1}/{len(order)} {mode} {cell.name} rep {rep}: {s['n_ok']}/{s['requests']} ok, "
+            f"TTFT p50 {fmt_ms(s['ttft_p50'])} ms, TPOT p50 {fmt_ms(s['tpot_p50'])} ms"
+        )
         if mode == PD:
             if res.link_error is not None:
                 run.update_manifest(status="failed", link_error=res.link_error)
                 raise TransferError(res.link_error)
-            row = identity_replay(backend, arm, res, reqs, {"arm": PD, "cell": cell.name, "C": cell.C,
-                                                           "rep": rep, "ref": COLOCATED, "exact_arm": exact})
+            row = identity_replay(
+                backend,
+                arm,
+                res,
+                reqs,
+                {"arm": PD, "cell": cell.name, "C": cell.C, "rep": rep, "ref": COLOCATED, "exact_arm": exact},
+            )
             run.append_jsonl(REPLAY_FILE, row)
             bad = row.get("compared", 0) - row.get("identical", 0)
             mismatch |= exact and bad > 0
-            _say("  identity (colocated replay of the pd batches): "
-                 + (row["skipped"] if "skipped" in row else f"{row['identical']}/{row['compared']}"))
+            _say(
+                "  identity (colocated replay of the pd batches): "
+                + (row["skipped"] if "skipped" in row else f"{row['identical']}/{row['compared']}")
+            )
     link.send_json({"op": "stop"}, spec["control_timeout"])
     decode = link.recv_json(spec["control_timeout"], "the decode side's final stats")
     engine.reset_prefix_cache()
@@ -289,6 +341,7 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
         engine_stats={"prefill": engine.stats(), "decode": decode.get("stats")},
         all_blocks_free={"prefill": engine.blocks.check_all_free(), "decode": decode.get("all_blocks_free")},
         messages=dict(link.sent),
+        multicast_env={"prefill": multicast_env(), "decode": decode.get("env")},
         **facts,
     )
     return 1 if mismatch else 0

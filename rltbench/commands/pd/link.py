@@ -115,8 +115,17 @@ def classify(exc: BaseException, what: str) -> TransferError:
     low = text.lower()
     if "timed out" in low or "timeout" in low:
         return TransferTimeout(f"{what}: {text}")
-    if any(k in low for k in ("closed by peer", "reset by peer", "broken pipe", "connection refused",
-                              "remote process exited", "not connected")):
+    if any(
+        k in low
+        for k in (
+            "closed by peer",
+            "reset by peer",
+            "broken pipe",
+            "connection refused",
+            "remote process exited",
+            "not connected",
+        )
+    ):
         return PeerGone(f"{what}: peer gone ({text})")
     return TransferError(f"{what}: {text}")
 
@@ -261,8 +270,15 @@ class Link:
             err = classify(exc, what)
             self.note_failure(err, True)
             raise err from None
-        return Pending(self, work, what, timeout_s, threaded=not nccl, on_done=on_done,
-                       fatal_timeout=fatal_timeout or nccl)
+        return Pending(
+            self,
+            work,
+            what,
+            timeout_s,
+            threaded=not nccl,
+            on_done=on_done,
+            fatal_timeout=fatal_timeout or nccl,
+        )
 
     # ---- control messages (blocking) ------------------------------------------------------------
     def send_json(self, obj: Any, timeout_s: float) -> None:
@@ -282,14 +298,22 @@ class Link:
     # ---- per-request messages (non-blocking) ----------------------------------------------------
     def send_header(self, seq: int, header: Tensor) -> Pending:
         self.sent["header"] += 1
-        return self._post(dist.isend, header, TAG_HEADER + seq % _TAG_SPAN, f"header {seq}",
-                          self.transfer_timeout_s)
+        return self._post(
+            dist.isend, header, TAG_HEADER + seq % _TAG_SPAN, f"header {seq}", self.transfer_timeout_s
+        )
 
     def recv_header(self, seq: int, timeout_s: float) -> Pending:
         buf = torch.zeros(HEADER_WORDS, dtype=torch.int64)
         # a header that never comes leaves the sequence numbers of both sides out of step
-        return self._post(dist.irecv, buf, TAG_HEADER + seq % _TAG_SPAN, f"header {seq}", timeout_s,
-                          on_done=lambda: buf, fatal_timeout=True)
+        return self._post(
+            dist.irecv,
+            buf,
+            TAG_HEADER + seq % _TAG_SPAN,
+            f"header {seq}",
+            timeout_s,
+            on_done=lambda: buf,
+            fatal_timeout=True,
+        )
 
     def send_reply(self, seq: int, status: int, reason: str, nbytes: int) -> Pending:
         self.sent["reply"] += 1
@@ -298,8 +322,14 @@ class Link:
 
     def recv_reply(self, seq: int) -> Pending:
         buf = torch.zeros(REPLY_WORDS, dtype=torch.int64)
-        return self._post(dist.irecv, buf, TAG_REPLY + seq % _TAG_SPAN, f"reply {seq}",
-                          self.transfer_timeout_s, on_done=lambda: [int(x) for x in buf.tolist()])
+        return self._post(
+            dist.irecv,
+            buf,
+            TAG_REPLY + seq % _TAG_SPAN,
+            f"reply {seq}",
+            self.transfer_timeout_s,
+            on_done=lambda: [int(x) for x in buf.tolist()],
+        )
 
     def send_payload(self, seq: int, packed: Tensor) -> Pending:
         """Post one request's packed KV: `packed` (uint8, on the KV's device) holds the KV bytes and
@@ -312,24 +342,40 @@ class Link:
         if self._stage_host:
             buf = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
             buf.copy_(packed)
-        return self._post(dist.isend, buf, TAG_PAYLOAD + seq % _TAG_SPAN, f"payload {seq}",
-                          self.transfer_timeout_s, data=True)
+        return self._post(
+            dist.isend,
+            buf,
+            TAG_PAYLOAD + seq % _TAG_SPAN,
+            f"payload {seq}",
+            self.transfer_timeout_s,
+            data=True,
+        )
 
     def recv_payload(self, seq: int, nbytes: int) -> Pending:
         """Post the receive of one payload of `nbytes` KV bytes; its result is those bytes on this
         rank's device, after the trailer proved the message was exactly that long (SizeMismatch)."""
         device = torch.device("cpu") if self._stage_host else self.device
-        buf = torch.empty(nbytes + PAYLOAD_TRAILER, dtype=torch.uint8, device=device,
-                          pin_memory=self._stage_host)
+        buf = torch.empty(
+            nbytes + PAYLOAD_TRAILER, dtype=torch.uint8, device=device, pin_memory=self._stage_host
+        )
         buf[nbytes:].fill_(0xFF)  # no message number is -1: a short message leaves this in place
         want = [nbytes, seq]
 
         def checked() -> Tensor:
             got = buf[nbytes:].to("cpu", copy=True).view(torch.int64).tolist()
             if got != want:
-                raise SizeMismatch(f"payload {seq}: the message is not the {nbytes:,} bytes announced "
-                                   f"(trailer {got}, expected {want})")
+                raise SizeMismatch(
+                    f"payload {seq}: the message is not the {nbytes:,} bytes announced "
+                    f"(trailer {got}, expected {want})"
+                )
             return buf[:nbytes].to(self.device)
 
-        return self._post(dist.irecv, buf, TAG_PAYLOAD + seq % _TAG_SPAN, f"payload {seq}",
-                          self.transfer_timeout_s, data=True, on_done=checked)
+        return self._post(
+            dist.irecv,
+            buf,
+            TAG_PAYLOAD + seq % _TAG_SPAN,
+            f"payload {seq}",
+            self.transfer_timeout_s,
+            data=True,
+            on_done=checked,
+        )

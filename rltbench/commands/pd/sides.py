@@ -91,9 +91,7 @@ class PrefillCell:
 class PrefillSide:
     """Rank 0 of a pd cell: prefill-only requests on `engine`, KV out through `link`."""
 
-    def __init__(
-        self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float
-    ) -> None:
+    def __init__(self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float) -> None:
         self.engine = engine
         self.link = link
         self.budget_bytes = budget_bytes
@@ -123,8 +121,12 @@ class PrefillSide:
         by_index = {r.index: r for r in requests}
         rids = {r.index: request_id(eng.arm, tag, r.index) for r in requests}
         link.send_json(
-            {"op": "cell", "tag": tag, "timed": timed,
-             "requests": [[r.index, rids[r.index], list(r.prompt), r.output_len] for r in requests]},
+            {
+                "op": "cell",
+                "tag": tag,
+                "timed": timed,
+                "requests": [[r.index, rids[r.index], list(r.prompt), r.output_len] for r in requests],
+            },
             self.control_timeout_s,
         )
         link.recv_json(self.control_timeout_s, "the decode side's ready")
@@ -178,8 +180,12 @@ class PrefillSide:
                 rec["status"], rec["error"] = "error", f"link_broken: {link_error}"
             finalize(rec)
         return PrefillCell(
-            [recs[i] for i in sorted(recs)], p_sched, d_sched, flat_cold_work(cold) if timed else {},
-            {k: v for k, v in decode_info.items() if k not in ("records", "schedule")}, link_error,
+            [recs[i] for i in sorted(recs)],
+            p_sched,
+            d_sched,
+            flat_cold_work(cold) if timed else {},
+            {k: v for k, v in decode_info.items() if k not in ("records", "schedule")},
+            link_error,
         )
 
     def _step(self, rids: dict[int, str], recs: dict[int, dict[str, Any]], unresolved: set[int]):
@@ -206,7 +212,10 @@ class PrefillSide:
         return sum(o.header.payload_bytes for o in out)
 
     def _start_transfers(
-        self, ready: deque[int], out: list[_Outgoing], by_index: dict[int, Request],
+        self,
+        ready: deque[int],
+        out: list[_Outgoing],
+        by_index: dict[int, Request],
         recs: dict[int, dict[str, Any]],
     ) -> bool:
         """Send headers of prefilled requests while the packed bytes in flight stay within the budget
@@ -223,8 +232,9 @@ class PrefillSide:
             self._seq += 1
             reply = self.link.recv_reply(seq)
             send = self.link.send_header(seq, self.encode_header(header))
-            recs[i]["pd"].update(header_sent=time.perf_counter(), seq=seq, bytes=header.payload_bytes,
-                                 blocks=header.n_blocks)
+            recs[i]["pd"].update(
+                header_sent=time.perf_counter(), seq=seq, bytes=header.payload_bytes, blocks=header.n_blocks
+            )
             out.append(_Outgoing(i, recs[i]["request_id"], seq, header, send, reply))
             started = True
         return started
@@ -253,8 +263,9 @@ class PrefillSide:
                     o.packed = self.payload_for(o.rid)
                     pd["packed"] = time.perf_counter()
                     if o.packed.numel() != nbytes + PAYLOAD_TRAILER:
-                        raise SizeMismatch(f"packed {o.packed.numel() - PAYLOAD_TRAILER:,} KV bytes, "
-                                           f"announced {nbytes:,}")
+                        raise SizeMismatch(
+                            f"packed {o.packed.numel() - PAYLOAD_TRAILER:,} KV bytes, announced {nbytes:,}"
+                        )
                     o.payload = self.send_payload(o.seq, o.packed)
                     pd["payload_messages"] = pd.get("payload_messages", 0) + 1
                 if o.payload.done():
@@ -275,8 +286,13 @@ class PrefillSide:
         return moved
 
     def _fail_everything(
-        self, rids: dict[int, str], recs: dict[int, dict[str, Any]], unresolved: set[int],
-        ready: deque[int], out: list[_Outgoing], exc: TransferError,
+        self,
+        rids: dict[int, str],
+        recs: dict[int, dict[str, Any]],
+        unresolved: set[int],
+        ready: deque[int],
+        out: list[_Outgoing],
+        exc: TransferError,
     ) -> None:
         """The link is gone: every unfinished request fails and every block comes back."""
         for i in sorted(unresolved):
@@ -406,8 +422,13 @@ class DecodeSide:
         return rec
 
     def _on_header(
-        self, seq: int, raw: Tensor, reqs: dict[int, tuple[str, list[int], int]],
-        recs: dict[int, dict[str, Any]], incoming: list[_Incoming], rejections: list[dict[str, Any]],
+        self,
+        seq: int,
+        raw: Tensor,
+        reqs: dict[int, tuple[str, list[int], int]],
+        recs: dict[int, dict[str, Any]],
+        incoming: list[_Incoming],
+        rejections: list[dict[str, Any]],
     ) -> tuple[int, Tensor] | None:
         """Accept (post the payload receive, then reply), refuse, or defer (returned) a header."""
         eng = self.engine
@@ -456,7 +477,9 @@ class DecodeSide:
         return None
 
     def _receive(
-        self, incoming: list[_Incoming], reqs: dict[int, tuple[str, list[int], int]],
+        self,
+        incoming: list[_Incoming],
+        reqs: dict[int, tuple[str, list[int], int]],
         recs: dict[int, dict[str, Any]],
     ) -> bool:
         """Import every payload that arrived; a failed one ends its request (nothing allocated)."""
@@ -481,7 +504,10 @@ class DecodeSide:
             rid, prompt, n = reqs[inc.index]
             try:
                 ev = self.engine.import_prefilled(
-                    rid, prompt, SamplingParams(max_tokens=n, ignore_eos=True), inc.payload.result,
+                    rid,
+                    prompt,
+                    SamplingParams(max_tokens=n, ignore_eos=True),
+                    inc.payload.result,
                     inc.header.first_token,
                 )
             except EngineRequestError as exc:

@@ -29,7 +29,12 @@ ROLES = ("prefill", "decode")
 
 
 def connect(
-    rank: int, addr: str, port: int, backend: str, device: torch.device, transfer_timeout_s: float,
+    rank: int,
+    addr: str,
+    port: int,
+    backend: str,
+    device: torch.device,
+    transfer_timeout_s: float,
     init_timeout_s: float,
 ) -> Link:
     """Join the two-rank group and return the link: the default group (its timeout bounds the
@@ -39,7 +44,10 @@ def connect(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
-        backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=2,
         timeout=timedelta(seconds=init_timeout_s),
     )
     ctrl, data = new_link_groups(backend)
@@ -59,11 +67,17 @@ def exit_on_link_loss(role: str, run: Callable[[], int], engine_of: Callable[[],
             for rid in engine.held_requests:
                 engine.release_exported(rid)
             free = engine.blocks.check_all_free()
-            blocks = "every KV block returned" if free else (
-                f"{engine.num_blocks - engine.blocks.num_free_blocks} KV blocks still held")
+            blocks = (
+                "every KV block returned"
+                if free
+                else (f"{engine.num_blocks - engine.blocks.num_free_blocks} KV blocks still held")
+            )
         peer = ROLES[1 - ROLES.index(role)]
-        print(f"pd {role}: link to the {peer} rank lost ({exc.reason}: {exc}); {blocks}",
-              file=sys.stderr, flush=True)
+        print(
+            f"pd {role}: link to the {peer} rank lost ({exc.reason}: {exc}); {blocks}",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_LINK_LOST)
 
 
@@ -88,8 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         from rltbench.commands.pd import driver
 
         device = torch.device(spec["devices"][args.rank])
-        link = state["link"] = connect(args.rank, spec["addr"], spec["port"], spec["backend"], device,
-                                       spec["transfer_timeout"], spec["init_timeout"])
+        link = state["link"] = connect(
+            args.rank,
+            spec["addr"],
+            spec["port"],
+            spec["backend"],
+            device,
+            spec["transfer_timeout"],
+            spec["init_timeout"],
+        )
         if device.type == "cpu":  # two ranks share the cores: do not oversubscribe them
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         model, facts = driver.build_model(spec, device)
