@@ -1,10 +1,12 @@
-"""One rank of a two-process pd burst on CPU over gloo, with an optional fault, for tests/pd.
+"""One rank of a two-process pd burst (CPU over gloo by default; spec["devices"] and spec["backend"]
+for GPUs), with optional faults, for tests/pd.
 
     python -m tests.pd.pd_peer '<spec json>'
 
 Rank 0 prints one JSON line (per-request status, error and tokens, the colocated engine's tokens for
 the same requests, the link's message counts, whether every block came back); rank 1 prints one
-JSON line after the prefill side said stop. Faults (spec["fault"], request index k):
+JSON line after the prefill side said stop. Faults (spec["faults"]: {request index k: fault}; the
+message number of request k is k, requests being sent in index order):
   corrupt_header k   one word of request k's header flipped in transit
   wrong_size k       request k's header claims 8 more payload bytes than its blocks hold
   short_payload k    request k's payload is sent 8 bytes short of what the header announced
@@ -34,50 +36,50 @@ from rltbench.models import build_model
 
 
 class FaultyPrefill(PrefillSide):
-    def __init__(self, *args: Any, fault: str | None, k: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, faults: dict[int, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fault, self.k = fault, k
+        self.faults = faults
 
     def header_for(self, seq, req, first_token):
         h = super().header_for(seq, req, first_token)
-        if self.fault == "wrong_size" and req.index == self.k:
+        if self.faults.get(req.index) == "wrong_size":
             h = TransferHeader(**{**h.__dict__, "payload_bytes": h.payload_bytes + 8})
         return h
 
     def encode_header(self, header):
         t = super().encode_header(header)
-        if self.fault == "corrupt_header" and header.request == self.k:
+        if self.faults.get(header.request) == "corrupt_header":
             t[5] += 1  # the prompt length, as a flipped bit in transit would change it
         return t
 
     def payload_for(self, rid):
-        if self.fault == "kill_prefill" and rid.endswith(f"/{self.k}"):
+        if self.faults.get(int(rid.rsplit("/", 1)[1])) == "kill_prefill":
             os.kill(os.getpid(), signal.SIGKILL)
         return super().payload_for(rid)
 
     def send_payload(self, seq, packed):
-        if self.fault == "lose_payload" and seq == self.k:
+        if self.faults.get(seq) == "lose_payload":
             return self.link.send_payload(seq + 4096, packed)
-        if self.fault == "short_payload" and seq == self.k:
+        if self.faults.get(seq) == "short_payload":
             return self.link.send_payload(seq, packed[:-8])
         return super().send_payload(seq, packed)
 
 
 class FaultyDecode(DecodeSide):
-    def __init__(self, *args: Any, fault: str | None, k: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, faults: dict[int, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fault, self.k = fault, k
+        self.faults = faults
 
     def _on_header(self, seq, raw, *rest):
         out = super()._on_header(seq, raw, *rest)
-        if self.fault == "kill_decode" and seq == self.k:
+        if self.faults.get(seq) == "kill_decode":
             os.kill(os.getpid(), signal.SIGKILL)
         return out
 
 
-def engine_for(spec: dict[str, Any]) -> Engine:
+def engine_for(spec: dict[str, Any], device: torch.device) -> Engine:
     over = spec.get("overrides", {})
-    model = build_model(spec["preset"], device="cpu", dtype=torch.float32, seed=0, **over)
+    model = build_model(spec["preset"], device=device, dtype=torch.float32, seed=0, **over)
     per = -(-(spec["input_len"] + spec["output_len"]) // 4)
     cfg = EngineConfig(
         block_size=4,
@@ -86,22 +88,25 @@ def engine_for(spec: dict[str, Any]) -> Engine:
         max_num_batched_tokens=spec.get("budget_tokens", 64),
         enable_prefix_caching=False,
         max_model_len=spec["input_len"] + spec["output_len"],
+        use_cuda_graph=False,  # the transport is under test, not the graphs
     )
     return Engine(model.eval(), ["torch"], cfg)
 
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    rank, fault, k = spec["rank"], spec.get("fault"), spec.get("k", -1)
+    rank = spec["rank"]
+    faults = {int(k): v for k, v in (spec.get("faults") or {}).items()}
     torch.set_num_threads(1)
     state: dict[str, Any] = {}
 
     def run() -> int:
-        cpu = torch.device("cpu")
-        link = state["link"] = connect(rank, "127.0.0.1", spec["port"], "gloo", cpu, spec["timeout"], 60)
-        eng = state["engine"] = engine_for(spec)
+        dev = torch.device((spec.get("devices") or ["cpu", "cpu"])[rank])
+        backend = spec.get("backend", "gloo")
+        link = state["link"] = connect(rank, "127.0.0.1", spec["port"], backend, dev, spec["timeout"], 60)
+        eng = state["engine"] = engine_for(spec, dev)
         if rank == 1:
-            side = FaultyDecode(eng, link, spec["timeout"] * 4, 60, fault=fault, k=k)
+            side = FaultyDecode(eng, link, spec["timeout"] * 4, 60, faults=faults)
             cells = side.serve(120)
             print(
                 json.dumps(
@@ -117,7 +122,7 @@ def main() -> int:
             return 0
         cfg = eng.model.config
         reqs = burst_prompts(cfg, spec["C"], spec["input_len"], spec["output_len"], 0, 0, spec["C"])
-        side = FaultyPrefill(eng, link, spec.get("budget", 1 << 30), 60, fault=fault, k=k)
+        side = FaultyPrefill(eng, link, spec.get("budget", 1 << 30), 60, faults=faults)
         cell = side.run_cell("t", reqs, timed=False)
         if cell.link_error is None:
             link.send_json({"op": "stop"}, 60)

@@ -234,9 +234,10 @@ class Link:
         return "gloo (host-staged)" if self._stage_host else "gloo"
 
     def close(self, rc: int) -> int:
-        """End the process group, or, where the link is broken or holds abandoned operations (whose
-        waits could block or abort the group's teardown), leave at once with `rc`."""
-        if self.broken is not None or self.abandoned:
+        """End the process group after a clean run (rc 0 or 1); otherwise, or where the link is
+        broken or holds abandoned operations (whose waits could block or abort the group's
+        teardown), leave the process at once with `rc`."""
+        if self.broken is not None or self.abandoned or rc not in (0, 1):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(rc)
@@ -298,8 +299,14 @@ class Link:
     # ---- per-request messages (non-blocking) ----------------------------------------------------
     def send_header(self, seq: int, header: Tensor) -> Pending:
         self.sent["header"] += 1
+        # a header the receiver never took leaves the message numbers of both sides out of step
         return self._post(
-            dist.isend, header, TAG_HEADER + seq % _TAG_SPAN, f"header {seq}", self.transfer_timeout_s
+            dist.isend,
+            header,
+            TAG_HEADER + seq % _TAG_SPAN,
+            f"header {seq}",
+            self.transfer_timeout_s,
+            fatal_timeout=True,
         )
 
     def recv_header(self, seq: int, timeout_s: float) -> Pending:

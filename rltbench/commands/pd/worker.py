@@ -37,14 +37,16 @@ def connect(
     transfer_timeout_s: float,
     init_timeout_s: float,
 ) -> Link:
-    """Join the two-rank group and return the link: the default group (its timeout bounds the
+    """Join the two-rank group and return the link: the default group (gloo; its timeout bounds the
     rendezvous) only connects; the link's own groups carry control messages (gloo) and payloads
-    (`backend`)."""
+    (`backend`). NCCL's asynchronous error handling would abort the process on a lost peer before
+    the link could say so in one line: it is off unless the environment sets it."""
     os.environ.update(NO_MULTICAST_ENV)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
-        backend,
+        "gloo",
         init_method=f"tcp://{addr}:{port}",
         rank=rank,
         world_size=2,
@@ -124,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         rc = exit_on_link_loss(role, run, lambda: state.get("engine"))
     except UsageError as exc:
         print(f"pd {role}: error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
+        rc = exc.exit_code
     except KeyboardInterrupt:
-        return 130
-    return state["link"].close(rc)
+        rc = 130
+    link = state.get("link")
+    return link.close(rc) if link is not None else rc
 
 
 if __name__ == "__main__":
