@@ -187,3 +187,34 @@ def test_import_failures_leave_nothing_allocated() -> None:
     with pytest.raises(EngineRequestError, match="not a prefilled request"):
         prefill.export_prefilled("b")
     assert prefill.release_exported("a") and prefill.blocks.check_all_free()
+
+
+class _LoopLink:
+    """A link whose peer is a fixed reply (handshake tests, no processes)."""
+
+    def __init__(self, rank: int, incoming: dict) -> None:
+        self.rank, self.incoming, self.sent = rank, incoming, []
+
+    def send_json(self, obj, timeout_s) -> None:
+        self.sent.append(obj)
+
+    def recv_json(self, timeout_s, what="") -> dict:
+        return self.incoming
+
+
+def test_handshake_refuses_ranks_with_different_weights() -> None:
+    from rltbench.commands.pd.driver import handshake
+    from rltbench.commands.pd.worker import fingerprint
+    from rltbench.errors import UsageError
+
+    spec = {"model": "ouro-tiny", "init_timeout": 1.0}
+    a, b = (build_model("ouro-tiny", device="cpu", dtype=torch.float32, seed=s) for s in (0, 1))
+    eng = _engine(a)
+    prefill = _LoopLink(0, {"ok": True})
+    handshake(prefill, spec, eng, fingerprint(a))
+    facts = prefill.sent[0]
+    handshake(_LoopLink(1, facts), spec, eng, fingerprint(a))  # same model: accepted
+    decode = _LoopLink(1, facts)
+    with pytest.raises(UsageError, match="differ in .*weights"):
+        handshake(decode, spec, _engine(b), fingerprint(b))
+    assert decode.sent[0]["ok"] is False  # the prefill rank is told too

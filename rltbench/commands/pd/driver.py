@@ -90,7 +90,7 @@ def build_engine(model: torch.nn.Module, spec: dict[str, Any]) -> Engine:
         raise UsageError(f"engine: {exc}") from None
 
 
-def handshake(link: Link, spec: dict[str, Any], model: Any, engine: Engine, weights: list[float]) -> None:
+def handshake(link: Link, spec: dict[str, Any], engine: Engine, weights: str) -> None:
     """Both ranks must hold the same model, arm and KV geometry: rank 0 sends its facts, rank 1
     compares and answers; a difference stops both before any work."""
     geo = KVGeometry.of_pool(engine.kv)
@@ -107,7 +107,8 @@ def handshake(link: Link, spec: dict[str, Any], model: Any, engine: Engine, weig
     else:
         theirs = link.recv_json(t, "the prefill side's handshake")
         diff = sorted(k for k in mine if mine[k] != theirs.get(k))
-        answer = {"ok": not diff, "error": f"the ranks differ in {', '.join(diff)}: {theirs} vs {mine}"}
+        shown = {k: (theirs.get(k), mine[k]) for k in diff}
+        answer = {"ok": not diff, "error": f"the prefill and decode ranks differ in {shown}"}
         link.send_json(answer, t)
     if not answer["ok"]:
         raise UsageError(answer["error"])

@@ -10,6 +10,7 @@ exits with code 3 at once, without waiting on the dead process group.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -83,12 +84,16 @@ def exit_on_link_loss(role: str, run: Callable[[], int], engine_of: Callable[[],
         os._exit(EXIT_LINK_LOST)
 
 
-def fingerprint(model: torch.nn.Module) -> list[float]:
-    """A cheap digest of the weights (float64 sums of a few parameters): both ranks must run the
-    same model, or the decode side would continue another model's KV."""
-    params = list(model.parameters())
-    picks = params[:2] + params[len(params) // 2 : len(params) // 2 + 1] + params[-2:]
-    return [float(p.detach().double().sum().cpu()) for p in picks]
+def fingerprint(model: torch.nn.Module, per_param: int = 256) -> str:
+    """A digest of the bits of `per_param` evenly spaced values of every parameter: both ranks must
+    run the same model, or the decode side would continue another model's KV. No reduction (its
+    order could differ between devices) and no full copy of a large parameter."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in model.parameters():
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // per_param)][:per_param]
+        h.update(sample.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         model, facts = driver.build_model(spec, device)
         state["engine"] = engine = driver.build_engine(model, spec)
-        driver.handshake(link, spec, model, engine, fingerprint(model))
+        driver.handshake(link, spec, engine, fingerprint(model))
         if args.rank == 0:
             return driver.run_prefill_rank(spec, link, engine, facts)
         return driver.run_decode_rank(spec, link, engine)
