@@ -115,7 +115,7 @@ def peers(faults: dict[int, str], timeout: float, C: int, **extra: object) -> li
         "faults": faults,
         **extra,
     }
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, **NO_MULTICAST_ENV, PYTHONPATH=str(ROOT))
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.pd.pd_peer", json.dumps({**base, "rank": r})],

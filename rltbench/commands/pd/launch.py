@@ -282,7 +282,8 @@ def run(opts: dict[str, Any]) -> int:
     config.update(facts, deadline_s=opts["deadline_s"], reference_arm="colocated")
     run_dir = RunDir.create("pd", result_dir=opts["result_dir"], argv=opts.get("argv"), config=config)
     spec["result_dir"] = str(run_dir.path)
-    env = dict(os.environ, **NO_MULTICAST_ENV, PYTHONUNBUFFERED="1")
+    os.environ.update(NO_MULTICAST_ENV)  # this process starts the ranks: it carries the switches too
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     con = Console(stderr=True)
     con.print(
