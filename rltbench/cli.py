@@ -50,12 +50,14 @@ COMMANDS = {
     "profile": ("rltbench.commands.profile.cli", "profile_command"),
     "gsm8k": ("rltbench.commands.gsm8k.cli", "gsm8k_command"),
     "serve": ("rltbench.commands.serve.cli", "serve_command"),
+    "pd": ("rltbench.commands.pd.cli", "pd_command"),
 }
 RENDERERS = {
     "kernels": ("rltbench.commands.kernels.report", "render"),
     "e2e": ("rltbench.commands.e2e.report", "render"),
     "profile": ("rltbench.commands.profile.report", "render"),
     "gsm8k": ("rltbench.commands.gsm8k.report", "render"),
+    "pd": ("rltbench.commands.pd.report", "render"),
 }
 
 

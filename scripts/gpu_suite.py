@@ -35,6 +35,8 @@ PY = sys.executable
 RLT = [PY, "-m", "rltbench.cli"]
 
 OURO = "--model ouro-1.4b --weights random --dtype bfloat16 --device cuda --seed 0 --no-live"
+PD = ("--weights random --dtype bfloat16 --seed 0 --arm exact --concurrency 1,8,32 --input-len 512 "
+      "--output-len 128 --repeats 2")
 
 
 def rlt(args: str, out: str) -> list[str]:
@@ -169,6 +171,23 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
     "serve": (560, ["env", f"PY={PY}", "bash", str(ROOT / "scripts" / "serve_bench.sh"),
                     str(RESULTS / "serve")]),
+    # prefill/decode disaggregation (docs/pd.md) on nvidia-h200-x2: prefill on cuda:0, decode on cuda:1,
+    # each request's KV (every plane) one NCCL message, against the colocated exact engine on cuda:0;
+    # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells
+    "pd": (420, rlt(f"pd {PD} --model ouro-1.4b --devices cuda:0,cuda:1 --deadline 330", "pd")),
+    "pd-huginn": (570, rlt(f"pd {PD} --model huginn-0125 --kv-layout full --devices cuda:0,cuda:1 "
+                           "--deadline 450", "pd-huginn")),
+    "pd-huginn-compress": (480, rlt(f"pd {PD} --model huginn-0125 --kv-layout compress "
+                                    "--devices cuda:0,cuda:1 --deadline 380", "pd-huginn-compress")),
+    # the same path with both processes on one GPU (gloo staged through host memory: NCCL refuses two
+    # ranks on one device), smaller
+    "pd-1gpu": (300, rlt("pd --model ouro-1.4b --weights random --dtype bfloat16 --arm exact --devices "
+                         "cuda:0,cuda:0 --concurrency 1,8 --input-len 512 --output-len 64 --repeats 2 "
+                         "--deadline 230", "pd-1gpu")),
+    # pd's GPU tests: pack/unpack on the device, one GPU over gloo; two GPUs over NCCL and a peer killed
+    # mid-transfer over NCCL (these skip on a one-GPU machine)
+    "pd-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
+                       "--junitxml", str(RESULTS / "pd-tests" / "junit.xml"), "tests/pd"]),
 }
 
 

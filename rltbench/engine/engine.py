@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rltbench.engine import kv_transfer
 from rltbench.engine.block_manager import BlockManager, block_hashes
 from rltbench.engine.paged_context import (
     PagedAttentionContext,
@@ -300,6 +301,7 @@ class Engine:
         self.blocks = BlockManager(n, bs, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self._live: dict[str, Sequence] = {}
+        self._held: dict[str, Sequence] = {}  # prefilled for export, blocks kept (add_prefill_request)
         self._seq_counter = 0
 
         # ---- decode graphs and static metadata ------------------------------------------------
@@ -592,7 +594,10 @@ class Engine:
                 seq.finish_reason = "length"
             done = seq.finish_reason is not None
             if done:
-                self.scheduler.finish(seq)
+                if seq.hold_kv:
+                    self._hold(seq)
+                else:
+                    self.scheduler.finish(seq)
                 del self._live[seq.request_id]
             events.append(
                 TokenEvent(seq.request_id, [tok], now, done, seq.finish_reason, seq.prefix_hit_tokens)
@@ -1005,3 +1010,89 @@ class Engine:
         from rltbench.bench.decode_benchmark import DecodeBenchmark
 
         return DecodeBenchmark(self, batch_size, context_len)
+
+    # ---- prefill/decode disaggregation (docs/pd.md) -----------------------------------------------
+    # A prefill engine runs a request up to its first token and holds its blocks; their KV leaves as one
+    # packed buffer (kv_transfer), and a decode engine admits the request straight into decode.
+    def add_prefill_request(
+        self, request_id: str, prompt_ids: Seq[int] | Tensor, arrival_time: float | None = None
+    ) -> None:
+        """Queue a request that stops after its prompt: the step that completes the prompt samples its
+        first token (a finished event, reason "length"), then its blocks stay held, neither freed nor
+        decoded, until `release_exported`. Its blocks are sized for the prompt alone."""
+        self.add_request(request_id, prompt_ids, SamplingParams(max_tokens=1, ignore_eos=True), arrival_time)
+        self._live[request_id].hold_kv = True
+
+    def _hold(self, seq: Sequence) -> None:
+        """A finished prefill-only request leaves the running list with its blocks still referenced."""
+        self.scheduler.running.remove(seq)
+        self._held[seq.request_id] = seq
+
+    @property
+    def held_requests(self) -> list[str]:
+        """Prefilled requests whose blocks are held for export, oldest first."""
+        return list(self._held)
+
+    def export_prefilled(
+        self, request_id: str, extra_bytes: int = 0
+    ) -> tuple[Tensor, kv_transfer.PrefilledMeta]:
+        """A held request's KV as one contiguous byte buffer (all its blocks of every plane, then
+        `extra_bytes` for the transport: `kv_transfer.pack_blocks`) and its facts. The blocks stay
+        held until `release_exported`."""
+        seq = self._held.get(request_id)
+        if seq is None:
+            raise EngineRequestError(f"request {request_id!r} is not a prefilled request held for export")
+        geo = kv_transfer.KVGeometry.of_pool(self.kv)
+        meta = kv_transfer.PrefilledMeta(request_id, seq.prompt_len, seq.output[0], len(seq.blocks), geo)
+        return kv_transfer.pack_blocks(self.kv, seq.blocks, extra_bytes), meta
+
+    def release_exported(self, request_id: str) -> bool:
+        """Free a held request's blocks (its transfer finished or failed); False if it is not held."""
+        seq = self._held.pop(request_id, None)
+        if seq is None:
+            return False
+        self.blocks.free(seq.blocks)
+        seq.blocks, seq.block_arr = [], None
+        return True
+
+    def blocks_to_import(self, prompt_len: int, max_tokens: int) -> int:
+        """KV blocks `import_prefilled` allocates for such a request (prompt plus output, as admission
+        sizes every request), so a receiver can promise room before the payload arrives."""
+        max_new = min(max_tokens, self.max_model_len - prompt_len + 1)
+        return -(-(prompt_len + max_new - 1) // self.config.block_size)
+
+    def import_prefilled(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int] | Tensor,
+        params: SamplingParams,
+        packed: Tensor,
+        first_token: int,
+        arrival_time: float | None = None,
+    ) -> TokenEvent:
+        """Admit a request whose prompt another engine prefilled straight into decode: validate it like
+        `add_request`, allocate its blocks, scatter `packed` (from `export_prefilled` on an engine of the
+        same KV geometry) into them and emit `first_token`, the token that engine sampled. Raises
+        EngineRequestError, with nothing left allocated, for bad input, a size mismatch or no room.
+        Not recorded in a schedule: the first token belongs to the prefill engine's schedule."""
+        self.add_request(request_id, prompt_ids, params, arrival_time)
+        seq = self._live[request_id]
+        try:
+            if not 0 <= int(first_token) < self.vocab_size:
+                raise EngineRequestError(f"first token {first_token} outside [0, {self.vocab_size})")
+            if not self.scheduler.admit(seq):
+                raise EngineRequestError(
+                    f"no room: {self.blocks_to_import(seq.prompt_len, params.max_tokens)} blocks needed, "
+                    f"{self.blocks.num_free_blocks} free, {len(self.scheduler.running)} running "
+                    f"of max_num_seqs {self.config.max_num_seqs}"
+                )
+            bs = self.config.block_size
+            n = -(-seq.prompt_len // bs)
+            kv_transfer.unpack_blocks(self.kv, seq.blocks[:n], packed, skip=seq.num_computed // bs)
+        except (EngineRequestError, kv_transfer.TransferError) as exc:
+            del self._live[request_id]
+            self.scheduler.finish(seq)
+            raise EngineRequestError(f"request {request_id!r}: {exc}") from None
+        seq.num_computed = seq.prompt_len
+        self.scheduler.register_computed_blocks(seq)
+        return self._emit([seq], [int(first_token)])[0]

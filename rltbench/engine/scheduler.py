@@ -44,6 +44,7 @@ class Sequence:
     prefix_hit_tokens: int = 0
     finish_reason: str | None = None
     seq_no: int = 0  # unique per engine; keys the cached decode block-table rows
+    hold_kv: bool = False  # prefill-only: blocks kept for export at finish (Engine.add_prefill_request)
 
     @property
     def prompt_len(self) -> int:

@@ -406,15 +406,8 @@ def table_markdown(a: dict[str, Any]) -> str:
             f"## Paired deltas vs {ref} (arm / {ref} - 1; {compare.INTERVAL_METHOD}; "
             "cell throughput: bootstrap over repetitions)",
             "",
-            "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
-            "|---|---|---|---|---|---|---|---|---|",
+            *delta_table(a["comparison"]),
         ]
-        for r in a["comparison"]:
-            ci = "-" if r["ci_lo"] is None else f"[{_pct(r['ci_lo'])}, {_pct(r['ci_hi'])}]"
-            L.append(
-                f"| {r['cell']} | {r['arm']} | {r['metric']} | {_pct(r['delta'])} | {ci} | {r['reps']} | "
-                f"{r['pairs']} | {_pct(r['aa_spread'])} | {r['verdict']} |"
-            )
         L += [
             "",
             "Verdict: `within noise` when the 95% interval reaches into the A/A spread (largest |bound| "
@@ -436,6 +429,21 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
     L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
     return "\n".join(L)
+
+
+def delta_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of paired-delta rows (`compare.paired_deltas`), header included."""
+    L = [
+        "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = "-" if r["ci_lo"] is None else f"[{_pct(r['ci_lo'])}, {_pct(r['ci_hi'])}]"
+        L.append(
+            f"| {r['cell']} | {r['arm']} | {r['metric']} | {_pct(r['delta'])} | {ci} | {r['reps']} | "
+            f"{r['pairs']} | {_pct(r['aa_spread'])} | {r['verdict']} |"
+        )
+    return L
 
 
 def mismatch_text(m: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""`rltbench pd`: prefill/decode disaggregation across two processes (docs/pd.md)."""

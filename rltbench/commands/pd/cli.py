@@ -1,0 +1,115 @@
+"""`rltbench pd`: prefill on one device and decode on another, in two processes, against the colocated
+engine on one device: what moving a looped model's KV costs (docs/pd.md).
+
+A command of its own rather than an e2e preset: it starts and supervises two processes joined by
+torch.distributed, moves KV between two engines, and reports transfer figures (bytes per request and
+per token, transfer time against prefill time) that e2e has no place for; it reuses e2e's workload,
+metrics, paired statistics and engine backend for everything the two share.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rltbench.errors import UsageError
+
+
+def pd_command(
+    model: Annotated[
+        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
+    ] = "ouro-1.4b",
+    weights: Annotated[
+        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
+    ] = "random",
+    kv_layout: Annotated[
+        str | None, typer.Option(help="Huginn KV layout: full (one plane per layer application) or compress.")
+    ] = None,
+    arm: Annotated[
+        str,
+        typer.Option(
+            help="The kernel arm both engines run: torch, exact, approx, cuda or NAME=norm:exact/..."
+        ),
+    ] = "exact",
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Prefill,decode devices: cuda:0,cuda:1 | cuda:0,cuda:0 | cpu,cpu "
+            "(default: two GPUs if present, else one GPU twice, else cpu,cpu)."
+        ),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="Payload transport: auto (NCCL between two GPUs, else gloo), nccl or gloo.")
+    ] = "auto",
+    concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32",
+    input_len: Annotated[int, typer.Option(help="Burst prompt length (token ids).")] = 512,
+    output_len: Annotated[int, typer.Option(help="Generated tokens per request (EOS ignored).")] = 128,
+    repeats: Annotated[int, typer.Option(help="Repetitions; mode order reversed each time.")] = 2,
+    aa: Annotated[
+        bool, typer.Option(help="Run the colocated engine twice per cell (A/A noise floor).")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed of prompts and random weights.")] = 0,
+    transfer_budget_gib: Annotated[
+        float, typer.Option(help="Packed KV in flight at most (GiB; one request always goes).")
+    ] = 2.0,
+    transfer_timeout: Annotated[float, typer.Option(help="Deadline of each transfer message (s).")] = 60.0,
+    ttft_timeout: Annotated[float, typer.Option(help="Per-request first-token timeout (s).")] = 300.0,
+    stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
+    deadline: Annotated[float, typer.Option(help="No new cell after this many seconds (0 = none).")] = 0.0,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
+    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
+    enforce_eager: Annotated[bool, typer.Option(help="No CUDA graphs.")] = False,
+    prefill_graphs: Annotated[
+        bool, typer.Option(help="Capture repeating prefill steps in CUDA graphs.")
+    ] = True,
+    dtype: Annotated[
+        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
+    ] = None,
+    warmup_requests: Annotated[int, typer.Option(help="Colocated warm-up burst size (not measured).")] = 4,
+    probe_reps: Annotated[int, typer.Option(help="Idle-link transfers of one request's KV (timed).")] = 5,
+    result_dir: Annotated[
+        Path | None, typer.Option(help="Output directory (default results/pd-<time>).")
+    ] = None,
+) -> None:
+    """Prefill/decode disaggregation: KV bytes moved, transfer vs prefill time, TTFT/TPOT vs colocated."""
+    from rltbench.commands.pd.launch import run
+
+    t_start = time.perf_counter()
+    opts: dict[str, Any] = dict(
+        model=model,
+        weights=weights,
+        kv_layout=kv_layout,
+        arm=arm,
+        devices=devices,
+        backend=backend,
+        concurrency=concurrency,
+        input_len=input_len,
+        output_len=output_len,
+        repeats=repeats,
+        aa=aa,
+        seed=seed,
+        transfer_budget_gib=transfer_budget_gib,
+        transfer_timeout=transfer_timeout,
+        ttft_timeout=ttft_timeout,
+        stall_timeout=stall_timeout,
+        deadline=(t_start + deadline) if deadline > 0 else None,
+        deadline_s=deadline,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        enforce_eager=enforce_eager,
+        prefill_graphs=prefill_graphs,
+        dtype=dtype,
+        warmup_requests=warmup_requests,
+        probe_reps=probe_reps,
+        result_dir=result_dir,
+        argv=list(sys.argv),
+    )
+    if deadline < 0:
+        raise UsageError("--deadline must be >= 0")
+    rc = run(opts)
+    if rc:
+        raise typer.Exit(code=rc)
