@@ -11,8 +11,8 @@ import torch
 
 from rltbench import native
 from rltbench.kernels import OPS, OpSelection, make_ops, op_case
-from rltbench.kernels import norm_native as nn
 from rltbench.kernels import reference as ref
+from rltbench.kernels.norm import native as nn
 from tests.kernels._util import assert_bitwise, bulk_bitwise, graph_replay_bitwise, strided_rows
 
 pytestmark = pytest.mark.gpu
@@ -89,7 +89,7 @@ def test_native_bitwise_vs_torch_cuda_big(ext, dtype: torch.dtype) -> None:
 def test_norm_forms_bulk_1e8(ext, dtype: torch.dtype) -> None:
     """Every norm form and the variance, >= 1e8 elements per dtype on the validation's adversarial
     rows (wide magnitudes: the sum is order sensitive), at 2048 and 5280 for 1..8192 rows."""
-    from rltbench.kernels import norm_onelaunch as nol
+    from rltbench.kernels.norm.validate import NormKernels, validation_case
 
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(2)
@@ -98,8 +98,8 @@ def test_norm_forms_bulk_1e8(ext, dtype: torch.dtype) -> None:
         order = nn.validate(dev, dtype, W).warp_order
         for T in (1, 2, 4, 8, 16, 100, 8192, 8192, 8192):
             bad: list[dict] = []
-            done += nol.validation_case(dev, dtype, W, T, gen, T % 2 == 1, order, bad,
-                                        nn.rms_norm_native_rows, nn.residual_rms_norm_norm_native_rows)
+            kernels = NormKernels(nn.rms_norm_native_rows, nn.residual_rms_norm_norm_native_rows)
+            done += validation_case(dev, dtype, W, T, gen, T % 2 == 1, order, bad, kernels)
             assert not bad, (W, T, bad[:3])
     assert done >= 1e8, done
 
