@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rltbench.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -36,6 +38,20 @@ KNOBS: tuple[Knob, ...] = (
          "The commit recorded in manifests, for a copy of the tree that has no .git."),
 )
 _BY_NAME = {k.name: k for k in KNOBS}
+# set by the test suite's conftest for its own processes; the package never reads them
+TEST_HARNESS = ("RLTBENCH_PYTEST_RUN_GPU", "RLTBENCH_EXPECT_INTERPRET")
+_TUNED_HINT = "launch configs come from the tuned file: RLTBENCH_TUNED=path/to/file.json"
+# variables earlier versions read, and what replaced them
+REMOVED: dict[str, str] = {
+    **{f"RLTBENCH_{n}": "the arm is chosen by flags: --arms, --norm/--rope/--act, --scope"
+       for n in ("NORM", "ROPE", "ACT", "SCOPE")},
+    **{f"RLTBENCH_{n}": _TUNED_HINT for n in (
+        "NORM_FAST", "NORM_FAST_WARPS", "NORM_TREE_SUM", "NORM_LOWWARP", "NORM_LOWWARP_TLSUM",
+        "NORM_LOWWARP_WARPS", "NORM_LOWWARP_FLAT", "NORM_ONELAUNCH", "NORM_WIDE_MIN_ROWS", "PDL",
+        "ACT_BLOCK", "FUSE_KV_WRITE", "APPROX_NORM_ROWS", "APPROX_NORM_WARPS", "APPROX_NORM_PERSIST",
+        "APPROX_NORM_STAGES", "APPROX_NORM_STREAM", "APPROX_NORM_WLOAD", "APPROX_NORM_PDL",
+        "APPROX_NORM_PDL_MIN_ROWS")},
+}
 
 
 def knob(name: str) -> Knob:
@@ -61,6 +77,16 @@ def get(name: str) -> object | None:
 def snapshot() -> dict[str, str | None]:
     """For manifests: every knob's text as set in this process (None: unset, the default applied)."""
     return {k.name: raw(k.name) for k in KNOBS}
+
+
+def check_environment() -> None:
+    """UsageError (one line) when the environment sets an RLTBENCH_* variable nothing reads, naming
+    what replaced it: a setting that silently does nothing would make a run mean something else
+    than its manifest says. Commands call it while checking their arguments."""
+    for name in sorted(os.environ):
+        if name.startswith("RLTBENCH_") and name not in _BY_NAME and name not in TEST_HARNESS:
+            hint = REMOVED.get(name, f"known: {', '.join(_BY_NAME)}")
+            raise UsageError(f"{name} is set but rltbench does not read it ({hint})")
 
 
 def markdown_table() -> str:

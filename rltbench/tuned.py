@@ -93,6 +93,8 @@ def _resolve() -> TunedFile:
     override = knobs.raw("RLTBENCH_TUNED")
     if override is not None and override.lower() == NO_FILE:
         return TunedFile("none", None)
+    if override == "0":
+        raise UsageError("RLTBENCH_TUNED names a file now; RLTBENCH_TUNED=none runs without a tuned file")
     if override is not None:
         path = Path(override)
         try:

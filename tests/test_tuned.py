@@ -80,6 +80,10 @@ def test_bad_override_and_bad_values_are_one_line_usage_errors(fake_gpu: Path, t
     tuned.reload()
     with pytest.raises(UsageError, match="RLTBENCH_TUNED="):
         tuned.check()
+    monkeypatch.setenv("RLTBENCH_TUNED", "0")   # the old off switch: the error names the new one
+    tuned.reload()
+    with pytest.raises(UsageError, match="RLTBENCH_TUNED=none"):
+        tuned.check()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"norm_onelaunch": {"warps": 3}}))
     monkeypatch.setenv("RLTBENCH_TUNED", str(bad))

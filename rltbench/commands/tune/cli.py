@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from rltbench import tuned
+from rltbench import knobs, tuned
 from rltbench.bench.timing import measure_copy_bandwidth
 from rltbench.commands.tune import attention, kernels, select
 from rltbench.errors import UsageError
@@ -160,6 +160,8 @@ def _run_attention(run: RunDir, variants: str | None, reps: int, min_calls: int)
 
 
 def _check_options(target: str, from_results: Path | None, variants: str | None) -> None:
+    knobs.check_environment()
+    tuned.check()
     if target not in TARGETS:
         raise UsageError(f"unknown tune target {target!r} (known: {', '.join(TARGETS)})")
     if variants is not None and target != "attention":
