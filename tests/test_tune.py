@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from rltbench import tuned
 from rltbench.cli import main
-from rltbench.commands.tune import select
+from rltbench.commands.tune import kernels, select
+from rltbench.kernels.norm.config import OneLaunchConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,3 +170,23 @@ def test_shipped_run_reselects_to_the_shipped_sections() -> None:
         assert got["norm_approx"][key] == shipped["norm_approx"][key]
     for w, entry in shipped["norm_approx"]["by_width"].items():
         assert got["norm_approx"]["by_width"][w]["config"] == entry["config"]
+
+
+def test_exact_checks_run_the_validation_cases_per_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bitwise check before timing, on CPU through the interpreter (torch CPU sums in another
+    order, so only the plumbing is checked here: every configuration, width and element counted)."""
+    two = {c.name: c for c in (OneLaunchConfig(layout="general"), OneLaunchConfig(tree="halvings"))}
+    monkeypatch.setattr(OneLaunchConfig, "search_space", classmethod(lambda cls: two))
+    out = kernels.check_exact(torch.device("cpu"), [132], [1], log=lambda line: None)
+    assert set(out) == set(two) and all(out[n][132]["elements"] > 0 for n in two)
+
+
+def test_table_lists_every_row() -> None:
+    exact = [{"width": 2048, "tokens": 1, "op": "norm", "config": "general", "median_us": 2.9, "p10_us": 2.8,
+              "p90_us": 3.0, "path": "general"}]
+    approx = [{"width": 2048, "form": "ouro", "config": "rows1-w4", "median_us": 10.0, "p10_us": 9.9,
+               "p90_us": 10.1, "gbps": 3000.0, "pct_copy": 80.0, "pct_same_size_copy": 90.0}]
+    act = [{"tokens": 1, "config": "128", "median_us": 1.0, "p10_us": 1.0, "p90_us": 1.1, "pct_copy": 1.0,
+            "mismatches": 0}]
+    text = kernels.table(exact, approx, act, {"gbps": 4000.0})
+    assert "| 2048 | 1 | norm | general | 2.90 |" in text and "| rows1-w4 |" in text and "| 1 | 128 |" in text
