@@ -113,7 +113,7 @@ def _resolve() -> TunedFile:
 
 _LOCK = threading.RLock()
 _STACK: list[TunedFile] = []              # use() blocks, innermost last
-_CACHE: dict[str, Any] = {}               # "file" -> TunedFile, config class name -> instance
+_CACHE: dict[Any, Any] = {}               # "file" -> TunedFile, config class -> its instance
 
 
 def active() -> TunedFile:
@@ -152,13 +152,14 @@ def register(cls: type[C]) -> type[C]:
 
 
 def config(cls: type[C]) -> C:
-    """The typed config of `cls` (its SECTION of the data in force), built once and cached.
-    A value the kernels cannot take is a UsageError naming the file and the section."""
-    key = f"{cls.__module__}.{cls.__qualname__}"
-    with _LOCK:
-        cached = _CACHE.get(key)
-        if cached is not None and not _STACK:
+    """The typed config of `cls` (its SECTION of the data in force), built once and cached (kernels
+    read it at every launch: a dict lookup). A value the kernels cannot take is a UsageError naming
+    the file and the section."""
+    if not _STACK:
+        cached = _CACHE.get(cls)
+        if cached is not None:
             return cached
+    with _LOCK:
         src = active()
         try:
             cfg = cls.from_section(src.data.get(cls.SECTION))
@@ -166,7 +167,7 @@ def config(cls: type[C]) -> C:
             where = src.path if src.path is not None else "tuned data"
             raise UsageError(f"{where}: section {cls.SECTION!r}: {exc}") from None
         if not _STACK:
-            _CACHE[key] = cfg
+            _CACHE[cls] = cfg
         return cfg
 
 

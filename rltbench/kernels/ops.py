@@ -1,17 +1,18 @@
 """The Ops object the models call: routes each op to torch, the exact, approx or native kernels.
 
-Routing per call (see docs/DESIGN.md section 1):
+Routing per call:
 1. family selected ``off``                                  -> torch reference (counted "reference")
 2. scope ``graph`` and not capturing a CUDA graph           -> torch reference (counted "reference")
 3. input the kernels do not support (see ``_check_*``)      -> torch reference, counted as a
    fallback with its reason; a wrong answer is never an option
 4. otherwise the fused kernel                               -> counted "fused"
-The native arm (``cuda``: CUDA C++ operators, rltbench.native) follows the same steps. Which norm
-kernel serves a call is the norm dispatch table's (norm.route): the exact norm in one launch where
-validated, else three; the native norm only where validated against torch on this GPU, else torch
-runs and the reason is counted. An Ops that selects it needs the native extension (UsageError otherwise).
-``rope_neox_store`` (opt-in, exact arm) is an optional capability rather than an op: it returns None
-where it does not fuse, and its caller then runs ``rope_neox`` and its own KV write.
+The native arm (``cuda``: CUDA C++ operators, rltbench.native) follows the same steps; an Ops that
+selects it needs the native extension (UsageError otherwise). Which norm kernel serves a call is
+the norm dispatch table's (norm.route): the exact norm in one launch where validated, else three;
+the native norm only where validated against torch on this GPU, else torch runs and the reason is
+counted. ``rope_neox_store`` (the kernel arms, where RopeKvConfig enables it) is an optional
+capability rather than an op: it returns None where it does not fuse, and its caller then runs
+``rope_neox`` and its own KV write.
 Counts are host-side: inside a captured graph they count captures, not replays. Kernels need
 grad disabled when any input requires grad (run models under torch.inference_mode()).
 """
