@@ -116,15 +116,8 @@ def test_rope_fallbacks() -> None:
 
 
 def test_op_cases_shapes_bytes_and_errors() -> None:
-    assert OPS == [
-        "rmsnorm",
-        "rmsnorm_huginn",
-        "rmsnorm_residual",
-        "add_rmsnorm_huginn",
-        "rope_neox",
-        "rope_interleaved",
-        "silu_mul",
-    ]
+    assert OPS == ["rmsnorm", "rmsnorm_huginn", "rmsnorm_residual", "add_rmsnorm_huginn", "rope_neox",
+                   "rope_interleaved", "silu_mul"]
     g = torch.Generator().manual_seed(0)
     d = op_case("rope_neox").make_inputs(3, 256, torch.bfloat16, "cpu", g)
     assert d["q"].shape == (3, 2, 128) and d["cos"].shape == (3, 128) and d["cos"].dtype == torch.bfloat16

@@ -24,6 +24,8 @@ rope followed by a slot copy stores.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -194,19 +196,19 @@ def _table_stride(t: torch.Tensor, T: int) -> int:
     return t.stride(0) if T > 1 else t.shape[1]
 
 
-def _tiling(q: torch.Tensor, k: torch.Tensor) -> tuple[tuple[int, int], dict[str, int | bool]] | None:
-    """(grid, launch constants: INTERPRET, BLOCK_T, BLOCK_H, num_warps) for q [T, Hq, D] and k
-    [T, Hk, D], or None when there is nothing to rotate."""
+def _launch(kernel: Any, q: torch.Tensor, k: torch.Tensor, args: tuple[Any, ...], **consts: Any) -> None:
+    """Launch `kernel(*args)` on the (token blocks, Hq + Hk) grid of q [T, Hq, D] and k [T, Hk, D],
+    with the tile both RoPE kernels use; nothing when there is nothing to rotate."""
     T, HQ, D = q.shape
     if T == 0 or HQ + k.shape[1] == 0 or D == 0:
-        return None
+        return
     interp = rn.interpret_mode()
     block_h = triton.next_power_of_2(D // 2)
-    cap = 8192 if interp else 512
-    block_t = max(1, min(triton.next_power_of_2(T), cap // block_h))
-    nw = 1 if interp else max(1, min(4, block_t * block_h // 128))
-    grid = (triton.cdiv(T, block_t), HQ + k.shape[1])
-    return grid, {"INTERPRET": interp, "BLOCK_T": block_t, "BLOCK_H": block_h, "num_warps": nw}
+    block_t = max(1, min(triton.next_power_of_2(T), (8192 if interp else 512) // block_h))
+    kernel[(triton.cdiv(T, block_t), HQ + k.shape[1])](
+        *args, DT=rn.dtype_code(q.dtype), INTERPRET=interp, BLOCK_T=block_t, BLOCK_H=block_h,
+        num_warps=1 if interp else max(1, min(4, block_t * block_h // 128)), **consts,
+    )  # fmt: skip
 
 
 def rope(kind: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -216,16 +218,10 @@ def rope(kind: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
     The caller checked shapes, dtypes and layouts (Ops)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
-    launch = _tiling(q, k)
-    if launch is None:
-        return
-    grid, consts = launch
     T, HQ, D = q.shape
-    _rope_kernel[grid](
-        q, k, qo, ko, cos, sin, T, HQ, k.shape[1], _stride0(q), _stride1(q), _stride0(k), _stride1(k),
-        _table_stride(cos, T), _table_stride(sin, T), D // 2,
-        NEOX=kind == "neox", EXACT=exact, DT=rn.dtype_code(q.dtype), **consts,
-    )  # fmt: skip
+    args = (q, k, qo, ko, cos, sin, T, HQ, k.shape[1], _stride0(q), _stride1(q), _stride0(k), _stride1(k),
+            _table_stride(cos, T), _table_stride(sin, T), D // 2)
+    _launch(_rope_kernel, q, k, args, NEOX=kind == "neox", EXACT=exact)
 
 
 def rope_neox_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -238,16 +234,10 @@ def rope_neox_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torc
     [T] with ``slot = block * block_size + offset``; rows with ``slot < 0`` store nothing. The cache
     holds the bits `rope` returns for the same numerics. The caller checks shapes and dtypes
     (Ops.rope_neox_store)."""
-    launch = _tiling(q, k)
-    if launch is None:
-        return
-    grid, consts = launch
     T, HQ, D = q.shape
-    _rope_neox_store_kernel[grid](
-        q, k, v, qo, k_cache, v_cache, cos, sin, slot_mapping, T, HQ,
-        _stride0(q), _stride1(q), _stride0(k), _stride1(k), _stride0(v), _stride1(v),
-        _table_stride(cos, T), _table_stride(sin, T), slot_mapping.stride(0) if T > 1 else 1,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), D // 2,
-        BLOCK_SIZE=k_cache.shape[1], EXACT=exact, DT=rn.dtype_code(q.dtype), **consts,
-    )  # fmt: skip
+    args = (q, k, v, qo, k_cache, v_cache, cos, sin, slot_mapping, T, HQ,
+            _stride0(q), _stride1(q), _stride0(k), _stride1(k), _stride0(v), _stride1(v),
+            _table_stride(cos, T), _table_stride(sin, T), slot_mapping.stride(0) if T > 1 else 1,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), D // 2)
+    _launch(_rope_neox_store_kernel, q, k, args, BLOCK_SIZE=k_cache.shape[1], EXACT=exact)
