@@ -13,7 +13,7 @@ import torch
 
 from rltbench import tuned
 from rltbench.cli import main
-from rltbench.commands.tune import kernels, select
+from rltbench.commands.tune import attention, kernels, select
 from rltbench.kernels.norm.config import OneLaunchConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,3 +190,11 @@ def test_table_lists_every_row() -> None:
             "mismatches": 0}]
     text = kernels.table(exact, approx, act, {"gbps": 4000.0})
     assert "| 2048 | 1 | norm | general | 2.90 |" in text and "| rows1-w4 |" in text and "| 1 | 128 |" in text
+
+
+def test_shipped_attention_run_reselects_to_the_shipped_table() -> None:
+    sweep = ROOT / "results" / "gpu" / "attention" / "sweep.json"
+    if not sweep.is_file():
+        pytest.skip("the attention sweep is not in this tree")
+    shipped = json.loads((tuned.TUNED_DIR / "NVIDIA_H200.json").read_text())["decode_attention"]
+    assert attention.tuned_rows(json.loads(sweep.read_text())) == shipped
