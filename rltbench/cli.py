@@ -50,6 +50,7 @@ COMMANDS = {
     "profile": ("rltbench.commands.profile.cli", "profile_command"),
     "gsm8k": ("rltbench.commands.gsm8k.cli", "gsm8k_command"),
     "serve": ("rltbench.commands.serve.cli", "serve_command"),
+    "tune": ("rltbench.commands.tune.cli", "tune_command"),
     "pd": ("rltbench.commands.pd.cli", "pd_command"),
 }
 RENDERERS = {

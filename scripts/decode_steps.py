@@ -37,7 +37,8 @@ from rltbench.bench.decode import (
 from rltbench.bench.model_step import capture_step, fill_random_kv, time_replays
 from rltbench.bench.timing import WarmCheck, cold_cells, summarize
 from rltbench.engine import Engine, EngineConfig, SamplingParams
-from rltbench.kernels import ARMS, make_ops, norm_onelaunch
+from rltbench.kernels import ARMS, make_ops
+from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
 from rltbench.results import RunDir
 from rltbench.results.stats import aa_name, abba_order, compare_to_reference, format_interval, format_spread

@@ -44,6 +44,19 @@ def rlt(args: str, out: str) -> list[str]:
     return RLT + shlex.split(args) + ["--result-dir", str(RESULTS / out)]
 
 
+def with_tuned(out: str, section: str, values: dict[str, object], cmd: list[str]) -> list[str]:
+    """`cmd` under RLTBENCH_TUNED: a copy of this GPU's tuned file with `section` updated by `values`,
+    written into results/gpu/<out>/tuned.json when the stage runs (the one override mechanism)."""
+    path = RESULTS / out / "tuned.json"
+    make = ("import json, pathlib, torch; from rltbench import tuned; "
+            "p = tuned.path_for(torch.cuda.get_device_name()); "
+            "d = json.loads(p.read_text()) if p.is_file() else {}; "
+            f"d.setdefault({section!r}, {{}}).update({values!r}); q = pathlib.Path({str(path)!r}); "
+            "q.parent.mkdir(parents=True, exist_ok=True); q.write_text(json.dumps(d, indent=1))")
+    return ["bash", "-c", shlex.join([PY, "-c", make]) + " && "
+            + shlex.join(["env", f"RLTBENCH_TUNED={path}", *cmd])]
+
+
 # name -> (time limit in seconds, command). Commands run from the repo root.
 STAGES: dict[str, tuple[int, list[str]]] = {
     "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
@@ -60,36 +73,21 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
     "kernels-approx": (90, rlt("kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "
                                "--repeats 50", "kernels-approx")),
-    # the same approx kernel in the tuner's and the sweep's harness variants, interleaved
-    "approx-harness": (120, [PY, str(ROOT / "scripts" / "diagnose_approx_harness.py"), "--result-dir",
-                             str(RESULTS / "approx-harness")]),
     "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
                                 "--mode graph --repeats 30", "kernels-dtypes")),
-    "onelaunch": (120, [PY, "-c", "import json, pathlib; from rltbench.kernels.norm_onelaunch import "
-                        "bench_onelaunch, format_bench, validation_report; rows = bench_onelaunch(); "
-                        "print(format_bench(rows)); p = pathlib.Path('" + str(RESULTS / "onelaunch") + "'); "
-                        "(p / 'bench.json').write_text(json.dumps({'rows': rows, "
-                        "'validation': validation_report()}, indent=1, default=str))"]),
     # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
-    "tune": (400, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--write-tuned", "--widths", "2048",
-                   "--tokens", "1,8,128", "--result-dir", str(RESULTS / "tune")]),
-    # the fast one-launch norm case by case (token count, layout, TREE_SUM) and validate() per dtype/width
+    "tune": (400, rlt("tune kernels --write-tuned --widths 2048 --tokens 1,8,128", "tune")),
     # T=1 only: the exact norm's configurations beside the floor, row-I/O and approx-norm ladder
-    "tune-t1": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "exact", "--widths", "2048",
-                      "--tokens", "1", "--result-dir", str(RESULTS / "tune-t1")]),
-    "fastnorm": (180, [PY, str(ROOT / "scripts" / "diagnose_fast_norm.py"), "--deadline", "130",
-                       "--result-dir", str(RESULTS / "fastnorm")]),
+    "tune-t1": (150, rlt("tune kernels --parts exact --widths 2048 --tokens 1", "tune-t1")),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
     # (-n 8: pytest-xdist, carried as a wheel; spreads the Triton compiles of the validations over cores)
     "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p",
                          "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
                          "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py"]),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
-    "tune-approx": (150, [PY, str(ROOT / "scripts" / "kernel_tune.py"), "--parts", "approx", "--write-tuned",
-                          "--result-dir", str(RESULTS / "tune-approx")]),
+    "tune-approx": (150, rlt("tune kernels --parts approx --write-tuned", "tune-approx")),
     # decode attention knobs per (batch, context), best written to the device's tuned file
-    "attention": (150, [PY, "-m", "rltbench.commands.tune.attention", "--sweep", "--write-tuned", "--out",
-                        str(RESULTS / "attention" / "sweep.json")]),
+    "attention": (150, rlt("tune attention --write-tuned", "attention")),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
     "prefill": (180, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--reps", "8", "--iters", "3",
                       "--result-dir", str(RESULTS / "prefill")]),
@@ -111,27 +109,22 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # session 7) against the one-launch low-warp kernel for every row count, same call
     "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
                                 "--iters 50", "profile-huginn")),
-    "profile-huginn-1launch": (150, ["env", "RLTBENCH_NORM_WIDE_MIN_ROWS=1"]
-                               + rlt("profile --model huginn-0125 --batch 1 --context 512 --arms exact "
-                                     "--iters 50", "profile-huginn-1launch")),
-    # the exact arm with the K/V write folded into its RoPE launch (opt-in, RLTBENCH_FUSE_KV_WRITE=1):
-    # its GPU tests, then the same profile as above for the before/after figure
-    "fusekv-tests": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1", PY, "-m", "pytest", "-q", "--run-gpu", "-m",
-                           "gpu", "-p", "no:cacheprovider", "-rfE", "--junitxml",
-                           str(RESULTS / "fusekv-tests" / "junit.xml"), "tests/engine/test_rope_kv_fused.py",
-                           "tests/engine/test_engine_gpu.py"]),
-    "profile-fusekv": (200, ["env", "RLTBENCH_FUSE_KV_WRITE=1"]
-                       + rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact "
-                             "--iters 100", "profile-fusekv")),
-    # programmatic dependent launch (rltbench/kernels/pdl.py): GPU tests (PDL kernels after a GEMM and
-    # after each other inside a graph; the engine's arms with PDL on), then the decode-step profile
-    # with each mode, for the tuned ``pdl`` section
-    "pdl-tests": (200, ["env", "RLTBENCH_PDL=2", PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
-                        "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "pdl-tests" / "junit.xml"),
+    "profile-huginn-1launch": (150, with_tuned("profile-huginn-1launch", "norm_exact", {"wide_min_rows": 1},
+                                               rlt("profile --model huginn-0125 --batch 1 --context 512 "
+                                                   "--arms exact --iters 50", "profile-huginn-1launch"))),
+    # the exact arm with the K/V write folded into its RoPE launch (the tuned ``rope_kv`` section): its
+    # GPU tests (they switch the fusion on and off themselves), then the same profile as above with it on
+    "fusekv-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                           "-rfE", "--junitxml", str(RESULTS / "fusekv-tests" / "junit.xml"),
+                           "tests/engine/test_rope_kv_fused.py", "tests/engine/test_engine_gpu.py"]),
+    "profile-fusekv": (200, with_tuned("profile-fusekv", "rope_kv", {"enabled": True},
+                                       rlt("profile --model ouro-1.4b --batch 1 --context 512 "
+                                           "--arms torch,exact --iters 100", "profile-fusekv"))),
+    # programmatic dependent launch (rltbench/kernels/pdl.py, the approx norm's large launches): GPU tests
+    # (PDL kernels after a GEMM and after each other inside a graph), and the engine's arms
+    "pdl-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                        "-rfE", "--junitxml", str(RESULTS / "pdl-tests" / "junit.xml"),
                         "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
-    **{f"profile-pdl{m}": (200, ["env", f"RLTBENCH_PDL={m}"]
-                           + rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact "
-                                 "--iters 100", f"profile-pdl{m}")) for m in (1, 2)},
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "

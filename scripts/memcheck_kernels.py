@@ -71,7 +71,7 @@ def check_onelaunch(device: torch.device) -> int:
     directly at small sizes in the order expected for this torch version, without validation."""
     if device.type != "cuda":
         return 0
-    from rltbench.kernels import norm_onelaunch as one
+    from rltbench.kernels.norm import onelaunch as one
 
     gen = torch.Generator(device=device).manual_seed(2)
     calls = 0
@@ -107,8 +107,7 @@ def check_rope_kv_store(device: torch.device, arm: str = "exact") -> int:
     """The arm's NeoX RoPE with the KV write fused in (merged-qkv views, a padding row with slot -1),
     against the arm's rope followed by the engine's write_kv."""
     from rltbench.engine import attention as attn
-    from rltbench.kernels.rope_approx import rope_neox_store_approx
-    from rltbench.kernels.rope_exact import rope_neox_store_exact
+    from rltbench.kernels import rope
 
     gen = torch.Generator(device=device).manual_seed(3)
     nb, bs, hq, hkv, d = 8, 16, 4, 2, 128
@@ -120,8 +119,7 @@ def check_rope_kv_store(device: torch.device, arm: str = "exact") -> int:
     kc, vc = (torch.randn(nb, bs, hkv, d, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
     kr, vr = kc.clone(), vc.clone()
     qo = torch.empty_like(q, memory_format=torch.contiguous_format)
-    store = rope_neox_store_exact if arm == "exact" else rope_neox_store_approx
-    store(q, k, v, cos, sin, qo, kc, vc, slots)
+    rope.STORE[arm](q, k, v, cos, sin, qo, kc, vc, slots)
     q_ref, k_ref = make_ops(OpSelection(rope=arm, scope="all")).rope_neox(q, k, cos, sin)
     attn.write_kv(kr, vr, k_ref, v, slots)
     if not (torch.equal(qo, q_ref) and torch.equal(kc, kr) and torch.equal(vc, vr)):
@@ -133,7 +131,7 @@ def check_approx_norm_norm(device: torch.device) -> int:
     """The approx arm's one-launch norm-add-norm on strided rows (3, 130 and 1030 rows: the last
     with the tuned PDL launch where the device has one), against the composed approx ops within the
     approx tolerance."""
-    from rltbench.kernels.norm_approx import residual_rms_norm_norm_approx_rows
+    from rltbench.kernels.norm.approx import residual_rms_norm_norm_approx_rows
 
     gen = torch.Generator(device=device).manual_seed(6)
     ops = make_ops(OpSelection(norm="approx", scope="all"))
@@ -155,10 +153,11 @@ def check_approx_norm_norm(device: torch.device) -> int:
 
 
 def check_approx_norm_pdl(device: torch.device) -> int:
-    """The approx norm's PDL launch (norm_approx.pdl_requested: from 1024 rows; the ops above stay
-    below that): 1030 rows, an odd width and 2048, with a residual, PDL 2 against PDL 0, same bits.
-    On CPU (interpreter) both are plain launches."""
-    from rltbench.kernels.norm_approx import rms_norm_approx_rows
+    """The approx norm's PDL launch (from 1024 rows; the ops above stay below that): 1030 rows, an
+    odd width and 2048, with a residual, PDL 2 against PDL 0, same bits. On CPU (interpreter) both
+    are plain launches."""
+    from rltbench.kernels.norm.approx import rms_norm_approx_rows
+    from rltbench.kernels.norm.config import ApproxNormLaunch
 
     gen = torch.Generator(device=device).manual_seed(5)
     n = 0
@@ -166,16 +165,14 @@ def check_approx_norm_pdl(device: torch.device) -> int:
         x, r = (torch.randn(1030, width, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
         w = (1 + 0.1 * torch.randn(width, device=device, generator=gen)).to(torch.bfloat16)
         outs = []
-        for mode in ("2", "0"):
-            os.environ.update({"RLTBENCH_APPROX_NORM_PDL": mode, "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS": "1024"})
+        for mode in (2, 0):
             out = torch.empty_like(x)
-            rms_norm_approx_rows(x, w, 1e-6, out, residual=r)
+            launch = ApproxNormLaunch(pdl=mode, pdl_min_rows=1024)
+            rms_norm_approx_rows(x, w, 1e-6, out, residual=r, config=launch)
             outs.append(out)
             n += 1
         if not torch.equal(outs[0], outs[1]):
             raise SystemExit(f"approx norm with PDL differs from the plain launch at width {width}")
-    for k in ("RLTBENCH_APPROX_NORM_PDL", "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS"):
-        os.environ.pop(k, None)
     return n
 
 
@@ -189,7 +186,7 @@ def check_native(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
     native.load()   # the GPU suite builds it first (native-build); a failure here is a failure
-    from rltbench.kernels import norm_native as nn
+    from rltbench.kernels.norm import native as nn
 
     gen = torch.Generator(device=device).manual_seed(7)
     n = 0

@@ -36,7 +36,8 @@ from rltbench.bench.decode import engine_captures
 from rltbench.bench.timing import WarmCheck, cold_cells, summarize
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.scheduler import PrefillBatch
-from rltbench.kernels import ARMS, norm_onelaunch
+from rltbench.kernels import ARMS
+from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
 from rltbench.results import RunDir
 from rltbench.results.stats import (

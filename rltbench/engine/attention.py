@@ -430,7 +430,7 @@ class DecodeConfig:
 
 
 # Default knobs keyed by (max batch, max covered length): the first row whose bounds hold is used.
-# Not yet tuned on a GPU: placeholders until the attention_bench sweep has been measured on an H200.
+# The code default where no tuned table applies (``rltbench tune attention`` measures a GPU's).
 _DECODE_DEFAULTS: tuple[tuple[int, int, DecodeConfig], ...] = (
     (1 << 30, 1 << 30, DecodeConfig()),
 )
@@ -439,27 +439,38 @@ _DECODE_DEFAULTS: tuple[tuple[int, int, DecodeConfig], ...] = (
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodeConfig))
 
 
-def _tuned_rows() -> tuple[tuple[int, int, DecodeConfig], ...] | None:
-    """Rows of this GPU's tuned file (rltbench/tuned.py, written by ``attention_bench --sweep
-    --write-tuned``): [{"max_batch", "max_len", knobs...}, ...] in lookup order."""
-    rows = tuned.section("decode_attention")
-    if not isinstance(rows, list):
-        return None
-    try:
-        return tuple(
-            (int(r["max_batch"]), int(r["max_len"]),
-             DecodeConfig(**{k: r[k] for k in r if k in _CONFIG_FIELDS}))
-            for r in rows
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError):
-        return None
+DecodeRows = tuple[tuple[int, int, DecodeConfig], ...]
+
+
+@tuned.register
+@dataclass(frozen=True)
+class DecodeTable:
+    """The GPU's tuned rows (``rltbench tune attention`` writes them): [{"max_batch", "max_len",
+    knobs...}, ...] in lookup order, read once; None where there are none or they do not parse (a
+    broken table falls back to the built-in one rather than stopping a run)."""
+
+    SECTION = "decode_attention"
+    rows: DecodeRows | None = None
+
+    @classmethod
+    def from_section(cls, value: object) -> DecodeTable:
+        if not isinstance(value, list):
+            return cls()
+        try:
+            return cls(tuple(
+                (int(r["max_batch"]), int(r["max_len"]),
+                 DecodeConfig(**{k: r[k] for k in r if k in _CONFIG_FIELDS}))
+                for r in value
+            ))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            return cls()
 
 
 def decode_config(batch: int, num_heads: int, max_len: int) -> DecodeConfig:
     """The knobs for a decode call of this shape (deterministic per shape): the first row of the
     GPU's tuned table (else the built-in one) whose bounds hold."""
     del num_heads  # the table is keyed by batch and length only (for now)
-    for max_b, max_l, cfg in _tuned_rows() or _DECODE_DEFAULTS:
+    for max_b, max_l, cfg in tuned.config(DecodeTable).rows or _DECODE_DEFAULTS:
         if batch <= max_b and max_len <= max_l:
             return cfg
     return DecodeConfig()
@@ -504,7 +515,7 @@ def _decode_triton(
     """Launch the partial kernel (+ the reduce kernel when there is more than one split, unless fused).
 
     Knobs left as None come from ``decode_config(B, Hq, max_len)``; the benchmark sweep
-    (attention_bench) sets them explicitly. ``partition_size`` (power of two >= 16) overrides the
+    (rltbench tune attention) sets them explicitly. ``partition_size`` (power of two >= 16) overrides the
     partition policy (``target_programs``); a partition >= ``max_len`` gives one split, and with
     ``single_launch`` that split writes the output itself (no reduce kernel). With ``fused_reduce`` and
     several splits, the last program of each head group combines the splits (same bits as the reduce

@@ -1,7 +1,12 @@
-"""Kernel arms for looped LMs: the torch reference, exact (bitwise) and approx Triton kernels, and
-the native CUDA C++ arm `cuda` (bitwise; its sources and build live in rltbench.native).
+"""The op library: the torch reference, exact (bitwise) and approx Triton kernels, and the native
+CUDA C++ arm `cuda` (bitwise; its sources and build live in rltbench.native), per op family.
 
-Public API (contract: docs/DESIGN.md section 1)::
+    reference.py  the torch expressions the models use (what "exact" means)
+    ops.py        Ops: routes each call to torch or a family's kernels, fallbacks counted by reason
+    norm/ rope/ act/   one package per op family: kernels, launch configs, the dispatch table
+    cases.py oracle.py rounding.py layout.py pdl.py   benchmark cases, fp64 oracle, shared helpers
+
+Public API::
 
     from rltbench.kernels import OpSelection, parse_selection, make_ops, Ops, ARMS, OPS, op_case
 """

@@ -1,11 +1,12 @@
 """Shape helpers shared by the kernel wrappers: flatten leading dims into rows without copying,
-and pick block sizes (a big tile under the interpreter, where each program costs Python time;
-small, latency-friendly tiles on the GPU)."""
+pick block sizes (a big tile under the interpreter, where each program costs Python time; small,
+latency-friendly tiles on the GPU), and a program's tile of an elementwise op (row_col_tile)."""
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 
 def rows_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -36,6 +37,15 @@ def row_block(rows: int, block_c: int, interpret: bool) -> int:
     if not interpret:
         return 1
     return max(1, min(triton.next_power_of_2(max(rows, 1)), max(1, 16384 // block_c)))
+
+
+@triton.jit
+def row_col_tile(R, W, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's rows ([BLOCK_R, 1], int64: no offset overflow), columns ([1, BLOCK_C]) and
+    their in-bounds mask, on a (row blocks, column blocks) grid of an [R, W] elementwise op."""
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None].to(tl.int64)
+    cols = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
+    return rows, cols, (rows < R) & (cols < W)
 
 
 def warps_for(block_elems: int) -> int:

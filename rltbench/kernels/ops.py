@@ -1,55 +1,38 @@
 """The Ops object the models call: routes each op to torch, the exact, approx or native kernels.
 
-Routing per call (see docs/DESIGN.md section 1):
+Routing per call:
 1. family selected ``off``                                  -> torch reference (counted "reference")
 2. scope ``graph`` and not capturing a CUDA graph           -> torch reference (counted "reference")
 3. input the kernels do not support (see ``_check_*``)      -> torch reference, counted as a
    fallback with its reason; a wrong answer is never an option
 4. otherwise the fused kernel                               -> counted "fused"
-The native arm (``cuda``: CUDA C++ operators, rltbench.native) follows the same steps; its norm is
-used only where validated against torch on this GPU (norm_native.py), else torch runs and the
-reason is counted. An Ops that selects it needs the native extension (UsageError otherwise).
-``rope_neox_store`` (opt-in, exact arm) is an optional capability rather than an op: it returns None
-where it does not fuse, and its caller then runs ``rope_neox`` and its own KV write.
+The native arm (``cuda``: CUDA C++ operators, rltbench.native) follows the same steps; an Ops that
+selects it needs the native extension (UsageError otherwise). Which norm kernel serves a call is
+the norm dispatch table's (norm.route): the exact norm in one launch where validated, else three;
+the native norm only where validated against torch on this GPU, else torch runs and the reason is
+counted. ``rope_neox_store`` (the kernel arms, where RopeKvConfig enables it) is an optional
+capability rather than an op: it returns None where it does not fuse, and its caller then runs
+``rope_neox`` and its own KV write.
 Counts are host-side: inside a captured graph they count captures, not replays. Kernels need
 grad disabled when any input requires grad (run models under torch.inference_mode()).
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 
 from rltbench import native, tuned
-from rltbench.kernels import norm_native, norm_onelaunch
+from rltbench.kernels import act, norm, rope
 from rltbench.kernels import reference as ref
-from rltbench.kernels.act_approx import silu_mul_approx_rows
-from rltbench.kernels.act_exact import silu_mul_exact_rows
-from rltbench.kernels.act_native import silu_mul_native_rows
 from rltbench.kernels.layout import rows_view
-from rltbench.kernels.norm_approx import MAX_WIDTH, residual_rms_norm_norm_approx_rows, rms_norm_approx_rows
-from rltbench.kernels.norm_exact import rms_norm_exact_rows
-from rltbench.kernels.norm_onelaunch import (
-    residual_rms_norm_norm_onelaunch_rows,
-    rms_norm_onelaunch_rows,
-)
-from rltbench.kernels.rope_approx import rope_approx, rope_neox_store_approx
-from rltbench.kernels.rope_exact import rope_exact, rope_neox_store_exact
-from rltbench.kernels.rope_native import rope_native
+from rltbench.kernels.rope.config import RopeKvConfig
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
 from rltbench.kernels.selection import OpSelection
 
 Tensor = torch.Tensor
-# the kernels of each implementation, for the ops whose arms share one calling convention
-_ROPE: dict[str, Callable[..., None]] = {
-    "exact": rope_exact, "approx": rope_approx, native.NATIVE_IMPL: rope_native,
-}
-_SILU_MUL: dict[str, Callable[..., None]] = {
-    "exact": silu_mul_exact_rows, "approx": silu_mul_approx_rows, native.NATIVE_IMPL: silu_mul_native_rows,
-}
 
 
 class OpStats:
@@ -60,7 +43,7 @@ class OpStats:
         self.fused: Counter[str] = Counter()
         self.reference: Counter[str] = Counter()
         self.fallbacks: Counter[tuple[str, str]] = Counter()
-        # which exact norm path ran: "onelaunch" (validated single launch) or "3launch"
+        # which exact norm kernel ran: "onelaunch" (validated single launch) or "3launch" (norm.route)
         self.paths: Counter[tuple[str, str]] = Counter()
         # native (CUDA C++) kernel calls per op, and whether the native norm's trust was consulted
         self.native: Counter[str] = Counter()
@@ -94,9 +77,9 @@ class OpStats:
             "reference": dict(sorted(self.reference.items())),
             "fallbacks": fb,
             "exact_norm_paths": paths,
-            "onelaunch_validation": norm_onelaunch.validation_report() if paths else None,
+            "onelaunch_validation": norm.onelaunch.validation_report() if paths else None,
             "native_calls": dict(sorted(self.native.items())),
-            "native_norm_validation": norm_native.validation_report() if self.native_norm_checked else None,
+            "native_norm_validation": norm.native.validation_report() if self.native_norm_checked else None,
         }
 
 
@@ -167,51 +150,21 @@ def _kv_store_reason(
 
 
 def fuse_kv_write_enabled() -> bool:
-    """Whether ``Ops.rope_neox_store`` may fuse (read at every call): ``RLTBENCH_FUSE_KV_WRITE``, else
-    the GPU's tuned ``rope_kv.enabled``, else off (on for the H200 after results/gpu/profile-fusekv)."""
-    return bool(tuned.knob("RLTBENCH_FUSE_KV_WRITE", "rope_kv", "enabled", False))
-
-
-# Widths above this use the one-launch exact norm only from this many rows (see _use_onelaunch).
-ONELAUNCH_WIDE_ROW = 4096
-ONELAUNCH_WIDE_MIN_ROWS = 128
-
-
-def onelaunch_wide_min_rows() -> int:
-    """Rows from which rows wider than ONELAUNCH_WIDE_ROW take the one-launch exact norm:
-    ``RLTBENCH_NORM_WIDE_MIN_ROWS``, else the GPU's tuned ``norm_wide.min_rows``, else
-    ONELAUNCH_WIDE_MIN_ROWS (read at every call)."""
-    return int(tuned.knob("RLTBENCH_NORM_WIDE_MIN_ROWS", "norm_wide", "min_rows", ONELAUNCH_WIDE_MIN_ROWS))
+    """Whether ``Ops.rope_neox_store`` may fuse: the tuned RopeKvConfig in force (rope/config.py)."""
+    return tuned.config(RopeKvConfig).enabled
 
 
 class Ops:
     """One arm's ops (method semantics = the functions in reference.py)."""
 
-    def __init__(self, selection: OpSelection, onelaunch_norm: bool | None = None) -> None:
+    def __init__(self, selection: OpSelection, onelaunch_norm: bool = True) -> None:
         self.selection = selection
         self.stats = OpStats()
         # The exact norm runs in one launch where that kernel is validated bitwise against torch on
-        # this GPU/torch/dtype/width (rltbench.kernels.norm_onelaunch); else in 3 launches.
-        # RLTBENCH_NORM_ONELAUNCH=0 forces the 3-launch path.
-        if onelaunch_norm is None:
-            onelaunch_norm = os.environ.get("RLTBENCH_NORM_ONELAUNCH", "1") != "0"
+        # this GPU/torch/dtype/width (norm.route); False keeps it on the 3-launch path.
         self.onelaunch_norm = onelaunch_norm
         # the native kernels are built/loaded here, never silently replaced by torch (UsageError)
         native.require([selection])
-
-    def _use_onelaunch(self, op: str, x: Tensor) -> bool:
-        """Whether this exact norm call may take the one-launch kernel; records the path taken.
-
-        The one-launch kernel follows torch's per-row reduction order, one program per row, so for
-        wide rows and few tokens it is slower than the 3-launch path (H200, results/gpu/kernels:
-        width 5280, T=1: 8.6 us one launch vs 6.0 us three; session 7, low-warp layout: a Huginn
-        decode step 33.78 ms with one launch everywhere vs 33.70 ms, results/gpu/profile-huginn*);
-        there the 3-launch path runs."""
-        rows = x.numel() // max(1, x.shape[-1])
-        fast_enough = x.shape[-1] <= ONELAUNCH_WIDE_ROW or rows >= onelaunch_wide_min_rows()
-        ok = self.onelaunch_norm and fast_enough and norm_onelaunch.is_trusted(x)
-        self.stats.paths[(op, "onelaunch" if ok else "3launch")] += 1
-        return ok
 
     # -- routing -------------------------------------------------------------------------------------------
     def _impl(
@@ -232,6 +185,13 @@ class Ops:
         return impl
 
     # -- norms ---------------------------------------------------------------------------------------------
+    def _route(self, x: Tensor) -> norm.Route:
+        """norm.route for this arm (the dispatch table); consulting the native norm's trust is
+        recorded so the stats carry its validation report."""
+        if self.selection.norm == native.NATIVE_IMPL:
+            self.stats.native_norm_checked = True
+        return norm.route(self.selection.norm, x, self.onelaunch_norm)
+
     def _norm(
         self,
         op: str,
@@ -244,6 +204,7 @@ class Ops:
     ) -> Tensor:
         extra = [t for t in (branch, residual) if t is not None]
         views: dict[str, Tensor | None] = {}
+        routed: list[norm.Route] = []
 
         def check() -> str | None:
             if (
@@ -258,23 +219,17 @@ class Ops:
                     views[name] = rows_view(t)
                     if views[name] is None:
                         return "layout"
-            if self.selection.norm == "approx" and x.shape[-1] > MAX_WIDTH:
-                return "width"
-            if self.selection.norm == native.NATIVE_IMPL:
-                return self._native_norm_reason(x)
-            return None
+            routed.append(self._route(x))
+            return routed[0].fallback
 
         impl = self._impl(op, "norm", [x, w, *extra], check)
         if impl is None:
             return reference()
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        r = routed[0]
         if impl == "exact":
-            fn = rms_norm_onelaunch_rows if self._use_onelaunch(op, x) else rms_norm_exact_rows
-        elif impl == native.NATIVE_IMPL:
-            fn = norm_native.rms_norm_native_rows
-        else:
-            fn = rms_norm_approx_rows
-        fn(
+            self.stats.paths[(op, r.kernel)] += 1
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        r.rows(
             views["x"],
             w,
             eps,
@@ -283,14 +238,6 @@ class Ops:
             residual=views.get("residual"),
         )
         return out
-
-    def _native_norm_reason(self, x: Tensor) -> str | None:
-        """Why the native norm may not normalise x's rows (empty, or not validated bitwise against
-        torch for this GPU/torch/dtype/width: norm_native.untrusted_reason), or None."""
-        self.stats.native_norm_checked = True
-        if x.numel() == 0:
-            return "empty"
-        return norm_native.untrusted_reason(x)
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float) -> Tensor:
         """Ouro/Llama RMSNorm ``w * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)``."""
@@ -332,54 +279,38 @@ class Ops:
     def _norm_norm_fused(
         self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
     ) -> tuple[Tensor, Tensor] | None:
-        """The fused exact norm-add-norm when every condition holds (else None: compose); in the
-        approx arm the approx one-launch kernel (_norm_norm_approx)."""
+        """The one-launch norm-add-norm where every condition holds, else None: the caller composes
+        two norms, which count their own routes and fallbacks. The approx arm always runs its
+        one-launch kernel (_norm_norm_approx)."""
         sel = self.selection
         if sel.norm == "approx":
             return self._norm_norm_approx(residual, branch, w1, w2, eps)
-        if sel.norm == native.NATIVE_IMPL:
-            return self._norm_norm_native(residual, branch, w1, w2, eps)
-        if sel.norm != "exact" or not self.onelaunch_norm:
+        if sel.norm not in ("exact", native.NATIVE_IMPL) or (sel.norm == "exact" and not self.onelaunch_norm):
             return None
         if sel.scope == "graph" and not _capturing(branch):
             return None
-        if _common_reason([residual, branch, w1, w2]) is not None or residual.shape != branch.shape:
+        tensors = [residual, branch, w1, w2]
+        if _common_reason(tensors, sel.norm == native.NATIVE_IMPL) is not None:
+            return None
+        if residual.shape != branch.shape:
             return None
         W = branch.shape[-1]
         if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
             return None
         rv, bv = rows_view(residual), rows_view(branch)
-        if W > ONELAUNCH_WIDE_ROW and branch.numel() // W < onelaunch_wide_min_rows():
+        if rv is None or bv is None:
             return None
-        if rv is None or bv is None or not norm_onelaunch.is_trusted(branch):
-            return None
-        h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
-        y = torch.empty_like(h)
-        residual_rms_norm_norm_onelaunch_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
-        self.stats.fused["residual_rms_norm_norm"] += 1
-        self.stats.paths[("residual_rms_norm_norm", "onelaunch")] += 1
-        return h, y
-
-    def _norm_norm_native(
-        self, residual: Tensor, branch: Tensor, w1: Tensor, w2: Tensor, eps: float
-    ) -> tuple[Tensor, Tensor] | None:
-        """The native norm-add-norm (one launch) where every condition holds, else None: the two
-        native ops are composed and count their own routes and fallbacks."""
-        if self.selection.scope == "graph" and not _capturing(branch):
-            return None
-        if _common_reason([residual, branch, w1, w2], True) is not None or residual.shape != branch.shape:
-            return None
-        W = branch.shape[-1]
-        if any(w.dim() != 1 or w.shape[0] != W or w.stride(0) != 1 for w in (w1, w2)):
-            return None
-        rv, bv = rows_view(residual), rows_view(branch)
-        if rv is None or bv is None or self._native_norm_reason(branch) is not None:
+        r = self._route(branch)
+        if r.norm_norm is None:
             return None
         h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
         y = torch.empty_like(h)
-        norm_native.residual_rms_norm_norm_native_rows(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
+        r.norm_norm(rv, bv, w1, w2, eps, h.view(-1, W), y.view(-1, W))
         self.stats.fused["residual_rms_norm_norm"] += 1
-        self.stats.native["residual_rms_norm_norm"] += 1
+        if sel.norm == "exact":
+            self.stats.paths[("residual_rms_norm_norm", r.kernel)] += 1
+        else:
+            self.stats.native["residual_rms_norm_norm"] += 1
         return h, y
 
     def _norm_norm_approx(
@@ -399,14 +330,16 @@ class Ops:
             views["r"], views["x"] = rows_view(residual), rows_view(branch)
             if views["r"] is None or views["x"] is None:
                 return "layout"
-            return "width" if W > MAX_WIDTH else None
+            routed.append(self._route(branch))
+            return routed[0].fallback
 
+        routed: list[norm.Route] = []
         impl = self._impl("residual_rms_norm_norm", "norm", [residual, branch, w1, w2], check)
         if impl is None:
             return ref.residual_rms_norm_norm(residual, branch, w1, w2, eps)
         h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
         y = torch.empty_like(h)
-        residual_rms_norm_norm_approx_rows(views["r"], views["x"], w1, w2, eps, h.view(-1, W), y.view(-1, W))
+        routed[0].norm_norm(views["r"], views["x"], w1, w2, eps, h.view(-1, W), y.view(-1, W))
         return h, y
 
     # -- rope ----------------------------------------------------------------------------------------------
@@ -428,7 +361,7 @@ class Ops:
             return reference(q, k, cos, sin)
         qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        _ROPE[impl](kind, q, k, cos, sin, qo, ko)
+        rope.KERNELS[impl](kind, q, k, cos, sin, qo, ko)
         return qo, ko
 
     def rope_neox(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -457,8 +390,8 @@ class Ops:
 
         Why a capability and not an op: only the kernel arms fuse (the cache must hold exactly the
         bits of their rope-then-write: the exact arm's torch bits, the approx arm's rope_approx
-        bits), and only when enabled (``fuse_kv_write_enabled``: opt-in until measured on a GPU)
-        and in the rope's scope. Inputs the kernel cannot take count as fallbacks of
+        bits), and only when enabled (``fuse_kv_write_enabled``: the tuned RopeKvConfig) and in the
+        rope's scope. Inputs the kernel cannot take count as fallbacks of
         "rope_neox_store"; the unfused path that follows counts as "rope_neox"."""
         sel = self.selection
         if sel.rope not in ("exact", "approx") or not fuse_kv_write_enabled():
@@ -474,8 +407,7 @@ class Ops:
             self.stats.fallbacks[("rope_neox_store", reason)] += 1
             return None
         qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        store = rope_neox_store_exact if sel.rope == "exact" else rope_neox_store_approx
-        store(q, k, v, cos, sin, qo, k_cache, v_cache, slot_mapping)
+        rope.STORE[sel.rope](q, k, v, cos, sin, qo, k_cache, v_cache, slot_mapping)
         self.stats.fused["rope_neox_store"] += 1
         return qo
 
@@ -499,7 +431,7 @@ class Ops:
         if impl is None:
             return ref.silu_mul(gate, up)
         out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        _SILU_MUL[impl](views["g"], views["u"], out.view(-1, gate.shape[-1]))
+        act.KERNELS[impl](views["g"], views["u"], out.view(-1, gate.shape[-1]))
         return out
 
 

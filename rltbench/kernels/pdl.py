@@ -1,13 +1,12 @@
-"""Programmatic dependent launch (PDL, Hopper and later) for the exact arm's small kernels.
+"""Programmatic dependent launch (PDL, Hopper and later), used by the approx norm's large launches.
 
-Why: at batch 1 every exact kernel is a few microseconds long and follows a cuBLAS GEMM or the
-attention kernel. A normal launch starts only after the previous kernel has completed and flushed;
-a PDL launch lets the driver start our grid as soon as the previous grid's blocks have exited (or
-triggered), so our launch and the loads that do not depend on the previous kernel (weights) overlap
-its tail. The data the previous kernel wrote is read only after ``griddepcontrol.wait``, which
-returns when every prerequisite grid has completed and its memory is visible: the arithmetic is
-unchanged, so the exact arm stays bitwise identical (tested on the GPU with a producer kernel
-writing the input inside the same graph).
+Why: a norm kernel follows a cuBLAS GEMM or the attention kernel. A normal launch starts only after
+the previous kernel has completed and flushed; a PDL launch lets the driver start our grid as soon
+as the previous grid's blocks have exited (or triggered), so our launch and the loads that do not
+depend on the previous kernel (weights) overlap its tail. The data the previous kernel wrote is read
+only after ``griddepcontrol.wait``, which returns when every prerequisite grid has completed and its
+memory is visible: the arithmetic is unchanged (tested on the GPU with a producer kernel writing
+the input inside the same graph).
 
 Rules every PDL kernel here follows (``wait`` below):
 - before ``wait``: read only tensors no kernel of the step writes (weights), write nothing;
@@ -16,9 +15,11 @@ Rules every PDL kernel here follows (``wait`` below):
   a following PDL kernel may then start while this one runs (it still waits for this one's
   completion before it reads anything).
 
-Selection: ``RLTBENCH_PDL`` (0 off, 1 wait, 2 wait + early trigger), else the device's tuned
-``pdl.mode``, else off. Needs a CUDA device of compute capability >= 9.0, Triton with
-``launch_pdl`` and ``gdc_wait``, and no interpreter; anything else means off.
+Modes: 0 off, 1 wait, 2 wait + early trigger; a kernel's launch config asks for one (the approx
+norm's ApproxNormLaunch.pdl, from a row count). It runs only on a CUDA device of compute capability
+>= 9.0 with a Triton that has ``launch_pdl`` and ``gdc_wait``, never under the interpreter. The
+exact arm's kernels do not use it: in Ouro's decode step, where each follows a GEMM, both modes
+made the step slower (5.570 ms with either against 5.527, results/gpu/profile-pdl1, -pdl2).
 
 Benchmarks: ``plain_launches()`` turns PDL off for every launch inside it (a kernel's headline figure
 must not depend on overlapping with an identical predecessor, which a model never launches), and
@@ -37,8 +38,6 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-
-from rltbench import tuned
 
 try:  # Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -85,14 +84,6 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def requested_mode() -> int:
-    """The configured mode (environment, else tuned file, else 0), validated."""
-    m = int(tuned.knob("RLTBENCH_PDL", "pdl", "mode", 0))
-    if m not in MODES:
-        raise ValueError(f"RLTBENCH_PDL must be one of {MODES}, got {m}")
-    return m
-
-
 def usable(t: torch.Tensor, interpret: bool) -> bool:
     """PDL can run for a launch on t's device: CUDA, compute capability >= 9.0, a capable Triton."""
     if interpret or not t.is_cuda or not triton_supports():
@@ -107,7 +98,7 @@ _recorders: list[Counter[int]] = []
 
 @contextlib.contextmanager
 def plain_launches() -> Iterator[None]:
-    """Every launch inside uses mode 0 (a plain launch), whatever the environment or tuned file ask.
+    """Every launch inside uses mode 0 (a plain launch), whatever its launch config asks.
     A captured graph keeps the modes it was captured with: replays need no context."""
     global _plain_depth
     _plain_depth += 1
@@ -129,12 +120,10 @@ def launch_modes() -> Iterator[Counter[int]]:
         _recorders.remove(counts)
 
 
-def mode_for(t: torch.Tensor, interpret: bool, requested: int | None = None) -> int:
-    """The PDL mode a launch on t's device uses (0 where PDL cannot run, and inside
-    `plain_launches`); `requested` (already validated by the caller) overrides the global knob: a
-    kernel with its own tuned mode, e.g. the approx norm (norm_approx.pdl_requested)."""
-    m = requested_mode() if requested is None else requested
-    mode = m if m and not _plain_depth and usable(t, interpret) else 0
+def mode_for(t: torch.Tensor, interpret: bool, requested: int) -> int:
+    """The PDL mode a launch on t's device uses: `requested` (a validated mode from the kernel's
+    launch config), 0 where PDL cannot run and inside `plain_launches`."""
+    mode = requested if requested and not _plain_depth and usable(t, interpret) else 0
     for counts in _recorders:
         counts[mode] += 1
     return mode
@@ -145,16 +134,7 @@ def launch_kwargs(mode: int) -> dict[str, Any]:
     return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": 0}
 
 
-def describe() -> dict[str, Any]:
-    """What the manifests record: requested mode and whether this Triton can do it."""
-    try:
-        m = requested_mode()
-    except ValueError as e:
-        return {"mode": None, "error": str(e)}
-    return {"mode": m, "triton_supports": triton_supports()}
-
-
 __all__ = [
-    "MODES", "describe", "launch_kwargs", "launch_modes", "mode_for", "plain_launches", "requested_mode",
-    "triton_supports", "usable", "wait",
+    "MODES", "launch_kwargs", "launch_modes", "mode_for", "plain_launches", "triton_supports", "usable",
+    "wait",
 ]

@@ -29,6 +29,8 @@ from types import ModuleType
 
 import torch
 
+from rltbench import knobs
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "device.cu", "norm.cu", "act.cu", "rope.cu")
 HEADERS = ("common.cuh", "native.h")
@@ -61,8 +63,9 @@ class BuildInfo:
 
 def cache_root() -> Path:
     """Where builds are kept (see the module docstring)."""
-    if os.environ.get(CACHE_ENV, "").strip():
-        return Path(os.environ[CACHE_ENV]).expanduser()
+    chosen = knobs.get(CACHE_ENV)
+    if isinstance(chosen, Path):
+        return chosen.expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
     return Path(base) / "rltbench" / "native"
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from rltbench.cli import main
 from rltbench.commands.tune import attention as ab
 from rltbench.engine.attention import _CONFIG_FIELDS, DecodeConfig
 
@@ -52,9 +53,9 @@ def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest
     assert "B=1" in capsys.readouterr().out
 
 
-def test_cli_rejects_unknown_variants(cpu_bench: None) -> None:
-    with pytest.raises(ab.UsageError):
-        ab.main(["--sweep", "--variants", "nope"])
+def test_cli_rejects_unknown_variants(cpu_bench: None, capsys: pytest.CaptureFixture) -> None:
+    assert main(["tune", "attention", "--variants", "nope"]) == 2
+    assert "--variants: unknown" in capsys.readouterr().err
 
 
 def test_fused_variants_round_trip_through_tuned_rows() -> None:

@@ -1,5 +1,5 @@
-"""The kernel arms' RoPE with the KV write fused in (`Ops.rope_neox_store`, opt-in through
-RLTBENCH_FUSE_KV_WRITE): q and the paged KV cache hold exactly the bits of the arm's own `rope_neox`
+"""The kernel arms' RoPE with the KV write fused in (`Ops.rope_neox_store`, switched by the tuned
+RopeKvConfig): q and the paged KV cache hold exactly the bits of the arm's own `rope_neox`
 followed by `write_kv` (CPU, Triton interpreter; the exact arm's are torch's), the engine gives the
 same tokens and KV pool with the flag on and off, and with the flag off nothing takes the fused
 path. One GPU test per arm: the same inside a CUDA graph at Ouro-1.4B shapes."""
@@ -13,14 +13,13 @@ from rltbench import tuned
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine import attention as attn
 from rltbench.engine.paged_context import PagedAttentionContext
-from rltbench.kernels import OpSelection, make_ops
+from rltbench.kernels import OpSelection, make_ops, rope
 from rltbench.kernels import ops as ops_module
 from rltbench.kernels import reference as ref
 from rltbench.models import build_model
 from tests.engine.engine_testutil import prompts
 from tests.kernels._util import randn, with_specials
 
-FLAG = "RLTBENCH_FUSE_KV_WRITE"
 _INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ROPE_ONLY = OpSelection(norm="off", rope="exact", act="off", scope="all")  # only rope runs kernels
@@ -33,14 +32,19 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(_INT[a.dtype]), b.view(_INT[b.dtype]))
 
 
+def set_fuse(monkeypatch, on: bool) -> None:
+    """The tuned rope_kv switch as Ops reads it (rltbench/kernels/rope/config.py)."""
+    monkeypatch.setattr(ops_module, "fuse_kv_write_enabled", lambda: on)
+
+
 @pytest.fixture
 def fuse_on(monkeypatch):
-    monkeypatch.setenv(FLAG, "1")
+    set_fuse(monkeypatch, True)
 
 
 @pytest.fixture
 def fuse_off(monkeypatch):
-    monkeypatch.delenv(FLAG, raising=False)
+    set_fuse(monkeypatch, False)
 
 
 def split_qkv(qkv: torch.Tensor, hq: int, hkv: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -115,14 +119,14 @@ def _small_inputs(dtype=torch.bfloat16):
 def test_flag_off_torch_arm_and_eager_graph_scope_do_not_fuse(monkeypatch) -> None:
     q, k, v, cos, sin, pool, slots = _small_inputs()
     args = (q, k, v, cos, sin, pool[0, 0], pool[0, 1], slots)
-    monkeypatch.delenv(FLAG, raising=False)
     kernel_arms = [make_ops(OpSelection.exact(scope="all")), make_ops(OpSelection.approx(scope="all"))]
+    with tuned.use(None):   # no tuned file: off by default
+        for ops in kernel_arms:
+            assert ops.rope_neox_store(*args) is None
+    set_fuse(monkeypatch, False)
     for ops in kernel_arms:
         assert ops.rope_neox_store(*args) is None
-    monkeypatch.setenv(FLAG, "0")
-    for ops in kernel_arms:
-        assert ops.rope_neox_store(*args) is None
-    monkeypatch.setenv(FLAG, "1")
+    set_fuse(monkeypatch, True)
     for sel in (OpSelection.torch(scope="all"), OpSelection.exact(), OpSelection.approx(),
                 OpSelection(norm="approx", rope="off", act="approx", scope="all")):
         ops = make_ops(sel)  # torch arm or rope off: never; scope "graph" outside a capture: neither
@@ -133,13 +137,11 @@ def test_flag_off_torch_arm_and_eager_graph_scope_do_not_fuse(monkeypatch) -> No
     assert not pool.any()  # nothing written
 
 
-def test_tuned_file_can_enable_and_env_overrides(monkeypatch) -> None:
-    monkeypatch.delenv(FLAG, raising=False)
-    sections = {"rope_kv": {"enabled": True}}
-    monkeypatch.setattr(tuned, "section", lambda name, device_name=None: sections.get(name))
-    assert ops_module.fuse_kv_write_enabled()
-    monkeypatch.setenv(FLAG, "0")
-    assert not ops_module.fuse_kv_write_enabled()
+def test_tuned_file_switches_the_fusion() -> None:
+    with tuned.use({"rope_kv": {"enabled": True}}):
+        assert ops_module.fuse_kv_write_enabled()
+    with tuned.use({"rope_kv": {"enabled": False}}):
+        assert not ops_module.fuse_kv_write_enabled()
 
 
 def test_unsupported_inputs_are_counted_fallbacks(fuse_on) -> None:
@@ -211,7 +213,10 @@ def _engine_run(model, sel: OpSelection, monkeypatch) -> tuple[list[list[int]], 
     """Tokens, the engine, write_kv calls and fused rope+store launches of one generate()."""
     with monkeypatch.context() as m:
         writes = _counting(m, attn, "write_kv")
-        fused = _counting(m, ops_module, f"rope_neox_store_{'approx' if sel.rope == 'approx' else 'exact'}")
+        fused: list[int] = []
+        if sel.rope in rope.STORE:
+            real = rope.STORE[sel.rope]
+            m.setitem(rope.STORE, sel.rope, lambda *a, **kw: fused.append(1) or real(*a, **kw))
         cfg = EngineConfig(block_size=4, max_num_batched_tokens=16, max_num_seqs=8, num_blocks=48)
         eng = Engine(model, {"arm": sel}, cfg)
         outs = eng.generate(prompts(21, [7, 12, 2]), SamplingParams(max_tokens=4, ignore_eos=True))
@@ -231,9 +236,9 @@ def test_engine_flag_on_equals_off_and_takes_fused_path(ouro_gqa_bf16, monkeypat
     model = ouro_gqa_bf16
     planes = model.config.num_kv_planes
     sel = ROPE_ONLY if arm == "exact" else OpSelection(norm="off", rope="approx", act="off", scope="all")
-    monkeypatch.setenv(FLAG, "1")
+    set_fuse(monkeypatch, True)
     tok_on, eng_on, writes_on, fused_on = _engine_run(model, sel, monkeypatch)
-    monkeypatch.delenv(FLAG)
+    set_fuse(monkeypatch, False)
     tok_off, eng_off, writes_off, fused_off = _engine_run(model, sel, monkeypatch)
     tok_ref, eng_ref, _, _ = _engine_run(model, OpSelection.torch(), monkeypatch)
     s_on, s_off = eng_on.stats(), eng_off.stats()
@@ -269,7 +274,7 @@ def test_gpu_fused_store_in_cuda_graph_ouro_1p4b(tokens: int, arm: str, monkeypa
     from rltbench.models import get_config
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv(FLAG, "1")
+    set_fuse(monkeypatch, True)
     cfg = get_config("ouro-1.4b")
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     bs, nb, dtype, dev = 16, 64, torch.bfloat16, "cuda"

@@ -92,6 +92,40 @@ def bulk_bitwise(ops, reference_ops, big: dict, dtype: torch.dtype, gen: torch.G
     return total
 
 
+def offset_copy(t: torch.Tensor, by: int = 1) -> torch.Tensor:
+    """A copy of t that starts `by` elements into its storage (breaks 16-byte alignment)."""
+    buf = torch.empty(t.numel() + by, dtype=t.dtype, device=t.device)
+    v = buf[by:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def arm_bitwise_cuda(ops, big: dict, dtype: torch.dtype, layouts: tuple[str, ...]) -> int:  # noqa: ANN001
+    """An arm's every op bitwise against torch on CUDA: bulk_bitwise over `big`, then decode shapes
+    (T = 1 and 3) with each layout of the 2-D inputs: "strided" rows and "offset" storage (RoPE's q
+    and k are offset in both). Returns the elements compared by bulk_bitwise."""
+    from rltbench.kernels import OPS, OpSelection, make_ops, op_case
+
+    rf = make_ops(OpSelection.torch())
+    g = torch.Generator(device="cuda").manual_seed(1)
+    with torch.inference_mode():
+        total = bulk_bitwise(ops, rf, big, dtype, g, torch.Generator().manual_seed(1))
+        for name in OPS:
+            case = op_case(name)
+            for T in (1, 3):
+                for layout in layouts:
+                    d = case.make_inputs(T, big[name][0][1], dtype, "cuda", g)
+                    move = strided_rows if layout == "strided" else offset_copy
+                    if name.startswith("rope"):
+                        d["q"], d["k"] = offset_copy(d["q"]), offset_copy(d["k"])
+                        d["cos"], d["sin"] = move(d["cos"]), move(d["sin"])
+                    else:
+                        d = {k: (move(v) if v.dim() == 2 else v) for k, v in d.items()}
+                    for a, b in zip(case.run(ops, d), case.run(rf, d), strict=True):
+                        assert_bitwise(a, b, f"{name} {dtype} T={T} {layout}")
+    return total
+
+
 def graph_replay_bitwise(ops, reference_ops, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16,  # noqa: ANN001
                          tokens: int = 5) -> None:
     """Every op captured once through `ops` (scope graph: eager runs and the side-stream warm-up run

@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from rltbench.kernels import OPS, OpSelection, make_ops, op_case
-from rltbench.kernels.oracle import bound_ratio, error_summary
+from rltbench.kernels.norm import approx as norm_approx
+from rltbench.kernels.norm.config import ApproxNormLaunch
+from rltbench.kernels.oracle import bound_ratio, error_summary, rms_norm_terms
+from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
 
 
 def _within_bound(name: str, ops, inputs) -> dict[str, float]:
@@ -81,74 +84,63 @@ def test_ulp_distance_counts_one_ulp() -> None:
 @pytest.mark.parametrize("residual", [False, True])
 def test_approx_norm_persistent_variant_within_bound(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
                                                       residual: bool) -> None:
-    """The persistent kernel (RLTBENCH_APPROX_NORM_PERSIST > 0: programs stride over rows) keeps the
+    """The persistent kernel (ApproxNormLaunch.persist > 0: programs stride over rows) keeps the
     one-row kernel's bound; 2 programs over 7 strided rows so every program runs several rows."""
-    from rltbench.kernels import norm_approx
-    from rltbench.kernels.norm_approx import rms_norm_approx_rows
-    from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
-    from rltbench.kernels.oracle import rms_norm_terms
-
     g = torch.Generator().manual_seed(11)
     big = torch.randn(7, 1013, generator=g).to(dtype)
     x = big[:, 4:1004]                      # row stride 1013, width 1000
     w = torch.randn(1000, generator=g).to(dtype)
     r = torch.randn(7, 1000, generator=g).to(dtype) if residual else None
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PERSIST", "1")
     one_row = norm_approx._rms_norm_approx_kernel
     monkeypatch.setattr(norm_approx, "_rms_norm_approx_kernel", None)   # must not be used now
     out = torch.empty(7, 1000, dtype=dtype)
-    rms_norm_approx_rows(x, w, 1e-6, out, residual=r)
+    norm_approx.rms_norm_approx_rows(x, w, 1e-6, out, residual=r, config=ApproxNormLaunch(persist=1))
     monkeypatch.setattr(norm_approx, "_rms_norm_approx_kernel", one_row)
     err = error_summary(out, rms_norm_oracle(x, w, 1e-6, residual=r),
                         terms=rms_norm_terms(x, w, 1e-6, residual=r))
     assert err["max_bound_ratio"] <= 1.0, err
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PERSIST", "0")
     ref_out = torch.empty_like(out)
-    rms_norm_approx_rows(x, w, 1e-6, ref_out, residual=r)
+    norm_approx.rms_norm_approx_rows(x, w, 1e-6, ref_out, residual=r, config=ApproxNormLaunch())
     assert (out.float() - ref_out.float()).abs().max() <= (ref_out.float().abs().max() * 2 ** -6)
 
 
-@pytest.mark.parametrize("wload", ["1", "2"])
-def test_approx_norm_weight_load_placement_same_bits(monkeypatch: pytest.MonkeyPatch, wload: str) -> None:
-    """Where the weight row is loaded (norm_approx._wload) changes timing only: same bits as the
+@pytest.mark.parametrize("wload", [1, 2])
+def test_approx_norm_weight_load_placement_same_bits(wload: int) -> None:
+    """Where the weight row is loaded (ApproxNormLaunch.wload) changes timing only: same bits as the
     default placement, with a residual so every load is exercised."""
-    from rltbench.kernels.norm_approx import rms_norm_approx_rows
-
     g = torch.Generator().manual_seed(12)
     x, r = torch.randn(5, 300, generator=g).bfloat16(), torch.randn(5, 300, generator=g).bfloat16()
     w = (1 + 0.1 * torch.randn(300, generator=g)).bfloat16()
     outs = []
-    for v in ("0", wload):
-        monkeypatch.setenv("RLTBENCH_APPROX_NORM_WLOAD", v)
+    for v in (0, wload):
         out = torch.empty_like(x)
-        rms_norm_approx_rows(x, w, 1e-6, out, residual=r)
+        norm_approx.rms_norm_approx_rows(x, w, 1e-6, out, residual=r, config=ApproxNormLaunch(wload=v))
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_WLOAD", "3")
-    with pytest.raises(ValueError, match="WLOAD"):
-        rms_norm_approx_rows(x, w, 1e-6, torch.empty_like(x))
+    with pytest.raises(ValueError, match="wload"):
+        ApproxNormLaunch(wload=3)
 
 
-def test_approx_norm_pdl_request_by_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_approx_norm_pdl_request_by_rows() -> None:
     """PDL is asked for only from the configured row count up, invalid modes are refused, and a CPU
     (interpreter) launch never uses it whatever is asked (same bits as a plain launch)."""
-    from rltbench.kernels import norm_approx
+    cfg = ApproxNormLaunch(pdl=2, pdl_min_rows=1024)
+    assert [cfg.pdl_mode(rows) for rows in (4096, 1024, 1023, 1)] == [2, 2, 0, 0]
+    assert ApproxNormLaunch(pdl=2).pdl_mode(1) == 2
+    assert norm_approx._pdl_mode(torch.randn(3, 64).bfloat16(), ApproxNormLaunch(pdl=2), interp=True) == 0
+    assert ApproxNormLaunch().pdl_mode(4096) == 0
+    with pytest.raises(ValueError, match="pdl"):
+        ApproxNormLaunch(pdl=3)
 
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "2")
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "1024")
-    assert norm_approx.pdl_requested(4096, 2048) == 2
-    assert norm_approx.pdl_requested(1024, 2048) == 2
-    assert norm_approx.pdl_requested(1023, 2048) == 0
-    assert norm_approx.pdl_requested(1, 2048) == 0
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "0")
-    assert norm_approx.pdl_requested(1, 2048) == 2
-    x = torch.randn(3, 64).bfloat16()
-    assert norm_approx._pdl_mode(x, interp=True) == 0
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "0")
-    assert norm_approx.pdl_requested(4096, 2048) == 0
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "3")
-    with pytest.raises(ValueError, match="PDL"):
-        norm_approx.pdl_requested(4096, 2048)
+
+def test_approx_launch_names_and_search_space() -> None:
+    """Configurations are named as in the tuning results and tuned files."""
+    space = ApproxNormLaunch.search_space()
+    for name in ("rows1-w4", "rows2-w8", "persist8-s3-w8", "persist8-s3-w2-stream", "rows1-w4-stream-wafter",
+                 "rows1-w4-wlast", "rows1-w4-stream-pdl2", "rows1-w4-stream-pdl2-wafter", "rows1-w8-pdl2"):
+        assert name in space and space[name].name == name
+    assert space["rows1-w4-stream-pdl2"].pdl_min_rows == 1024
+    assert ApproxNormLaunch().name == "rows1"
 
 
 def _norm_norm_inputs(rows: int, width: int, dtype: torch.dtype, seed: int, strided: bool):
@@ -174,8 +166,6 @@ def test_approx_norm_norm_one_launch_within_bound(dtype: torch.dtype, rows: int,
     """The approx arm's norm-add-norm is one fused call: h within the bound of residual +
     rms_norm(branch, w1), and y within the bound of rms_norm of the h it stored (the model's
     residual stream is the rounded h; y of an fp32 h would be the norm of values no layer sees)."""
-    from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
-    from rltbench.kernels.oracle import rms_norm_terms
 
     residual, branch, w1, w2 = _norm_norm_inputs(rows, width, dtype, rows * width, strided)
     ops = make_ops(OpSelection.approx(scope="all"))

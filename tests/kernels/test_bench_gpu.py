@@ -57,19 +57,20 @@ def test_kernels_command_on_gpu(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_approx_norm_headline_is_plain_and_pdl_is_labelled_beside_it(tmp_path, monkeypatch):
-    """RLTBENCH_APPROX_NORM_PDL=2 from 1024 rows (what the H200's tuned file asks at width 2048): the
+    """The approx norm with PDL 2 from 1024 rows (what the H200's tuned file asks at width 2048): the
     headline graph figure of the approx norm at T=1024 is the plain launch, the PDL figure sits in
     graph_pdl_* beside it (and in the table's PDL columns); torch and exact get no PDL figure."""
     from rltbench.kernels import pdl
 
     if not pdl.usable(torch.zeros(1, device="cuda"), False):
         pytest.skip("this GPU/Triton cannot launch with PDL")
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL", "2")
-    monkeypatch.setenv("RLTBENCH_APPROX_NORM_PDL_MIN_ROWS", "1024")
+    from rltbench import tuned
+
     out = tmp_path / "pdl"
     args = ["kernels", "--ops", "rmsnorm", "--tokens", "8,1024", "--dtypes", "bf16", "--widths", "2048",
             "--repeats", "20", "--mode", "graph", "--no-peer", "--result-dir", str(out)]
-    res = CliRunner().invoke(_app(), args, catch_exceptions=False)
+    with tuned.use({"norm_approx": {"pdl": 2, "pdl_min_rows": 1024}}):
+        res = CliRunner().invoke(_app(), args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     rows = {(r["arm"], r["tokens"]): r for r in
             (json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines() if x.strip())}

@@ -10,9 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
-from rltbench.kernels import OPS, OpSelection, make_ops, op_case
+from rltbench import tuned
+from rltbench.kernels import OpSelection, make_ops, op_case
 from rltbench.kernels.rounding import add_rn, div_rn, dtype_code, exp_torch, mul_rn, round_to, rsqrt_torch
-from tests.kernels._util import assert_bitwise, bulk_bitwise, graph_replay_bitwise, strided_rows
+from tests.kernels._util import arm_bitwise_cuda, assert_bitwise, graph_replay_bitwise, strided_rows
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -84,22 +85,10 @@ def test_ptx_helpers_match_torch_cuda() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
-    ex, rf = make_ops(OpSelection.exact(scope="all")), make_ops(OpSelection.torch())
-    g = torch.Generator(device="cuda").manual_seed(1)
-    gcpu = torch.Generator().manual_seed(1)
-    with torch.inference_mode():
-        total = bulk_bitwise(ex, rf, BIG, dtype, g, gcpu)
-        for name in OPS:
-            case = op_case(name)
-            # small token counts and strided rows (decode shapes)
-            for T in (1, 3):
-                d = case.make_inputs(T, BIG[name][0][1], dtype, "cuda", g)
-                if name.startswith("rope"):
-                    d["cos"], d["sin"] = strided_rows(d["cos"]), strided_rows(d["sin"])
-                else:
-                    d = {k: (strided_rows(v) if v.dim() == 2 else v) for k, v in d.items()}
-                for a, b in zip(case.run(ex, d), case.run(rf, d), strict=True):
-                    assert_bitwise(a, b, f"{name} {dtype} T={T} strided")
+    """Every op through the exact arm over >= 1e8 elements, with inf/nan/denormals; then decode
+    shapes with strided rows and offset storage."""
+    ex = make_ops(OpSelection.exact(scope="all"))
+    total = arm_bitwise_cuda(ex, BIG, dtype, ("strided", "offset"))
     assert total >= 1e8, total
     assert ex.stats.fallback_count() == 0, ex.stats.to_dict()
 
@@ -109,36 +98,34 @@ def test_graph_capture_replay_bitwise_with_new_inputs() -> None:
     graph_replay_bitwise(ops, make_ops(OpSelection.torch()), torch.Generator(device="cuda").manual_seed(2))
 
 
+# the approx norm's tuned section (norm/config.py ApproxNormLaunch fields) for each setting
 APPROX_NORM_SETTINGS = {
-    "rows1": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "0"},
-    "rows1-stream": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "1"},
-    "persist4-s3": {"RLTBENCH_APPROX_NORM_PERSIST": "4", "RLTBENCH_APPROX_NORM_STAGES": "3",
-                    "RLTBENCH_APPROX_NORM_STREAM": "0"},
-    "persist8-s3-stream": {"RLTBENCH_APPROX_NORM_PERSIST": "8", "RLTBENCH_APPROX_NORM_STAGES": "3",
-                           "RLTBENCH_APPROX_NORM_STREAM": "1"},
+    "rows1": {"persist": 0, "stream": False},
+    "rows1-stream": {"persist": 0, "stream": True},
+    "persist4-s3": {"persist": 4, "stages": 3, "stream": False},
+    "persist8-s3-stream": {"persist": 8, "stages": 3, "stream": True},
     # programmatic dependent launch (tuned on the H200 for width 2048 from 1024 rows)
-    "rows1-stream-pdl2": {"RLTBENCH_APPROX_NORM_PERSIST": "0", "RLTBENCH_APPROX_NORM_STREAM": "1",
-                          "RLTBENCH_APPROX_NORM_PDL": "2", "RLTBENCH_APPROX_NORM_PDL_MIN_ROWS": "1024"},
+    "rows1-stream-pdl2": {"persist": 0, "stream": True, "pdl": 2, "pdl_min_rows": 1024},
 }
 
 
 @pytest.mark.parametrize("setting", list(APPROX_NORM_SETTINGS))
 @pytest.mark.parametrize("name", ["rmsnorm", "rmsnorm_huginn", "add_rmsnorm_huginn", "rmsnorm_residual"])
-def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str) -> None:
     """Every launch setting the tuner may pick for the approx norm (one row per program, the
     persistent kernel, evict-first/streaming memory ops) keeps the approx arm's stated bound on the
     GPU (oracle.bound_ratio: 0.6 ulp + the fp32 slack, which only the residual form's cancelling
-    outputs need: up to 63 ulp there, results/gpu/tests of session 6), on strided rows with more
-    rows than programs."""
+    outputs need: up to 63 ulp there, results/gpu/tests), on strided rows with more rows than
+    programs."""
     from rltbench.kernels.oracle import error_summary
 
-    for k, v in APPROX_NORM_SETTINGS[setting].items():
-        monkeypatch.setenv(k, v)
     case = op_case(name)
     ops = make_ops(OpSelection.approx(scope="all"))
     d = case.make_inputs(3000, 2048, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(5))
     inputs = {k: (strided_rows(v) if v.dim() == 2 else v) for k, v in d.items()}
-    outs, oracle, terms = case.run(ops, inputs), case.oracle(inputs), case.terms(inputs)
+    with tuned.use({"norm_approx": APPROX_NORM_SETTINGS[setting]}):
+        outs = case.run(ops, inputs)
+    oracle, terms = case.oracle(inputs), case.terms(inputs)
     for out, o, t in zip(outs, oracle, terms, strict=True):
         err = error_summary(out, o, terms=t)
         assert err["max_bound_ratio"] <= 1.0, (name, setting, err)
@@ -149,21 +136,19 @@ def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str, monkeypatch:
 @pytest.mark.parametrize("setting", ["rows1", "rows1-stream", "rows1-stream-pdl2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("rows", "width"), [(1, 2048), (8, 5633), (3000, 2048)])
-def test_approx_norm_norm_within_bound_cuda(rows: int, width: int, dtype: torch.dtype, setting: str,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_approx_norm_norm_within_bound_cuda(rows: int, width: int, dtype: torch.dtype, setting: str) -> None:
     """The approx arm's one-launch norm-add-norm on the GPU: h within the bound of residual +
     rms_norm(branch, w1), y within the bound of rms_norm(h, w2) of the stored h, on strided rows."""
     from rltbench.kernels.oracle import error_summary, rms_norm_terms
     from rltbench.kernels.oracle import rms_norm as rms_norm_oracle
 
-    for k, v in APPROX_NORM_SETTINGS[setting].items():
-        monkeypatch.setenv(k, v)
     g = torch.Generator(device="cuda").manual_seed(rows + width)
     branch = strided_rows(torch.randn(rows, width, generator=g, device="cuda").to(dtype))
     residual = strided_rows((2 * torch.randn(rows, width, generator=g, device="cuda")).to(dtype))
     w1, w2 = ((1 + 0.1 * torch.randn(width, generator=g, device="cuda")).to(dtype) for _ in range(2))
     ops = make_ops(OpSelection.approx(scope="all"))
-    h, y = ops.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
+    with tuned.use({"norm_approx": APPROX_NORM_SETTINGS[setting]}):
+        h, y = ops.residual_rms_norm_norm(residual, branch, w1, w2, 1e-6)
     assert ops.stats.fused == {"residual_rms_norm_norm": 1} and ops.stats.fallback_count() == 0
     err_h = error_summary(h, rms_norm_oracle(branch, w1, 1e-6, residual=residual),
                           terms=rms_norm_terms(branch, w1, 1e-6, residual=residual))

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 
 from rltbench import native
 from rltbench.errors import UsageError
-from rltbench.kernels import ARMS, OpSelection, make_ops, norm_native
+from rltbench.kernels import ARMS, OpSelection, make_ops
 from rltbench.kernels import ops as ops_mod
 from rltbench.kernels import reference as ref
-from rltbench.kernels import torch_reduce_model as trm
+from rltbench.kernels.norm import native as norm_native
+from rltbench.kernels.norm import torch_order as trm
 from rltbench.native import build
 from tests.kernels._util import assert_bitwise
 

@@ -10,10 +10,16 @@ import pytest
 import torch
 
 from rltbench import native
-from rltbench.kernels import OPS, OpSelection, make_ops, op_case
-from rltbench.kernels import norm_native as nn
+from rltbench.kernels import OPS, OpSelection, make_ops
 from rltbench.kernels import reference as ref
-from tests.kernels._util import assert_bitwise, bulk_bitwise, graph_replay_bitwise, strided_rows
+from rltbench.kernels.norm import native as nn
+from tests.kernels._util import (
+    arm_bitwise_cuda,
+    assert_bitwise,
+    graph_replay_bitwise,
+    offset_copy,
+    strided_rows,
+)
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -40,14 +46,6 @@ def ext():
         pytest.fail(f"native arm unavailable on a GPU machine: {exc}")
 
 
-def _offset(t: torch.Tensor, by: int = 1) -> torch.Tensor:
-    """A copy of t that starts `by` elements into its storage (breaks 16-byte alignment)."""
-    buf = torch.empty(t.numel() + by, dtype=t.dtype, device=t.device)
-    v = buf[by:].view(t.shape)
-    v.copy_(t)
-    return v
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_validates_at_model_and_odd_widths(ext, dtype: torch.dtype) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -62,24 +60,8 @@ def test_norm_validates_at_model_and_odd_widths(ext, dtype: torch.dtype) -> None
 def test_native_bitwise_vs_torch_cuda_big(ext, dtype: torch.dtype) -> None:
     """Every op through the cuda arm over >= 1e8 elements, with inf/nan/denormals; then T = 1 and 3
     with strided rows and with storage offsets (the scalar kernels)."""
-    ops, rf = make_ops(OpSelection.cuda(scope="all")), make_ops(OpSelection.torch())
-    g = torch.Generator(device="cuda").manual_seed(1)
-    gcpu = torch.Generator().manual_seed(1)
-    with torch.inference_mode():
-        total = bulk_bitwise(ops, rf, BIG, dtype, g, gcpu)
-        for name in OPS:
-            case = op_case(name)
-            for T in (1, 3):
-                for layout in ("strided", "offset"):
-                    d = case.make_inputs(T, BIG[name][0][1], dtype, "cuda", g)
-                    move = strided_rows if layout == "strided" else _offset
-                    if name.startswith("rope"):
-                        d["q"], d["k"] = _offset(d["q"]), _offset(d["k"])
-                        d["cos"], d["sin"] = move(d["cos"]), move(d["sin"])
-                    else:
-                        d = {k: (move(v) if v.dim() == 2 else v) for k, v in d.items()}
-                    for a, b in zip(case.run(ops, d), case.run(rf, d), strict=True):
-                        assert_bitwise(a, b, f"{name} {dtype} T={T} {layout}")
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    total = arm_bitwise_cuda(ops, BIG, dtype, ("strided", "offset"))
     assert total >= 1e8, total
     assert ops.stats.fallback_count() == 0, ops.stats.to_dict()
     assert sum(ops.stats.native.values()) == sum(ops.stats.fused.values()) > 0
@@ -89,7 +71,7 @@ def test_native_bitwise_vs_torch_cuda_big(ext, dtype: torch.dtype) -> None:
 def test_norm_forms_bulk_1e8(ext, dtype: torch.dtype) -> None:
     """Every norm form and the variance, >= 1e8 elements per dtype on the validation's adversarial
     rows (wide magnitudes: the sum is order sensitive), at 2048 and 5280 for 1..8192 rows."""
-    from rltbench.kernels import norm_onelaunch as nol
+    from rltbench.kernels.norm.validate import NormKernels, validation_case
 
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(2)
@@ -98,8 +80,8 @@ def test_norm_forms_bulk_1e8(ext, dtype: torch.dtype) -> None:
         order = nn.validate(dev, dtype, W).warp_order
         for T in (1, 2, 4, 8, 16, 100, 8192, 8192, 8192):
             bad: list[dict] = []
-            done += nol.validation_case(dev, dtype, W, T, gen, T % 2 == 1, order, bad,
-                                        nn.rms_norm_native_rows, nn.residual_rms_norm_norm_native_rows)
+            kernels = NormKernels(nn.rms_norm_native_rows, nn.residual_rms_norm_norm_native_rows)
+            done += validation_case(dev, dtype, W, T, gen, T % 2 == 1, order, bad, kernels)
             assert not bad, (W, T, bad[:3])
     assert done >= 1e8, done
 
@@ -114,11 +96,12 @@ def test_both_kernel_variants_are_exercised(ext) -> None:
     assert ext.norm_variant(x[:, :2047], None, w[:2047], out[:, :2047].contiguous()) == "scalar"
     g = torch.randn(4, 5632, device="cuda").to(torch.bfloat16)
     assert ext.silu_mul_variant(g, g, torch.empty_like(g)) == "vec"
-    assert ext.silu_mul_variant(_offset(g), g, torch.empty_like(g)) == "scalar"
+    assert ext.silu_mul_variant(offset_copy(g), g, torch.empty_like(g)) == "scalar"
     q = torch.randn(2, 16, 128, device="cuda").to(torch.bfloat16)
     c = torch.randn(2, 128, device="cuda").to(torch.bfloat16)
     assert ext.rope_variant(q, q, c, c, torch.empty_like(q), torch.empty_like(q), False) == "vec"
-    assert ext.rope_variant(_offset(q), q, c, c, torch.empty_like(q), torch.empty_like(q), False) == "scalar"
+    qo, ko = torch.empty_like(q), torch.empty_like(q)
+    assert ext.rope_variant(offset_copy(q), q, c, c, qo, ko, False) == "scalar"
 
 
 def test_empty_inputs(ext) -> None:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from rltbench.kernels import norm_onelaunch as nol
-from rltbench.kernels import torch_reduce_model as trm
+from rltbench.kernels.norm import onelaunch as nol
+from rltbench.kernels.norm import torch_order as trm
 from tests.kernels._util import assert_bitwise
 
 EPS = 1e-6

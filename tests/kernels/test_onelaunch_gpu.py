@@ -12,9 +12,11 @@ import json
 import pytest
 import torch
 
-from rltbench.kernels import norm_onelaunch as nol
 from rltbench.kernels import reference as ref
-from rltbench.kernels import torch_reduce_model as trm
+from rltbench.kernels.norm import onelaunch as nol
+from rltbench.kernels.norm import torch_order as trm
+from rltbench.kernels.norm.config import OneLaunchConfig
+from rltbench.kernels.norm.validate import adversarial, run_cases, weights
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +35,7 @@ def dev() -> torch.device:
 
 
 def _adv(shape: tuple[int, int], dtype: torch.dtype, gen: torch.Generator, dev: torch.device) -> torch.Tensor:
-    return nol._adversarial(shape, dtype, gen, dev)
+    return adversarial(shape, dtype, gen, dev)
 
 
 def _order(dev: torch.device, dtype: torch.dtype, width: int) -> str:
@@ -48,7 +50,7 @@ def test_onelaunch_equals_torch_cuda_all_shapes(dev: torch.device, dtype: torch.
     bad = []
     for W in WIDTHS:
         order = _order(dev, dtype, W)
-        w = nol._weights(W, dtype, gen, dev)
+        w = weights(W, dtype, gen, dev)
         for T in TOKENS:
             x = _adv((T, W), dtype, gen, dev)
             out = torch.empty_like(x)
@@ -68,7 +70,7 @@ def test_onelaunch_bulk_1e8_elements(dev: torch.device, dtype: torch.dtype) -> N
     T = 8192
     for W in (2048, 5280):
         order = _order(dev, dtype, W)
-        w = nol._weights(W, dtype, gen, dev)
+        w = weights(W, dtype, gen, dev)
         done, batch = 0, 0
         while done < 100_000_000:
             x = _adv((T, W), dtype, gen, dev)
@@ -88,7 +90,7 @@ def test_all_forms_bf16(dev: torch.device) -> None:
     dt = torch.bfloat16
     for W in (2048, 5280):
         assert nol.validate(dev, dt, W).passed
-        w1, w2 = nol._weights(W, dt, gen, dev), nol._weights(W, dt, gen, dev)
+        w1, w2 = weights(W, dt, gen, dev), weights(W, dt, gen, dev)
         for T in (1, 3, 16, 333):
             big = _adv((T, W + 8), dt, gen, dev)
             x = big[:, 5:5 + W]
@@ -142,27 +144,30 @@ def test_print_validation_report(dev: torch.device) -> None:
             assert r["warp_order"] == trm.default_warp_order(torch.__version__), r
 
 
-def test_bench_onelaunch_runs(dev: torch.device) -> None:
-    rows = nol.bench_onelaunch(calls=20, rounds=2, reps=5)
-    print("\n" + nol.format_bench(rows))
-    assert {r["arm"] for r in rows} == {"torch", "exact3", "onelaunch"}
-    assert all(r["equal_torch"] for r in rows)
-    one = [r for r in rows if r["arm"] == "onelaunch"]
-    assert all(r["kernels_per_call"] in (None, 1.0) for r in one), one
+@pytest.mark.parametrize("config", [OneLaunchConfig(layout="general"), OneLaunchConfig(tree="halvings"),
+                                    OneLaunchConfig(warps=2)], ids=lambda c: c.name)
+def test_other_layouts_pass_the_validation_cases(dev: torch.device, config: OneLaunchConfig) -> None:
+    """The general layout (what serves a key where the default is refused, and the unaligned
+    widths) and the lowwarp variants the tuner may choose: the validation's cases at the models'
+    widths, bitwise, in bf16."""
+    for W in (2048, 5280):
+        order = trm.default_warp_order(torch.__version__)
+        cases, elems, bad, _ = run_cases(dev, torch.bfloat16, W, order, nol.kernels_for(config))
+        assert cases and not bad, (config.name, W, bad[:3])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_rows_norm_norm_bulk(dev: torch.device, dtype: torch.dtype) -> None:
-    """The decode-sized plans (1..128 rows: 512 down to 32 lanes, the fast kernel when it is on) of
+    """The decode-sized plans (1..128 rows: 512 down to 32 lanes, the lowwarp layout) of
     the fused norm-add-norm that Ouro runs twice per layer: h, y and both variances bitwise, over
     >= 1e8 elements per dtype at width 2048 (plus 5280 at a few row counts)."""
     gen = torch.Generator(device=dev).manual_seed(4)
     plans = ((2048, (1, 2, 4, 8, 16, 32, 64, 128), 12_500_000), (5280, (1, 3, 8), 2_000_000))
     for W, counts, budget in plans:
         order = _order(dev, dtype, W)
-        w1, w2 = nol._weights(W, dtype, gen, dev), nol._weights(W, dtype, gen, dev)
+        w1, w2 = weights(W, dtype, gen, dev), weights(W, dtype, gen, dev)
         for T in counts:
-            path = nol.kernel_path(W, T, dev, order)
+            path = nol.layout_for(W, T, dev, order, None, dtype)
             done = 0
             while done < budget:
                 reps = max(1, min(64, (budget - done) // (T * W)))

@@ -1,7 +1,7 @@
 """Kernels compiled for sm_90 without a GPU (Triton AOT, in a subprocess without the interpreter):
 the one-launch norms' PTX has no fused multiply-add (every product is rounded, mul.rn, before it is
-added, as torch rounds x*x before summing); PDL kernels wait before reading what earlier kernels
-wrote; the low-warp norm's SASS runs torch's reduction tree."""
+added, as torch rounds x*x before summing) and no PDL; the approx norm's PDL launches wait before
+reading what earlier kernels wrote; the lowwarp norm's SASS runs torch's reduction tree."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from rltbench.kernels import norm_onelaunch as nol
+    from rltbench.kernels.norm import onelaunch as nol
     target = GPUTarget("cuda", 90, 32)
     ptrs = {n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}
     sig = {**ptrs, "var_ptr": "*fp32", "N": "i32", "sx": "i64", "sb": "i64", "sr": "i64",
@@ -22,24 +22,36 @@ SCRIPT = textwrap.dedent('''
         consts = {"MODE": mode, "HAS_R": has_r, "STORE_VAR": True, "DT": 1, "INTERPRET": False,
                   "TILE": tile, "WARP_DOWN": down, "BLOCK_C": 1024}
         full = {**sig, **{c: "constexpr" for c in consts}}
-        k = triton.compile(ASTSource(fn=nol._norm_kernel, signature=full, constexprs=consts), target=target)
+        k = triton.compile(ASTSource(fn=nol._general_norm_kernel, signature=full, constexprs=consts),
+                           target=target)
         ptx = k.asm["ptx"]
         assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (tile, down, mode)
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx
-    from rltbench.kernels import norm_onelaunch_fast as fast
-    fsig = {**{n: "*bf16" for n in ("a_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")},
+    nsig = {**{n: "*bf16" for n in ("a_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")},
             "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
-    for g, iters, tree, nw in ((16, 1, True, 4), (16, 3, False, 1), (1, 16, True, 1)):
-        consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": g, "ITERS": iters, "WARP_DOWN": True,
-                  "TREE_SUM": tree, "PDL": 0}
-        full = {**fsig, **{c: "constexpr" for c in consts}}
-        k = triton.compile(ASTSource(fn=fast._fast_norm_norm_kernel, signature=full, constexprs=consts),
+    for nw, iters, tl_sum in ((4, 1, True), (1, 3, False), (2, 16, True)):
+        r = 512 // (32 * nw)
+        consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r, "LOG_R": r.bit_length() - 1,
+                  "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": iters, "TL_SUM": tl_sum}
+        full = {**nsig, **{c: "constexpr" for c in consts}}
+        k = triton.compile(ASTSource(fn=nol._lowwarp_norm_norm_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": nw})
         ptx = k.asm["ptx"]
-        assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (g, iters, tree)
+        assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx, (nw, iters, tl_sum)
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx
         assert "ld.local" not in ptx, "register spills"
-        assert "griddepcontrol" not in ptx
+        assert "griddepcontrol" not in ptx    # the exact arm's kernels launch plainly
+    from rltbench.kernels.rope import fused as rope
+    rsig = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "c_ptr", "s_ptr")},
+            **{n: "i32" for n in ("T", "HQ", "HK", "sqt", "sqh", "skt", "skh", "sct", "sst", "HALF")}}
+    for neox in (True, False):   # the exact RoPE rounds each product before the add, as torch
+        consts = {"NEOX": neox, "EXACT": True, "DT": 1, "INTERPRET": False, "BLOCK_T": 4, "BLOCK_H": 64}
+        if not neox:
+            rsig = {**rsig, "c_ptr": "*fp32", "s_ptr": "*fp32"}
+        full = {**rsig, **{c: "constexpr" for c in consts}}
+        ptx = triton.compile(ASTSource(fn=rope._rope_kernel, signature=full, constexprs=consts),
+                             target=target).asm["ptx"]
+        assert "fma" not in ptx and "mul.rn.f32" in ptx, neox
     print("PTX_OK")
 ''')
 
@@ -54,9 +66,7 @@ PDL_SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from rltbench.kernels import norm_onelaunch_fast as fast
-    from rltbench.kernels.act_exact import _silu_mul_kernel
-    from rltbench.kernels.rope_exact import _rope_neox_store_kernel
+    from rltbench.kernels.norm import approx
     target = GPUTarget("cuda", 90, 32)
 
     def ptx_of(fn, sig, consts, nw=4):
@@ -68,46 +78,32 @@ PDL_SCRIPT = textwrap.dedent('''
         head = ptx.split("griddepcontrol.wait")[0]
         return len(re.findall(r"ld\\.global", head))
 
-    fsig = {**{n: "*bf16" for n in ("a_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")},
-            "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
-    for iters in (1, 3):
-        for mode in (0, 1, 2):
-            consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": 16, "ITERS": iters,
-                      "WARP_DOWN": True, "TREE_SUM": False, "PDL": mode}
-            ptx = ptx_of(fast._fast_norm_norm_kernel, fsig, consts)
-            assert ("griddepcontrol.wait" in ptx) == (mode >= 1), (iters, mode)
-            assert ("griddepcontrol.launch_dependents" in ptx) == (mode == 2), (iters, mode)
+    sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "R": "i32", "W": "i32",
+           "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32"}
+    for mode in (0, 1, 2):
+        for wload in (0, 1):
+            consts = {"HAS_B": False, "HAS_R": True, "DT": 1, "INTERPRET": False, "BLOCK_R": 1,
+                      "BLOCK_C": 2048, "STREAM": True, "WLOAD": wload, "PDL": mode}
+            ptx = ptx_of(approx._rms_norm_approx_kernel, sig, consts)
+            assert ("griddepcontrol.wait" in ptx) == (mode >= 1), (mode, wload)
+            assert ("griddepcontrol.launch_dependents" in ptx) == (mode == 2), (mode, wload)
             if mode:
-                # one-pass rows read the two weight rows (and nothing else) before the wait
+                # the weight row (and nothing else) may be read before the wait, where it is loaded first
                 n = loads_before_wait(ptx)
-                assert (n > 0) if iters == 1 else (n == 0), (iters, mode, n)
-    nsig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
-            "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
-    consts = {"MODE": 0, "HAS_R": True, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "G": 16, "ITERS": 1,
-              "WARP_DOWN": True, "TREE_SUM": False, "PDL": 1}
-    ptx = ptx_of(fast._fast_norm_kernel, nsig, consts)
+                assert (n > 0) if wload == 0 else (n == 0), (mode, wload, n)
+    nsig = {**{n: "*bf16" for n in ("x_ptr", "r_ptr", "w1_ptr", "w2_ptr", "h_ptr", "y_ptr")}, "R": "i32",
+            "W": "i32", "sx": "i32", "sr": "i32", "eps": "fp32"}
+    consts = {"DT": 1, "INTERPRET": False, "BLOCK_R": 1, "BLOCK_C": 2048, "STREAM": False, "PDL": 2}
+    ptx = ptx_of(approx._norm_norm_approx_kernel, nsig, consts)
     assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) > 0
-    ssig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32", "W": "i32", "sg": "i32",
-            "su": "i32"}
-    ptx = ptx_of(_silu_mul_kernel, ssig,
-                 {"DT": 1, "INTERPRET": False, "BLOCK_R": 1, "BLOCK_C": 512, "PDL": 1})
-    assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) == 0
-    ptrs = ("q_ptr", "k_ptr", "v_ptr", "qo_ptr", "kc_ptr", "vc_ptr", "c_ptr", "s_ptr")
-    ints = ("T", "HQ", "sqt", "sqh", "skt", "skh", "svt", "svh", "sct", "sst", "s_slot", "skcb", "skct",
-            "skch", "svcb", "svct", "svch", "HALF")
-    rsig = {**{n: "*bf16" for n in ptrs}, "slot_ptr": "*i64", **{n: "i32" for n in ints}}
-    ptx = ptx_of(_rope_neox_store_kernel, rsig, {"BLOCK_SIZE": 16, "DT": 1, "INTERPRET": False, "BLOCK_T": 1,
-                                                 "BLOCK_H": 64, "PDL": 2})
-    assert "griddepcontrol.wait" in ptx and loads_before_wait(ptx) == 0
-    assert "griddepcontrol.launch_dependents" in ptx
     print("PDL_OK")
 ''')
 
 
 def test_pdl_kernels_wait_before_reading_what_earlier_kernels_wrote() -> None:
-    """PDL (pdl.py) compiled for sm_90 without a GPU: PDL 0 emits no grid-dependency instruction,
-    1 the wait, 2 the wait and the early trigger; the one-pass norm rows load their weights (only)
-    before the wait, every other kernel loads nothing before it."""
+    """PDL (pdl.py, the approx norm's launches) compiled for sm_90 without a GPU: PDL 0 emits no
+    grid-dependency instruction, 1 the wait, 2 the wait and the early trigger; the weights (only)
+    are loaded before the wait where they are loaded first, nothing where the row goes first."""
     run_sm90_script(PDL_SCRIPT, "PDL_OK")
 
 
@@ -116,7 +112,7 @@ LOWWARP_SASS_SCRIPT = textwrap.dedent(r'''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from rltbench.kernels import norm_onelaunch_lowwarp as lw
+    from rltbench.kernels.norm import onelaunch as nol
     target = GPUTarget("cuda", 90, 32)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
@@ -125,12 +121,13 @@ LOWWARP_SASS_SCRIPT = textwrap.dedent(r'''
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True, "FLAT": True, "PDL": 0}
+                  "TL_SUM": True}
         full = {**sig, **{c: "constexpr" for c in consts}}
         names = list(full)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
                  if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
-        k = triton.compile(ASTSource(fn=lw._norm_kernel, signature=full, constexprs=consts, attrs=attrs),
+        k = triton.compile(ASTSource(fn=nol._lowwarp_norm_kernel, signature=full, constexprs=consts,
+                                     attrs=attrs),
                            target=target, options={"num_warps": nw})
         assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -150,11 +147,11 @@ LOWWARP_SASS_SCRIPT = textwrap.dedent(r'''
 
 
 def test_lowwarp_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
-    """sm_90 SASS, with the installed Triton, of the 512-lane single norm with the flat tile and
-    TL_SUM at 4, 8 and 16 warps: the (h, w) levels are the warp butterfly xor 16 .. 1 (torch's
-    offsets 16 NW .. NW), one shared-memory exchange, then xor NW/2 .. 1 over the warps (offsets
-    NW/2 .. 1): torch's order. Checked by hand with Triton 3.6 (the H200's) and 3.9 (CI's); the
-    4-D tile is laid out differently by 3.6 (r and w on lanes), which is why its TL_SUM variant
-    failed the GPU validation at 2 and 16 warps. A Triton that lowers the reduction differently
-    fails here before any GPU sees it."""
+    """sm_90 SASS, with the installed Triton, of the 512-lane lowwarp single norm with Triton's
+    reduction (tree "tl_sum") at 4, 8 and 16 warps: the (h, w) levels are the warp butterfly xor
+    16 .. 1 (torch's offsets 16 NW .. NW), one shared-memory exchange, then xor NW/2 .. 1 over the
+    warps (offsets NW/2 .. 1): torch's order. Checked by hand with Triton 3.6 and 3.9; a 4-D lane
+    tile was laid out differently by 3.6 (r and w on lanes) and failed the GPU validation
+    (docs/onelaunch_norm.md). A Triton that lowers the reduction differently fails here before any
+    GPU sees it."""
     run_sm90_script(LOWWARP_SASS_SCRIPT, "SASS_OK")

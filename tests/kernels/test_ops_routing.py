@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench import tuned
 from rltbench.errors import UsageError
-from rltbench.kernels import ARMS, OPS, OpSelection, make_ops, op_case, parse_selection
+from rltbench.kernels import ARMS, OPS, OpSelection, make_ops, norm, op_case, parse_selection
 from rltbench.kernels import reference as ref
+from rltbench.kernels.norm import onelaunch
+from rltbench.kernels.norm.config import ExactNormRouting
+from rltbench.kernels.ops import Ops
 from tests.kernels._util import assert_bitwise
 
 
@@ -112,15 +116,8 @@ def test_rope_fallbacks() -> None:
 
 
 def test_op_cases_shapes_bytes_and_errors() -> None:
-    assert OPS == [
-        "rmsnorm",
-        "rmsnorm_huginn",
-        "rmsnorm_residual",
-        "add_rmsnorm_huginn",
-        "rope_neox",
-        "rope_interleaved",
-        "silu_mul",
-    ]
+    assert OPS == ["rmsnorm", "rmsnorm_huginn", "rmsnorm_residual", "add_rmsnorm_huginn", "rope_neox",
+                   "rope_interleaved", "silu_mul"]
     g = torch.Generator().manual_seed(0)
     d = op_case("rope_neox").make_inputs(3, 256, torch.bfloat16, "cpu", g)
     assert d["q"].shape == (3, 2, 128) and d["cos"].shape == (3, 128) and d["cos"].dtype == torch.bfloat16
@@ -138,56 +135,72 @@ def test_exact_norm_path_is_recorded_and_onelaunch_needs_trust(monkeypatch) -> N
     """CPU tensors are never trusted for the one-launch norm (torch CPU sums in another order), so
     the exact arm takes the 3-launch path and says so; when trust is granted the one-launch kernels
     are the ones called, norm-add-norm included."""
-    import rltbench.kernels.ops as ops_mod
-    from rltbench.kernels import OpSelection, make_ops
-
     sel = OpSelection(norm="exact", rope="off", act="off", scope="all")
     g = torch.Generator().manual_seed(3)
     r, a = (torch.randn(4, 64, generator=g).to(torch.bfloat16) for _ in range(2))
     w1, w2 = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
     ops = make_ops(sel)
-    h, y = ops.residual_rms_norm_norm(r, a, w1, w2, 1e-6)
+    ops.residual_rms_norm_norm(r, a, w1, w2, 1e-6)
     assert ops.stats.paths[("residual_rms_norm", "3launch")] == 1
     assert ops.stats.paths[("rms_norm", "3launch")] == 1
     assert ops.stats.to_dict()["exact_norm_paths"]["rms_norm"] == {"3launch": 1}
 
     calls: list[str] = []
-    monkeypatch.setattr(ops_mod.norm_onelaunch, "is_trusted", lambda x: True)
-    monkeypatch.setattr(ops_mod, "rms_norm_onelaunch_rows", lambda *a, **k: calls.append("norm"))
-    monkeypatch.setattr(ops_mod, "residual_rms_norm_norm_onelaunch_rows", lambda *a, **k: calls.append("nn"))
+    monkeypatch.setattr(onelaunch, "is_trusted", lambda x: True)
+    monkeypatch.setattr(onelaunch, "rms_norm_onelaunch_rows", lambda *a, **k: calls.append("norm"))
+    monkeypatch.setattr(onelaunch, "residual_rms_norm_norm_onelaunch_rows",
+                        lambda *a, **k: calls.append("nn"))
     ops2 = make_ops(sel)
     ops2.rms_norm(a, w1, 1e-6)
     ops2.residual_rms_norm_norm(r, a, w1, w2, 1e-6)
     assert calls == ["norm", "nn"]
     assert ops2.stats.paths[("residual_rms_norm_norm", "onelaunch")] == 1
-    off = ops_mod.Ops(sel, onelaunch_norm=False)
+    off = Ops(sel, onelaunch_norm=False)
     off.rms_norm(a, w1, 1e-6)
     assert calls == ["norm", "nn"] and off.stats.paths[("rms_norm", "3launch")] == 1
+    with tuned.use({"norm_exact": {"onelaunch": False}}):   # the tuned routing can switch it off too
+        make_ops(sel).rms_norm(a, w1, 1e-6)
+    assert calls == ["norm", "nn"]
 
 
 def test_wide_rows_with_few_tokens_keep_the_3_launch_exact_norm(monkeypatch) -> None:
-    """For rows wider than ONELAUNCH_WIDE_ROW the one-launch norm (one program per row, torch's
-    order) is slower than three launches at small T, so it is used only from ONELAUNCH_WIDE_MIN_ROWS."""
-    import rltbench.kernels.ops as ops_mod
-    from rltbench.kernels import OpSelection, make_ops
-
+    """For rows wider than WIDE_ROW the one-launch norm (one program per row, torch's order) is slower
+    than three launches at small T, so it is used only from ExactNormRouting.wide_min_rows rows."""
     calls: list[int] = []
-    monkeypatch.delenv("RLTBENCH_NORM_WIDE_MIN_ROWS", raising=False)
-    monkeypatch.setattr(ops_mod.tuned, "section", lambda name, device_name=None: None)
-    monkeypatch.setattr(ops_mod.norm_onelaunch, "is_trusted", lambda x: True)
-    monkeypatch.setattr(ops_mod, "rms_norm_onelaunch_rows", lambda x, *a, **k: calls.append(x.shape[0]))
+    monkeypatch.setattr(onelaunch, "is_trusted", lambda x: True)
+    monkeypatch.setattr(onelaunch, "rms_norm_onelaunch_rows", lambda x, *a, **k: calls.append(x.shape[0]))
     ops = make_ops(OpSelection(norm="exact", rope="off", act="off", scope="all"))
-    W = ops_mod.ONELAUNCH_WIDE_ROW + 8
+    routing = ExactNormRouting()
+    W = routing.WIDE_ROW + 8
     g = torch.Generator().manual_seed(5)
     w = torch.randn(W, generator=g).to(torch.bfloat16)
     few = torch.randn(2, W, generator=g).to(torch.bfloat16)
-    ops.rms_norm(few, w, 1e-6)  # runs the real 3-launch kernels through the interpreter
-    assert calls == [] and ops.stats.paths[("rms_norm", "3launch")] == 1
-    many = torch.randn(ops_mod.ONELAUNCH_WIDE_MIN_ROWS, W, generator=g).to(torch.bfloat16)
-    ops.rms_norm(many, w, 1e-6)
-    assert calls == [ops_mod.ONELAUNCH_WIDE_MIN_ROWS] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
-    # the row count is a knob (environment, else the GPU's tuned file): 1 sends every row count
-    monkeypatch.setenv("RLTBENCH_NORM_WIDE_MIN_ROWS", "1")
-    ops.rms_norm(few, w, 1e-6)
-    assert calls == [ops_mod.ONELAUNCH_WIDE_MIN_ROWS, 2]
+    with tuned.use(None):
+        ops.rms_norm(few, w, 1e-6)  # runs the real 3-launch kernels through the interpreter
+        assert calls == [] and ops.stats.paths[("rms_norm", "3launch")] == 1
+        many = torch.randn(routing.wide_min_rows, W, generator=g).to(torch.bfloat16)
+        ops.rms_norm(many, w, 1e-6)
+    assert calls == [routing.wide_min_rows] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
+    # the row count is a tuned value: 1 sends every row count
+    with tuned.use({"norm_exact": {"wide_min_rows": 1}}):
+        ops.rms_norm(few, w, 1e-6)
+    assert calls == [routing.wide_min_rows, 2]
     assert ops.stats.paths[("rms_norm", "onelaunch")] == 2
+
+
+def test_dispatch_table_per_arm(monkeypatch) -> None:
+    """norm.route: the kernel and the fused norm-add-norm each arm's call gets, and the fallback the
+    caller counts (approx too wide, the native norm untrusted)."""
+    x = torch.randn(3, 64)
+    exact = norm.route("exact", x)
+    assert (exact.kernel, exact.norm_norm, exact.fallback) == ("3launch", None, None)   # CPU: not trusted
+    approx = norm.route("approx", x)
+    assert approx.kernel == "approx" and approx.norm_norm is not None
+    wide = torch.empty(1, norm.approx.MAX_WIDTH + 1)
+    assert norm.route("approx", wide).fallback == "width"
+    assert norm.route("cuda", x).fallback == "not_cuda"
+    assert norm.route("cuda", torch.empty(0, 64)).fallback == "empty"
+    monkeypatch.setattr(norm.native, "untrusted_reason", lambda t: None)
+    assert norm.route("cuda", x).kernel == "native"
+    with pytest.raises(ValueError):
+        norm.route("off", x)

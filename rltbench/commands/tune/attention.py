@@ -5,23 +5,18 @@ Times ``paged_decode_attention`` the way the engine runs it: inside a CUDA graph
 as in a long-running engine, and the graph cycles over several KV pools (as the engine cycles over its
 24 layers x 4 loops of planes) so a small batch does not time an L2-resident cache.
 
-The sweep (``--sweep``) times the Triton kernel's knobs (tile tokens, heads per program, warps,
-pipeline stages, partition policy / single launch / fused reduce) at batch 1/8/32/128 x context 512
-and batch 1/32 x context 4096, checks every variant against the torch reference first, prints the best
-variant per case and writes everything as JSON::
-
-    python -m rltbench.commands.tune.attention --sweep --out results/gpu/attention_sweep.json
+The sweep (``rltbench tune attention``) times the Triton kernel's knobs (tile tokens, heads per
+program, warps, pipeline stages, partition policy / single launch / fused reduce) at batch
+1/8/32/128 x context 512 and batch 1/32 x context 4096 against the code defaults (no tuned table in
+force), checks every variant against the torch reference first and reports the best variant per
+case; `tuned_rows` turns the bests into the tuned file's ``decode_attention`` table.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -186,11 +181,20 @@ def sweep_decode_attention(
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Time every variant on every (batch, context) case; a variant whose output differs from
+    """Time every variant on every (batch, context) case, against the code defaults (the tuned table
+    is not in force: "default" is the built-in choice); a variant whose output differs from
     ``_decode_torch`` by more than the tolerance is reported (ok=False) but never chosen as best."""
     if not torch.cuda.is_available():
         raise UsageError("the decode attention benchmark needs a CUDA GPU")
     variants = SWEEP_VARIANTS if variants is None else variants
+    with tuned.use(None):
+        return _sweep(cases, variants, num_heads, num_kv_heads, head_dim, block_size, dtype, reps, min_calls,
+                      seed, log)
+
+
+def _sweep(cases: Sequence[tuple[int, int]], variants: dict[str, dict[str, Any]], num_heads: int,
+           num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, reps: int, min_calls: int,
+           seed: int, log: Callable[[str], None]) -> dict[str, Any]:
     elem = torch.tensor([], dtype=dtype).element_size()
     out_cases = []
     for batch, ctx in cases:
@@ -337,8 +341,8 @@ _BATCH_BOUNDS = {1: 1, 8: 8, 32: 32, 128: 1 << 30}
 
 
 def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """The sweep's best variant per case as rows of the tuned table (rltbench/tuned.py section
-    "decode_attention", read by attention.decode_config): context-512 cases serve lengths up to
+    """The sweep's best variant per case as rows of the tuned table (section "decode_attention",
+    read by rltbench.engine.attention.DecodeTable): context-512 cases serve lengths up to
     _SHORT_LEN for batches up to their bucket, the 4096 cases everything longer."""
     rows = []
     keys = ("tile_tokens", "heads_per_program", "num_warps", "num_stages", "target_programs", "single_launch")
@@ -358,55 +362,3 @@ def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                "median_us": best["median_us"], "kv_gbps": best["kv_gbps"]}
             rows.append(row)
     return rows
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m rltbench.commands.tune.attention", description=__doc__.split("\n")[0]
-    )
-    ap.add_argument(
-        "--sweep", action="store_true", help="time the kernel's tuning knobs (else triton vs torch)"
-    )
-    ap.add_argument("--out", help="write the JSON result here")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--min-calls", type=int, default=200, help="attention calls per timing window")
-    ap.add_argument("--variants", help="comma-separated subset of the sweep's variant names")
-    ap.add_argument(
-        "--write-tuned", action="store_true",
-        help="write the best variant per case to rltbench/tuned_configs/<device>.json (rltbench/tuned.py)",
-    )  # fmt: skip
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    if args.sweep:
-        variants = SWEEP_VARIANTS
-        if args.variants:
-            names = args.variants.split(",")
-            unknown = [n for n in names if n not in SWEEP_VARIANTS]
-            if unknown:
-                raise UsageError(f"unknown variants {unknown}; known: {list(SWEEP_VARIANTS)}")
-            variants = {n: SWEEP_VARIANTS[n] for n in names}
-        os.environ["RLTBENCH_TUNED"] = "0"  # variants are measured against the built-in defaults
-        res = sweep_decode_attention(variants=variants, reps=args.reps, min_calls=args.min_calls)
-        print(format_table(res))
-        del os.environ["RLTBENCH_TUNED"]
-        if args.write_tuned:
-            rows = tuned_rows(res)
-            src = {"command": "python -m rltbench.commands.tune.attention " + " ".join(argv or sys.argv[1:]),
-                   "result_file": args.out, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "git_sha": os.environ.get("RLTBENCH_GIT_SHA")}
-            path = tuned.write_section(res["device"], "decode_attention", rows, src)
-            print(f"wrote {len(rows)} tuned rows to {path}")
-    else:
-        res = bench_decode_attention(reps=args.reps, iters=args.min_calls)
-        for r in res["results"]:
-            print(f"{r['impl']:<7s} B={r['batch']:<4d} {r['median_us']:9.2f} us {r['kv_gbps']:7.0f} GB/s")
-    res["wall_s"] = time.perf_counter() - t0
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-        print(f"wrote {args.out} ({res['wall_s']:.1f}s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

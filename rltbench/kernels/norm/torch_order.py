@@ -1,9 +1,10 @@
 """A step-by-step model of the order in which torch's CUDA reduction sums each row of
 ``t.mean(-1)`` for a contiguous fp32 ``[T, N]`` tensor (the variance of every RMSNorm).
 
-Why this exists: the one-launch exact RMSNorm (norm_onelaunch.py) must add the fp32 squares in
-*exactly* torch's order to be bitwise equal to ``x.float().pow(2).mean(-1, keepdim=True)``. This
-module is the specification of that order, written from ``aten/src/ATen/native/cuda/Reduce.cuh``
+Why this exists: the one-launch exact RMSNorm (onelaunch.py) and the native norm (native.py) must
+add the fp32 squares in *exactly* torch's order to be bitwise equal to
+``x.float().pow(2).mean(-1, keepdim=True)``. This module is the specification of that order,
+written from ``aten/src/ATen/native/cuda/Reduce.cuh``
 (``setReduceConfig``, ``ReduceConfig``, ``ReduceOp::run``, ``input_vectorized_thread_reduce_impl``,
 ``block_y_reduce``, ``block_x_reduce``), ``ReduceMomentKernel.cu`` (``mean_kernel_impl``: float
 mean = ``gpu_reduce_kernel<float, float>`` with the defaults vt0 = 4, input_vec_size = vt0 = 4) and
@@ -15,7 +16,8 @@ memory halving loops, ``__shfl_down_sync`` returning the caller's own value past
 fp32, where every add is rounded once as on the GPU. It is deliberately written independently of
 the Triton kernel (which uses reshapes/splits), so "kernel == model" under the interpreter is a
 real check that the kernel implements this order. It does NOT claim torch CPU uses this order
-(CPU torch sums differently); whether torch CUDA does is checked on the GPU (``validate``).
+(CPU torch sums differently); whether torch CUDA does is checked on the GPU (validate.py).
+`plan_for` gives the plan for a device (its SM count and threads per SM).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 # Reduce.cuh / ReduceMomentKernel.cu constants for a float32 mean on a non-ROCm build.
 MAX_NUM_THREADS = 512          # mnt_wrapper<float>::MAX_NUM_THREADS
@@ -157,6 +160,26 @@ def reduce_plan(num_outputs: int, num_inputs: int, props: GpuProps = GpuProps())
             step_input *= ctas                      # input_mult[2] = split_input(ctas_per_output)
     return ReducePlan(num_outputs, num_inputs, vectorized, block_width, block_height, split_y,
                       ctas, step_input, step_output, props.warp_size)
+
+
+_PROPS: dict[int, GpuProps] = {}
+
+
+def device_props(device: torch.device) -> GpuProps:
+    """setReduceConfig's inputs for this device (the H100/H200 defaults for the CPU/interpreter)."""
+    if device.type != "cuda":
+        return GpuProps()
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PROPS:
+        p = torch.cuda.get_device_properties(idx)
+        _PROPS[idx] = GpuProps(int(p.multi_processor_count), int(p.max_threads_per_multi_processor),
+                               int(getattr(p, "warp_size", 32)))
+    return _PROPS[idx]
+
+
+def plan_for(rows: int, width: int, device: torch.device) -> ReducePlan:
+    """torch's reduction plan for the variance of `rows` rows of `width` on `device`."""
+    return reduce_plan(rows, width, device_props(device))
 
 
 def mean_factor(num_outputs: int, num_inputs: int) -> np.float32:

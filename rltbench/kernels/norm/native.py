@@ -1,45 +1,39 @@
 """The native (CUDA C++) RMSNorm forms, and when they may be trusted to equal torch bit for bit.
 
-The kernels (rltbench/native/csrc/norm.cu) add the fp32 squares in the order that
-torch_reduce_model.py specifies, like the Triton one-launch norm (norm_onelaunch.py), but as CUDA
-C++ with one thread per torch lane and one barrier per reduction. Every form runs in one launch:
+The kernels (rltbench/native/csrc/norm.cu) add the fp32 squares in the order that torch_order.py
+specifies, like the Triton one-launch norm (onelaunch.py), but as CUDA C++ with one thread per
+torch lane and one barrier per reduction. Every form runs in one launch:
 Ouro's ``rms_norm`` and Huginn's ``rms_norm_huginn`` (same bits), the residual form, Huginn's
 add form and Ouro's norm-add-norm.
 
-Trust is earned the same way as the one-launch norm's: per (GPU, torch version, dtype, width),
-the first use runs that norm's validation cases (norm_onelaunch.run_cases: adversarial rows,
-every form and the variance itself, contiguous and strided rows, every reduction plan of the
-width) through these kernels, bitwise against torch, with the torch version's warp order first.
+Trust is earned the same way as the one-launch norm's (validate.py): per (GPU, torch version,
+dtype, width), the first use runs the validation cases (adversarial rows, every form and the
+variance itself, contiguous and strided rows, every reduction plan of the width) through these
+kernels, bitwise against torch, with the torch version's warp order first.
 Until a width is validated (never during a CUDA-graph capture), where validation failed or
 torch's plan is not reproducible, the ops run the torch reference and count the reason.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import torch
 
 from rltbench import native
-from rltbench.kernels import norm_onelaunch as nol
-from rltbench.kernels.torch_reduce_model import WARP_DOWN, WARP_ORDERS, default_warp_order, mean_factor
-
-_CACHE: dict[tuple[str, str, str, int], nol.ValidationResult] = {}
-_REFUSALS: Counter[str] = Counter()
-_LOCK = threading.Lock()
+from rltbench.kernels.norm.torch_order import WARP_DOWN, WARP_ORDERS, mean_factor, plan_for
+from rltbench.kernels.norm.validate import CaseCounts, NormKernels, Trust, ValidationResult, run_cases
 
 
 def _launch_scalars(x: torch.Tensor, eps: float, warp_order: str | None) -> tuple[float, float, int, bool]:
     """(eps as fp32, MeanOps factor, torch's lanes per row, warp order is 'down') for x's rows.
     ValueError when torch's plan for this shape is not reproducible (callers check trust first)."""
     R, W = x.shape
-    plan = nol.plan_for(R, W, x.device)
+    plan = plan_for(R, W, x.device)
     if plan.unsupported_reason is not None:
         raise ValueError(f"native norm: {plan.unsupported_reason}")
-    order = warp_order if warp_order is not None else warp_order_for(x.device, x.dtype, W)
+    order = warp_order if warp_order is not None else TRUST.warp_order(x.device, x.dtype, W)
     if order not in WARP_ORDERS:
         raise ValueError(f"warp_order must be one of {WARP_ORDERS}")
     return float(np.float32(eps)), float(mean_factor(R, W)), plan.lanes, order == WARP_DOWN
@@ -48,7 +42,7 @@ def _launch_scalars(x: torch.Tensor, eps: float, warp_order: str | None) -> tupl
 def rms_norm_native_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
                          branch: torch.Tensor | None = None, residual: torch.Tensor | None = None,
                          var_out: torch.Tensor | None = None, warp_order: str | None = None) -> None:
-    """Same contract as norm_onelaunch.rms_norm_onelaunch_rows (2-D rows, last dim contiguous,
+    """Same contract as onelaunch.rms_norm_onelaunch_rows (2-D rows, last dim contiguous,
     `out` contiguous; `branch`: the Huginn add form; `residual`: Ouro's residual form), one launch."""
     R, W = x.shape
     if R == 0 or W == 0:
@@ -62,7 +56,7 @@ def residual_rms_norm_norm_native_rows(residual: torch.Tensor, branch: torch.Ten
                                        var_out: torch.Tensor | None = None,
                                        warp_order: str | None = None) -> None:
     """h = residual + rms_norm(branch, w1), y = rms_norm(h, w2) in one launch (the contract of
-    norm_onelaunch.residual_rms_norm_norm_onelaunch_rows)."""
+    onelaunch.residual_rms_norm_norm_onelaunch_rows)."""
     R, W = branch.shape
     if R == 0 or W == 0:
         return
@@ -71,54 +65,40 @@ def residual_rms_norm_norm_native_rows(residual: torch.Tensor, branch: torch.Ten
 
 
 # ----------------------------------------------------------------------------------------------
-# validation on this GPU / torch version, and the trust decision
+# trust: validation on this GPU / torch version (validate.py)
 # ----------------------------------------------------------------------------------------------
-def warp_order_for(device: torch.device, dtype: torch.dtype, width: int) -> str:
-    """The order validated for these kernels on (device, dtype, width), else the torch default."""
-    with _LOCK:
-        res = _CACHE.get(nol.validation_key(device, dtype, width))
-    if res is not None and res.passed:
-        return res.warp_order
-    return default_warp_order(torch.__version__)
+def _run_cases(device: torch.device, dtype: torch.dtype, width: int, order: str, res: ValidationResult
+               ) -> CaseCounts:
+    res.layout = "native"
+    kernels = NormKernels(rms_norm_native_rows, residual_rms_norm_norm_native_rows)
+    return run_cases(device, dtype, width, order, kernels)
 
 
-def validate(device: torch.device | str, dtype: torch.dtype, width: int, seed: int = 0,
-             tokens: tuple[int, ...] = nol.VALIDATION_TOKENS) -> nol.ValidationResult:
-    """The one-launch norm's validation procedure and cases, run through the native kernels;
-    cached per process per (GPU name, torch version, dtype, width). Never call it during capture."""
-    device = torch.device(device)
+TRUST = Trust(_run_cases)
 
-    def run(order: str, res: nol.ValidationResult) -> tuple[int, int, list[dict[str, Any]], set[int]]:
-        res.fast_layout = "native"
-        return nol.run_cases(device, dtype, width, seed, tokens, order, rms_norm_native_rows,
-                             residual_rms_norm_norm_native_rows)
 
-    return nol.validate_with(_CACHE, device, dtype, width, run)
+def validate(device: torch.device | str, dtype: torch.dtype, width: int) -> ValidationResult:
+    """The validation procedure and cases run through the native kernels; cached per process per
+    (GPU name, torch version, dtype, width). Never call it during capture."""
+    return TRUST.validate(device, dtype, width)
 
 
 def prevalidate(widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] | tuple[torch.dtype, ...],
                 device: torch.device | str | None = None) -> dict[str, Any]:
     """Validate now (e.g. before a CUDA-graph capture); returns validation_report()."""
-    nol.prevalidate_with(validate, widths, dtypes, device)
-    return validation_report()
+    return TRUST.prevalidate(widths, dtypes, device)
 
 
 def untrusted_reason(x: torch.Tensor) -> str | None:
     """Why x's rows ([..., width]) may not take the native norm (None: they may); counted."""
-    reason = nol.trust_reason(x, _CACHE, validate)
-    if reason is not None:
-        with _LOCK:
-            _REFUSALS[reason] += 1
-    return reason
+    return TRUST.reason(x)
 
 
 def validation_report() -> dict[str, Any]:
     """JSON-ready: every native-norm validation of this process and the refusals by reason."""
-    return nol.report_of(_CACHE, _REFUSALS)
+    return TRUST.report()
 
 
 def reset_validation() -> None:
     """Forget cached validations and refusal counts (tests)."""
-    with _LOCK:
-        _CACHE.clear()
-        _REFUSALS.clear()
+    TRUST.reset()

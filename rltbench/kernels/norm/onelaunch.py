@@ -1,0 +1,647 @@
+"""Exact RMSNorm in ONE launch: the sum of squares is added in torch CUDA's own order.
+
+The 3-launch exact norm (exact.py) lets torch compute ``x.float().pow(2).mean(-1)``. Here one Triton
+program per row adds the fp32 squares in the order torch_order.py specifies (read from Reduce.cuh;
+docs/onelaunch_norm.md), then runs the same forced-rounding epilogue. The order depends on
+``lanes`` = the threads torch gives a row (its ``step_input``, in 4-element vectors), on the row's
+16-byte alignment in torch's fp32 temporary and on the warp-shuffle order:
+
+* lane l owns vectors k = l, l + lanes, ...; it keeps 4 accumulators (one per vector element), fed
+  its vectors in order;
+* a row that does not start on a 16-byte boundary (row*N % 4 = s > 0): its first 4 - s elements go
+  to lanes s..3, accumulator 0, before the loop; the last (N - head) % 4 elements to lanes 0..,
+  accumulator 0, after it;
+* each lane combines ((a0 + a1) + a2) + a3;
+* the shared-memory part of block_x_reduce halves the lanes (v[i] += v[i + h]) down to 32, then the
+  warp shuffles: halving again (torch >= 2.10) or adjacent pairs (older torch);
+* mean = sum * factor, factor = float(T) / float(T * N) (MeanOps::project).
+
+Two layouts of the same adds (OneLaunchConfig.layout, config.py):
+
+* ``lowwarp`` (the default): a program of NW warps holds torch lane ``l = r * 32 NW + h * NW + w``
+  in warp w, hardware lane h, registers r, four columns each. torch's tree halves by the highest
+  lane bit first, so it runs as the in-thread levels over r, a warp butterfly over h (xor 16 .. 1)
+  and the levels over w last: one shared-memory exchange per reduction. The tile is flat
+  ([R * NW * 32, 4], row m = r * 32 NW + w * 32 + h), which every Triton lays out with m's low five
+  bits on the lanes; on it Triton's own ``tl.sum`` over the (h, w) partials is that butterfly
+  (``tree="tl_sum"``, GPU; the SASS test checks the shuffle sequence), else explicit size-2
+  halvings (one add each, any layout). Rows must be 16-byte aligned (width % 4 == 0), 32..512 lanes
+  with torch's halving warp order, at most MAX_ITERS vectors per lane.
+* ``general``: lanes as one flat ``[TILE, 4]`` axis, the head and tail lanes, both warp orders, a
+  sequential loop: every plan torch_order reproduces.
+
+Adding an exact 0 never changes an fp32 sum, so masked/absent elements (and tile lanes past
+``lanes``) are added as zeros. Every multiply and accumulation add uses the forced-rounding helpers
+(no FMA contraction); tree adds are size-2 ``tl.sum`` (one add, nothing to contract). The kernels
+are trusted only after validate.py compared them with torch on this GPU and torch version
+(`is_trusted`); a layout whose validation fails is taken off that key and the general layout is
+validated in its place.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from rltbench import tuned
+from rltbench.kernels.layout import row_stride, rows_view
+from rltbench.kernels.norm.config import OneLaunchConfig
+from rltbench.kernels.norm.torch_order import WARP_DOWN, WARP_ORDERS, mean_factor, plan_for
+from rltbench.kernels.norm.validate import (
+    CaseCounts,
+    Key,
+    NormKernels,
+    Trust,
+    ValidationResult,
+    run_cases,
+    validation_key,
+)
+from rltbench.kernels.rounding import (
+    DTYPE_CODES,
+    add_rn,
+    dtype_code,
+    interpret_mode,
+    load_f32,
+    mul_rn,
+    round_to,
+    rsqrt_torch,
+    store_f32,
+)
+
+FORMS = ("ouro", "huginn")
+MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
+MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
+MAX_ITERS = 16    # lowwarp: the static unroll bound (width 2048 at every plan, 5280 down to 128 lanes)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton: values, the epilogue and the general layout (any plan)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _vals(x_row, b_row, r_row, w1_ptr, rstd1, cols, mask, MODE: tl.constexpr, DT: tl.constexpr,
+          INTERPRET: tl.constexpr):
+    """The normalised values (fp32, exactly dtype values) at `cols` of one row.
+    MODE 0: x;  1: round(x + b) (Huginn add form);  2: h = round(r + round(w1 * round(x * rstd1)))
+    (the first norm of norm-add-norm, whose output the second norm normalises)."""
+    v = load_f32(x_row + cols, mask, DT, INTERPRET)
+    if MODE == 1:
+        b = load_f32(b_row + cols, mask, DT, INTERPRET)
+        v = round_to(add_rn(v, b, INTERPRET), DT, INTERPRET)
+    elif MODE == 2:
+        hn = round_to(mul_rn(v, rstd1, INTERPRET), DT, INTERPRET)
+        w1 = load_f32(w1_ptr + cols, mask, DT, INTERPRET)
+        y1 = round_to(mul_rn(w1, hn, INTERPRET), DT, INTERPRET)
+        r = load_f32(r_row + cols, mask, DT, INTERPRET)
+        v = round_to(add_rn(r, y1, INTERPRET), DT, INTERPRET)
+    return v
+
+
+@triton.jit
+def _sq(x_row, b_row, r_row, w1_ptr, rstd1, cols, mask, MODE: tl.constexpr, DT: tl.constexpr,
+        INTERPRET: tl.constexpr):
+    """fp32 square of the values, exactly 0 where masked (so adding it is a no-op)."""
+    v = _vals(x_row, b_row, r_row, w1_ptr, rstd1, cols, mask, MODE, DT, INTERPRET)
+    return tl.where(mask, mul_rn(v, v, INTERPRET), 0.0)
+
+
+@triton.jit
+def _halve(s, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+    """One halving level: v[i] + v[i + HALF] for i < HALF. A sum over a size-2 axis is exactly one
+    fp32 add per pair (commutative, so operand order is irrelevant; no multiply to contract with,
+    no reassociation flags) and compiles far smaller than split/permute + inline-asm adds."""
+    return tl.sum(tl.reshape(s, [2, HALF]), axis=0)
+
+
+@triton.jit
+def _pairs(s, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+    """One increasing-offset shuffle level as lane 0 sees it: v[2i] + v[2i + 1] (one add each)."""
+    return tl.sum(tl.reshape(s, [HALF, 2]), axis=1)
+
+
+@triton.jit
+def _row_sumsq(x_row, b_row, r_row, w1_ptr, rstd1, N, shift, lanes, MODE: tl.constexpr, DT: tl.constexpr,
+               INTERPRET: tl.constexpr, TILE: tl.constexpr, WARP_DOWN: tl.constexpr):
+    """Sum of squares of one row in torch's CUDA order (see module docstring). shift = the fp32
+    temporary's (row start address % 16) / 4; `lanes` (<= TILE, runtime) = torch's threads per
+    row. Tile lanes >= `lanes` stay exactly 0, so the halving levels above `lanes` add zeros and
+    change nothing: one compiled TILE serves every lanes value up to it."""
+    lane = tl.arange(0, TILE)
+    vec = tl.arange(0, 4)
+    first = (4 - shift) % 4                      # first element of the 16-byte aligned part
+    # head: lanes shift..3 take elements lane - shift into accumulator 0
+    hmask = (lane >= shift) & (lane < tl.where(shift > 0, 4, 0))
+    hsq = _sq(x_row, b_row, r_row, w1_ptr, rstd1, lane - shift, hmask, MODE, DT, INTERPRET)
+    acc = tl.where((vec == 0)[None, :], hsq[:, None], 0.0)
+    # vectorized loop: lane l adds vector k = it * lanes + l, element i into accumulator i
+    nvec = (N - first) // 4
+    for it in range(0, tl.cdiv(nvec, lanes)):
+        k = it * lanes + lane
+        cols = first + k[:, None] * 4 + vec[None, :]
+        m = ((k < nvec) & (lane < lanes))[:, None] & (vec[None, :] < 4)
+        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, cols, m, MODE, DT, INTERPRET), INTERPRET)
+    # tail: the (N - first) % 4 last elements to lanes 0.., accumulator 0
+    rem = (N - first) - nvec * 4
+    tsq = _sq(x_row, b_row, r_row, w1_ptr, rstd1, first + nvec * 4 + lane, lane < rem, MODE, DT, INTERPRET)
+    acc = add_rn(acc, tl.where((vec == 0)[None, :], tsq[:, None], 0.0), INTERPRET)
+    # combine the accumulators left to right: ((a0 + a1) + a2) + a3
+    p, q = tl.split(tl.reshape(acc, [TILE, 2, 2]))    # p = (a0, a2), q = (a1, a3)
+    a0, a2 = tl.split(p)
+    a1, a3 = tl.split(q)
+    s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)
+    # block_x_reduce: shared-memory halving down to one warp (v[i] += v[i + h], h = lanes/2 .. 32)
+    if TILE >= 512:
+        s = _halve(s, 256, INTERPRET)
+    if TILE >= 256:
+        s = _halve(s, 128, INTERPRET)
+    if TILE >= 128:
+        s = _halve(s, 64, INTERPRET)
+    if TILE >= 64:
+        s = _halve(s, 32, INTERPRET)
+    # then the warp shuffles as lane 0 sees them
+    if WARP_DOWN:   # offsets 16, 8, 4, 2, 1: the same halving (torch >= 2.10, pytorch#164790)
+        s = _halve(s, 16, INTERPRET)
+        s = _halve(s, 8, INTERPRET)
+        s = _halve(s, 4, INTERPRET)
+        s = _halve(s, 2, INTERPRET)
+        s = _halve(s, 1, INTERPRET)
+    else:           # offsets 1, 2, 4, 8, 16: adjacent pairs first (older torch)
+        s = _pairs(s, 16, INTERPRET)
+        s = _pairs(s, 8, INTERPRET)
+        s = _pairs(s, 4, INTERPRET)
+        s = _pairs(s, 2, INTERPRET)
+        s = _pairs(s, 1, INTERPRET)
+    return s                                     # [1]: kept a 1-element tensor (broadcasts)
+
+
+@triton.jit
+def _rstd(total, factor, eps, INTERPRET: tl.constexpr):
+    """(mean, rsqrt(mean + eps)) as torch: mean = sum * factor, then add, then rsqrt."""
+    var = mul_rn(total, factor, INTERPRET)
+    return var, rsqrt_torch(add_rn(var, eps, INTERPRET), INTERPRET)
+
+
+@triton.jit
+def _sq_of(v, m, INTERPRET: tl.constexpr):
+    """Squares of values already in registers; exactly 0 where masked (0 + s == s: with one
+    iteration a lane's accumulator is its square)."""
+    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
+
+
+@triton.jit
+def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """round(w * round(v * rstd)): torch's (h * rstd).to(dtype), then w * that, each rounded."""
+    return round_to(mul_rn(w, round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET), INTERPRET), DT, INTERPRET)
+
+
+@triton.jit
+def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
+              DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored."""
+    v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+    hn = round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET)         # (h * rstd).to(dtype)
+    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+    y = round_to(mul_rn(w, hn, INTERPRET), DT, INTERPRET)            # w * h (== h * w)
+    if HAS_R:
+        r = load_f32(r_row + cols, m, DT, INTERPRET)
+        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)         # residual + y
+    store_f32(out_row + cols, y, m, DT, INTERPRET)
+
+
+@triton.jit
+def _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, m, DT: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Epilogue of norm-add-norm at `cols`: h (recomputed, stored) and round(w2 * round(h * rstd2))."""
+    h = _vals(a_row, a_row, r_row, w1_ptr, rstd1, cols, m, 2, DT, INTERPRET)
+    store_f32(h_row + cols, h, m, DT, INTERPRET)
+    hn = round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+    y = round_to(mul_rn(w2, hn, INTERPRET), DT, INTERPRET)
+    store_f32(y_row + cols, y, m, DT, INTERPRET)
+
+
+@triton.jit(do_not_specialize=["N", "sx", "sb", "sr", "lanes"])
+def _general_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor, lanes,
+                 MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
+                 INTERPRET: tl.constexpr, TILE: tl.constexpr, WARP_DOWN: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    """One row per program: MODE 0 normalises x, MODE 1 round(x + b); HAS_R adds the residual."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * sx
+    b_row = b_ptr + row * sb
+    shift = ((row * N) % 4).to(tl.int32)
+    total = _row_sumsq(x_row, b_row, x_row, w_ptr, 1.0, N, shift, lanes, MODE, DT, INTERPRET, TILE, WARP_DOWN)
+    var, rstd = _rstd(total, factor, eps, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row + tl.arange(0, 1), var)
+    for c0 in range(0, N, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, cols < N, MODE, HAS_R,
+                  DT, INTERPRET)
+
+
+@triton.jit(do_not_specialize=["N", "sa", "sr", "lanes"])
+def _general_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
+                              lanes, STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                              TILE: tl.constexpr, WARP_DOWN: tl.constexpr, BLOCK_C: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2): the second sum recomputes h in its order."""
+    row = tl.program_id(0).to(tl.int64)
+    a_row = a_ptr + row * sa
+    r_row = r_ptr + row * sr
+    shift = ((row * N) % 4).to(tl.int32)
+    t1 = _row_sumsq(a_row, a_row, r_row, w1_ptr, 1.0, N, shift, lanes, 0, DT, INTERPRET, TILE, WARP_DOWN)
+    var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
+    t2 = _row_sumsq(a_row, a_row, r_row, w1_ptr, rstd1, N, shift, lanes, 2, DT, INTERPRET, TILE, WARP_DOWN)
+    var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row * 2 + tl.arange(0, 1), var1)
+        tl.store(var_ptr + row * 2 + 1 + tl.arange(0, 1), var2)
+    for c0 in range(0, N, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
+                       cols < N, DT, INTERPRET)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton: the lowwarp layout
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _lanes(R: tl.constexpr, NW: tl.constexpr):
+    """torch lane (l = r * 32 NW + h * NW + w) of each row of the flat [R * NW * 32, 1] tile (row
+    m = r * 32 NW + w * 32 + h) and the [1, 4] column offsets i. With one non-contiguous dim every
+    Triton lays m out as lane = m % 32, warp = (m / 32) % NW, register = r: the intended layout."""
+    m = tl.arange(0, R * NW * 32)[:, None]
+    r = m // (32 * NW)
+    w = (m // 32) % NW
+    h = m % 32
+    return r * (32 * NW) + h * NW + w, tl.arange(0, 4)[None, :]
+
+
+@triton.jit
+def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
+          TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
+    """torch's combination of the per-lane accumulators acc [R * NW * 32, 4]: each lane
+    ((a0 + a1) + a2) + a3, the levels over r (in-thread), then over h, then over w."""
+    p, q = tl.split(tl.reshape(acc, [R, NW, 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
+    a0, a2 = tl.split(p)
+    a1, a3 = tl.split(q)
+    s = add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET)   # [R, NW, 32]
+    for k in tl.static_range(LOG_R):             # r: pairs (r, r + R/2), .. (r, r + 1)
+        s = tl.sum(tl.reshape(s, [2, R >> (k + 1), NW, 32]), axis=0)
+    s = tl.reshape(s, [NW, 32])                  # [w, h]
+    if TL_SUM:
+        # element w * 32 + h: warp butterfly over h (xor 16 .. 1), then the cross-warp round over
+        # w (xor NW/2 .. 1): torch's offsets NW * 16 .. NW, then NW/2 .. 1
+        return tl.sum(tl.reshape(s, [NW * 32]), axis=0)
+    else:
+        for k in tl.static_range(5):             # h: pairs (h, h + 16), (h, h + 8), .. (h, h + 1)
+            s = tl.sum(tl.reshape(s, [NW, 2, 16 >> k]), axis=1)
+        s = tl.reshape(s, [NW])
+        for k in tl.static_range(LOG_NW):        # w: pairs (w, w + NW/2), .. (w, w + 1)
+            s = tl.sum(tl.reshape(s, [2, NW >> (k + 1)]), axis=0)
+        return tl.sum(s, axis=0)                 # the one value left
+
+
+@triton.jit
+def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
+             TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
+    """(variance, rstd) of a one-pass row whose values are in registers (masked lanes add 0)."""
+    total = _tree(_sq_of(v, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+    return _rstd(total, factor, eps, INTERPRET)
+
+
+@triton.jit
+def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
+           INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW."""
+    lane, i = _lanes(R, NW)
+    acc = tl.zeros([R * NW * 32, 4], dtype=tl.float32)
+    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
+        k = it * (R * 32 * NW) + lane
+        m = (k < nvec) & (i < 4)
+        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
+                     INTERPRET)
+    return _tree(acc, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+
+
+@triton.jit
+def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
+                         MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
+                         INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+                         LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual). A row one
+    pass covers (ITERS == 1) is loaded once, weight first, and kept in registers."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * sx
+    b_row = b_ptr + row * sb
+    r_row = r_ptr + row * sr
+    out_row = out_ptr + row * N
+    nvec = N // 4
+    lane, i = _lanes(R, NW)
+    if ITERS == 1:
+        cols = lane * 4 + i
+        m = (lane < nvec) & (i < 4)
+        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+        if HAS_R:
+            r = load_f32(r_row + cols, m, DT, INTERPRET)
+        var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+        y = _scaled(v, w, rstd, DT, INTERPRET)
+        if HAS_R:
+            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+        store_f32(out_row + cols, y, m, DT, INTERPRET)
+    else:
+        total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
+                       ITERS, TL_SUM)
+        var, rstd = _rstd(total, factor, eps, INTERPRET)
+        for it in tl.static_range(ITERS):
+            k = it * (R * 32 * NW) + lane
+            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, k * 4 + i, (k < nvec) & (i < 4), MODE, HAS_R,
+                      DT, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row, var)
+
+
+@triton.jit
+def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
+                              STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                              R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
+                              ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers."""
+    row = tl.program_id(0).to(tl.int64)
+    a_row = a_ptr + row * sa
+    r_row = r_ptr + row * sr
+    h_row = h_ptr + row * N
+    y_row = y_ptr + row * N
+    nvec = N // 4
+    lane, i = _lanes(R, NW)
+    if ITERS == 1:
+        cols = lane * 4 + i
+        m = (lane < nvec) & (i < 4)
+        w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
+        w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+        a = load_f32(a_row + cols, m, DT, INTERPRET)
+        r = load_f32(r_row + cols, m, DT, INTERPRET)
+        var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+        h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
+        var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+        store_f32(h_row + cols, h, m, DT, INTERPRET)
+        store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
+    else:
+        t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
+        var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
+        t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
+        var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
+        for it in tl.static_range(ITERS):
+            k = it * (R * 32 * NW) + lane
+            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, k * 4 + i,
+                           (k < nvec) & (i < 4), DT, INTERPRET)
+    if STORE_VAR:
+        tl.store(var_ptr + row * 2, var1)
+        tl.store(var_ptr + row * 2 + 1, var2)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side: the layout of a call, launches, public functions
+# ----------------------------------------------------------------------------------------------
+def lowwarp_supports(width: int, lanes: int, warp_down: bool) -> bool:
+    """Shapes the lowwarp layout takes: 16-byte aligned rows, 32..512 lanes (a power of two),
+    torch's halving warp order, a bounded unroll."""
+    if width % 4 or lanes < 32 or lanes > MAX_LANES or lanes & (lanes - 1) or not warp_down:
+        return False
+    return triton.cdiv(width // 4, lanes) <= MAX_ITERS
+
+
+# keys whose validation refused the configured lowwarp layout: the general layout serves them
+_LAYOUT_REFUSED: set[Key] = set()
+
+
+def layout_for(width: int, rows: int, device: torch.device, warp_order: str,
+               config: OneLaunchConfig | None = None, dtype: torch.dtype | None = None) -> str:
+    """Which layout serves `rows` x `width` ("lowwarp" or "general"): the config's (default: the
+    tuned one in force, minus the keys where validation refused it) where it takes the plan."""
+    cfg = config if config is not None else tuned.config(OneLaunchConfig)
+    if cfg.layout != "lowwarp":
+        return "general"
+    if not lowwarp_supports(width, plan_for(rows, width, device).lanes, warp_order == WARP_DOWN):
+        return "general"
+    if config is None and dtype is not None and _LAYOUT_REFUSED and device.type == "cuda" \
+            and validation_key(device, dtype, width) in _LAYOUT_REFUSED:
+        return "general"
+    return "lowwarp"
+
+
+def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaunchConfig | None
+            ) -> tuple[str, tuple[float | int, ...], dict[str, Any]]:
+    """(layout, the scalars after the strides: eps, factor [, lanes], constexprs + num_warps) of a
+    launch over x's rows."""
+    R, W = x.shape
+    plan = plan_for(R, W, x.device)
+    if plan.unsupported_reason is not None:
+        raise ValueError(f"one-launch norm: {plan.unsupported_reason}")
+    order = warp_order if warp_order is not None else warp_order_for(x.device, x.dtype, W)
+    if order not in WARP_ORDERS:
+        raise ValueError(f"warp_order must be one of {WARP_ORDERS}")
+    interp = interpret_mode()
+    eps32 = float(np.float32(eps))         # torch rounds the python scalar to fp32 (RNE)
+    factor = float(mean_factor(R, W))      # MeanOps factor, exact fp32
+    layout = layout_for(W, R, x.device, order, config, x.dtype)
+    consts: dict[str, Any] = {"DT": dtype_code(x.dtype), "INTERPRET": interp}
+    if layout == "lowwarp":
+        cfg = config if config is not None else tuned.config(OneLaunchConfig)
+        nw = min(cfg.warps, plan.lanes // 32)
+        r = plan.lanes // (32 * nw)
+        consts |= {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
+                   "ITERS": triton.cdiv(W // 4, plan.lanes), "TL_SUM": cfg.tree == "tl_sum" and not interp,
+                   "num_warps": 1 if interp else nw}   # the interpreter runs the same layout
+        return layout, (eps32, factor), consts
+    tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
+    consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
+               "BLOCK_C": min(triton.next_power_of_2(W), 16384 if interp else 1024),
+               "num_warps": 1 if interp else tile // 128 if tile >= 128 else 1}
+    return layout, (eps32, factor, plan.lanes), consts
+
+
+def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
+                            branch: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                            var_out: torch.Tensor | None = None, warp_order: str | None = None,
+                            config: OneLaunchConfig | None = None) -> None:
+    """Same contract as exact.rms_norm_exact_rows (2-D rows, last dim contiguous, `out`
+    contiguous), one launch. `var_out` (fp32 [R], optional): the variance each row used.
+    `warp_order`: None = the validated (else the torch-version default) order. `config`: None = the
+    tuned one in force. Raises ValueError when torch's plan for this shape is not reproducible
+    (callers check is_trusted first)."""
+    R, W = x.shape
+    if R == 0 or W == 0:
+        return
+    layout, s, consts = _launch(x, eps, warp_order, config)
+    b = branch if branch is not None else x
+    r = residual if residual is not None else x
+    kernel = _lowwarp_norm_kernel if layout == "lowwarp" else _general_norm_kernel
+    kernel[(R,)](x, b, r, w, out, var_out if var_out is not None else out, W, row_stride(x), row_stride(b),
+                 row_stride(r), *s, MODE=MODE_X if branch is None else MODE_ADD,
+                 HAS_R=residual is not None, STORE_VAR=var_out is not None, **consts)
+
+
+def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.Tensor, w1: torch.Tensor,
+                                          w2: torch.Tensor, eps: float, h_out: torch.Tensor,
+                                          y_out: torch.Tensor, var_out: torch.Tensor | None = None,
+                                          warp_order: str | None = None,
+                                          config: OneLaunchConfig | None = None) -> None:
+    """h = residual + rms_norm(branch, w1), y = rms_norm(h, w2) in one launch (2-D rows; h_out and
+    y_out contiguous). `var_out` (fp32 [R, 2], optional): both variances."""
+    R, W = branch.shape
+    if R == 0 or W == 0:
+        return
+    layout, s, consts = _launch(branch, eps, warp_order, config)
+    kernel = _lowwarp_norm_norm_kernel if layout == "lowwarp" else _general_norm_norm_kernel
+    kernel[(R,)](branch, residual, w1, w2, h_out, y_out, var_out if var_out is not None else h_out, W,
+                 row_stride(branch), row_stride(residual), *s, STORE_VAR=var_out is not None, **consts)
+
+
+def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    v = rows_view(t)
+    if v is None:
+        raise ValueError(f"one-launch norm: {name} must have a contiguous last dim and mergeable rows")
+    return v
+
+
+def _check(tensors: list[torch.Tensor], w: torch.Tensor) -> None:
+    x = tensors[0]
+    if x.dtype not in DTYPE_CODES or any(t.dtype != x.dtype for t in [*tensors, w]):
+        raise ValueError("one-launch norm: fp32/bf16/fp16 inputs of one dtype")
+    if any(t.shape != x.shape for t in tensors) or x.dim() == 0:
+        raise ValueError("one-launch norm: input shapes differ")
+    if w.dim() != 1 or w.shape[0] != x.shape[-1] or w.stride(0) != 1:
+        raise ValueError("one-launch norm: weight must be a contiguous [width] vector")
+
+
+def rms_norm_onelaunch(x: torch.Tensor, w: torch.Tensor, eps: float, form: str = "ouro") -> torch.Tensor:
+    """``rms_norm`` (form "ouro") or ``rms_norm_huginn`` (form "huginn"): same bits, one launch."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}")
+    _check([x], w)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rms_norm_onelaunch_rows(_rows(x, "x"), w, eps, out.view(-1, x.shape[-1]))
+    return out
+
+
+def residual_rms_norm_onelaunch(residual: torch.Tensor, branch: torch.Tensor, w: torch.Tensor,
+                                eps: float) -> torch.Tensor:
+    """Ouro sandwich ``residual + rms_norm(branch, w, eps)``, one launch."""
+    _check([branch, residual], w)
+    out = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
+    rms_norm_onelaunch_rows(_rows(branch, "branch"), w, eps, out.view(-1, branch.shape[-1]),
+                            residual=_rows(residual, "residual"))
+    return out
+
+
+def add_rms_norm_huginn_onelaunch(x: torch.Tensor, branch: torch.Tensor, w: torch.Tensor,
+                                  eps: float) -> torch.Tensor:
+    """Huginn ``rms_norm_huginn(x + branch, w, eps)``, one launch."""
+    _check([x, branch], w)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rms_norm_onelaunch_rows(_rows(x, "x"), w, eps, out.view(-1, x.shape[-1]), branch=_rows(branch, "branch"))
+    return out
+
+
+def residual_rms_norm_norm_onelaunch(residual: torch.Tensor, branch: torch.Tensor, w1: torch.Tensor,
+                                     w2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + rms_norm(branch, w1)``, ``y = rms_norm(h, w2)``: both, one launch."""
+    _check([branch, residual], w1)
+    _check([branch], w2)
+    h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
+    y = torch.empty_like(h)
+    W = branch.shape[-1]
+    residual_rms_norm_norm_onelaunch_rows(_rows(residual, "residual"), _rows(branch, "branch"), w1, w2, eps,
+                                          h.view(-1, W), y.view(-1, W))
+    return h, y
+
+
+# ----------------------------------------------------------------------------------------------
+# trust: validation against torch on this GPU / torch version (validate.py)
+# ----------------------------------------------------------------------------------------------
+def kernels_for(config: OneLaunchConfig | None = None) -> NormKernels:
+    """These kernels with `config` (None: the tuned one in force), as validate.py calls them."""
+    if config is None:
+        return NormKernels(rms_norm_onelaunch_rows, residual_rms_norm_norm_onelaunch_rows)
+    return NormKernels(functools.partial(rms_norm_onelaunch_rows, config=config),
+                       functools.partial(residual_rms_norm_norm_onelaunch_rows, config=config))
+
+
+def _run_cases(device: torch.device, dtype: torch.dtype, width: int, order: str, res: ValidationResult
+               ) -> CaseCounts:
+    """The validation's cases on the layout in force. The lowwarp layout is trusted only on its own
+    record: when it served the cases and failed (a mismatch or an error), it is taken off this key
+    (res.layout_refused says why) and the cases run again on the general layout."""
+    key = validation_key(device, dtype, width)
+    cfg = tuned.config(OneLaunchConfig)
+    lowwarp = layout_for(width, 1, device, order, None, dtype) == "lowwarp"
+    res.layout = cfg.name if lowwarp else "general"
+    try:
+        out = run_cases(device, dtype, width, order, kernels_for())
+        if not (lowwarp and out[2]):
+            return out
+        why = f"{len(out[2])} mismatching comparisons, e.g. {out[2][:2]}"
+    except Exception as exc:
+        if not lowwarp:
+            raise
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+    res.layout_refused = f"{cfg.name}: {why}"
+    res.layout = "general"
+    _LAYOUT_REFUSED.add(key)
+    return run_cases(device, dtype, width, order, kernels_for())
+
+
+TRUST = Trust(_run_cases)
+
+
+def validate(device: torch.device | str, dtype: torch.dtype, width: int) -> ValidationResult:
+    """Compare every one-launch form (and the variance) with torch on `device`, bitwise (validate.py);
+    cached per process per (GPU name, torch version, dtype, width). Never during graph capture."""
+    return TRUST.validate(device, dtype, width)
+
+
+def prevalidate(widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] | tuple[torch.dtype, ...],
+                device: torch.device | str | None = None) -> dict[str, Any]:
+    """Validate now, e.g. in engine warm-up before any CUDA-graph capture (is_trusted never
+    validates during a capture). Returns validation_report()."""
+    return TRUST.prevalidate(widths, dtypes, device)
+
+
+def is_trusted(x: torch.Tensor) -> bool:
+    """True when the one-launch norm is validated bitwise for x's rows (x: the tensor normalised,
+    [..., width]) on this GPU/torch version. Validates lazily (once per dtype/width), except during
+    CUDA-graph capture, where a missing validation means False. Refusals are counted by reason."""
+    return TRUST.reason(x) is None
+
+
+def untrusted_reason(x: torch.Tensor) -> str | None:
+    """Why x's rows may not use the one-launch norm (None: they may). Not counted."""
+    return TRUST.reason(x, count=False)
+
+
+def warp_order_for(device: torch.device, dtype: torch.dtype, width: int) -> str:
+    """The validated warp order for (device, dtype, width), else this torch version's default."""
+    return TRUST.warp_order(device, dtype, width)
+
+
+def validation_report() -> dict[str, Any]:
+    """JSON-ready: every validation of this process and the refusals by reason (for results)."""
+    return TRUST.report()
+
+
+def reset_validation() -> None:
+    """Forget cached validations, refusal counts and refused layouts (tests)."""
+    TRUST.reset()
+    _LAYOUT_REFUSED.clear()
+
