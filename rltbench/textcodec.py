@@ -16,6 +16,9 @@ from typing import Any
 from rltbench.errors import UsageError
 
 FALLBACK_MAX_VOCAB = 4096
+# The GSM8K files shipped with rltbench (MIT): the gate's questions, and the text the fallback
+# tokenizer is trained on.
+GSM8K_DATA_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
 BYTE_ALPHABET = 256
 
 
@@ -157,6 +160,8 @@ def gsm8k_train_texts(data_dir: Path) -> list[str]:
     return rows
 
 
-def fallback_codec(data_dir: Path, model_vocab: int, max_vocab: int = FALLBACK_MAX_VOCAB) -> TextCodec:
+def fallback_codec(
+    model_vocab: int, data_dir: Path = GSM8K_DATA_DIR, max_vocab: int = FALLBACK_MAX_VOCAB
+) -> TextCodec:
     tok = train_fallback_tokenizer(gsm8k_train_texts(data_dir), model_vocab, max_vocab)
     return TextCodec(tok, f"fallback byte-level BPE (vocab {tok.get_vocab_size()}, trained on GSM8K train)")

@@ -19,8 +19,6 @@ _EXPORTS = {
     "TokenEvent": "rltbench.engine.types",
     "RequestOutput": "rltbench.engine.types",
     "EngineRequestError": "rltbench.engine.types",
-    "DecodeBenchmark": "rltbench.bench.decode_benchmark",
-    "decode_step_table": "rltbench.bench.decode",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,11 +3,12 @@ the native CUDA C++ arm `cuda` (bitwise; its sources and build live in rltbench.
 
 Public API (contract: docs/DESIGN.md section 1)::
 
-    from rltbench.kernels import OpSelection, parse_selection, make_ops, Ops, ARMS, OPS, op_case
+    from rltbench.kernels import OpSelection, make_ops, Ops, ARMS, OPS, op_case
 """
 
+from rltbench.arms import ARMS
+from rltbench.arms import ArmSpec as OpSelection
 from rltbench.kernels.cases import OPS, OpCase, op_case
 from rltbench.kernels.ops import Ops, OpStats, make_ops
-from rltbench.kernels.selection import ARMS, OpSelection, parse_selection
 
-__all__ = ["ARMS", "OPS", "OpCase", "OpSelection", "OpStats", "Ops", "make_ops", "op_case", "parse_selection"]
+__all__ = ["ARMS", "OPS", "OpCase", "OpSelection", "OpStats", "Ops", "make_ops", "op_case"]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from rltbench import native, tuned
+from rltbench.arms import ArmSpec as OpSelection
 from rltbench.kernels import norm_native, norm_onelaunch
 from rltbench.kernels import reference as ref
 from rltbench.kernels.act_approx import silu_mul_approx_rows
@@ -40,7 +41,6 @@ from rltbench.kernels.rope_approx import rope_approx, rope_neox_store_approx
 from rltbench.kernels.rope_exact import rope_exact, rope_neox_store_exact
 from rltbench.kernels.rope_native import rope_native
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
-from rltbench.kernels.selection import OpSelection
 
 Tensor = torch.Tensor
 # the kernels of each implementation, for the ops whose arms share one calling convention

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rltbench import __version__, native, tuned
+
 
 def _run(cmd: list[str], cwd: str | None = None) -> str | None:
     try:
@@ -66,8 +68,6 @@ def software_info() -> dict[str, Any]:
             versions[name] = getattr(mod, "__version__", "unknown")
         except Exception:  # noqa: BLE001 - optional packages may fail to import in many ways
             versions[name] = None
-    from rltbench import __version__
-
     versions["rltbench"] = __version__
     return versions
 
@@ -97,8 +97,6 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _native_in_use() -> dict[str, Any] | None:
-    from rltbench import native
-
     try:
         return native.provenance()
     except Exception:  # noqa: BLE001 - provenance must never stop a run
@@ -106,8 +104,6 @@ def _native_in_use() -> dict[str, Any] | None:
 
 
 def _tuned_in_use() -> dict[str, Any] | None:
-    from rltbench import tuned
-
     try:
         return tuned.in_use()
     except Exception:  # noqa: BLE001 - provenance must never stop a run

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rltbench.errors import UsageError
-from rltbench.results import provenance
+from rltbench.results.provenance import collect as collect_provenance
 
 SCHEMA_VERSION = 1
 DEFAULT_ROOT = Path("results")
@@ -143,7 +143,7 @@ class RunDir:
             "command": command,
             "status": "running",
             "config": config or {},
-            "provenance": provenance.collect(argv),
+            "provenance": collect_provenance(argv),
             "files": [],
         }
         run = cls(path, manifest)

@@ -153,7 +153,7 @@ def test_bad_flags_exit_2(args, tmp_path, capsys):
 
 
 def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch, capsys):
-    from rltbench.commands.e2e.engine_backend import EngineBackend
+    from rltbench.backends.engine import EngineBackend
 
     orig = EngineBackend.run_cell
     calls = {"n": 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.commands.e2e.metrics import (
+from rltbench.results.serving import (
     cell_summary,
     itl_samples,
     percentiles,

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 import pytest
 from aiohttp import web
 
-from rltbench.commands.e2e.engine_backend import Timeouts
-from rltbench.commands.e2e.openai_backend import OpenAIBackend, parse_arm_urls
-from rltbench.commands.e2e.workload import Request
+from rltbench.backends.base import Request, Timeouts
+from rltbench.backends.base import parse_servers as parse_arm_urls
+from rltbench.backends.openai import OpenAIBackend
 from rltbench.errors import UsageError
 
 VOCAB = 50

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltbench.commands.e2e.workload import (
+from rltbench.bench.workload import (
     WORKLOAD_DIR,
     allowed_ids,
     burst_prompts,

@@ -149,8 +149,9 @@ class _Corrupting:
 def test_injected_exact_mismatch_exit_1(invoke, tmp_path, monkeypatch):
     real = bench.make_arm_ops
 
-    def corrupt_exact(arm, scope):
-        return _Corrupting(real(arm, scope)) if arm == "exact" else real(arm, scope)
+    def corrupt_exact(arm, scope, specs=None):
+        ops = real(arm, scope, specs)
+        return _Corrupting(ops) if arm == "exact" else ops
 
     monkeypatch.setattr(bench, "make_arm_ops", corrupt_exact)
     out = tmp_path / "bad"

@@ -2,7 +2,7 @@
 
 Flag names follow vLLM where the meaning is the same (--input-len, --output-len, --max-num-seqs,
 --max-num-batched-tokens, --block-size, --enforce-eager, --result-dir, --seed, --dtype,
---served-model-name). The metric contract is /work/shared/specs/e2e.md (printed in table.md).
+--served-model-name). The metric definitions are docs/e2e.md's (printed in table.md).
 """
 
 from __future__ import annotations
@@ -10,14 +10,23 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from rltbench.arms import (
+    ActOption,
+    ArmsOption,
+    NormOption,
+    RopeOption,
+    ScopeOption,
+    override_flags,
+    parse_arms,
+)
+from rltbench.backends.base import Timeouts, parse_servers
+from rltbench.commands.e2e.job import BURST, SESSION, E2ESpec, run
 from rltbench.errors import UsageError
-
-BURST = "burst"
-SESSION = "session"
+from rltbench.runtime import DeviceOption, DtypeOption, ModelOption, ModelSource, SeedOption, WeightsOption
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -40,47 +49,14 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
-def _device_dtype(device: str | None, dtype: str | None) -> tuple[str, Any]:
-    import torch
-
-    from rltbench.models.configs import dtype_from_name
-
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {dev}: CUDA is not available on this machine")
-    try:
-        dt = dtype_from_name(dtype or ("bfloat16" if dev.startswith("cuda") else "float32"))
-    except (KeyError, ValueError) as exc:
-        raise UsageError(f"--dtype {dtype}: {exc}") from None
-    return dev, dt
-
-
 def e2e_command(
-    model: Annotated[
-        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
-    ] = "ouro-1.4b",
-    weights: Annotated[
-        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
-    ] = "random",
-    arms: Annotated[
-        str,
-        typer.Option(
-            help="Comma list: torch,exact,approx,cuda or NAME=norm:exact/rope:off/scope:all; "
-            "a repeated name is an A/A arm (torch,torch -> torch#2)."
-        ),
-    ] = "torch,exact,approx",
-    norm: Annotated[
-        str | None, typer.Option(help="Override norm (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    rope: Annotated[
-        str | None, typer.Option(help="Override rope (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    act: Annotated[
-        str | None, typer.Option(help="Override act (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    scope: Annotated[
-        str | None, typer.Option(help="Override scope (graph|all) on named non-torch arms.")
-    ] = None,
+    model: ModelOption = "ouro-1.4b",
+    weights: WeightsOption = "random",
+    arms: ArmsOption = "torch,exact,approx",
+    norm: NormOption = None,
+    rope: RopeOption = None,
+    act: ActOption = None,
+    scope: ScopeOption = None,
     workload: Annotated[
         str, typer.Option(help="burst (C requests at once) or session (trace replay).")
     ] = BURST,
@@ -91,10 +67,10 @@ def e2e_command(
         int | None,
         typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, trace blocks and random weights.")] = 0,
+    seed: SeedOption = 0,
     trace: Annotated[
         str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
-    ] = ("mooncake"),
+    ] = "mooncake",
     trace_time_scale: Annotated[
         float | None, typer.Option(help="Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).")
     ] = None,
@@ -116,10 +92,8 @@ def e2e_command(
     prefill_graphs: Annotated[
         bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
     ] = True,
-    dtype: Annotated[
-        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda | cpu (default: cuda if available).")] = None,
+    dtype: DtypeOption = None,
+    device: DeviceOption = None,
     result_dir: Annotated[
         Path | None, typer.Option(help="Output directory (default results/e2e-<time>).")
     ] = None,
@@ -139,8 +113,6 @@ def e2e_command(
     live: Annotated[bool, typer.Option(help="Rich live table (off when not a terminal).")] = True,
 ) -> None:
     """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
-    from rltbench.commands.e2e.job import build_and_run
-
     t_start = time.perf_counter()
     if workload not in (BURST, SESSION):
         raise UsageError(f"--workload must be burst or session, not {workload!r}")
@@ -166,41 +138,34 @@ def e2e_command(
         raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
-    path, mismatch = build_and_run(
-        dict(
-            model=model,
-            weights=weights,
-            arms=arms,
-            overrides={"norm": norm, "rope": rope, "act": act, "scope": scope},
-            workload=workload,
-            concurrency=parse_concurrency(concurrency),
-            input_len=input_len,
-            output_len=output_len,
-            repeats=repeats,
-            seed=seed,
-            trace=trace,
-            trace_time_scale=trace_time_scale,
-            trace_length_scale=trace_length_scale,
-            max_requests=max_requests,
-            kv_cache_gib=kv_cache_gib,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            enforce_eager=enforce_eager,
-            prefill_graphs=prefill_graphs,
-            dtype=dtype,
-            device=device,
-            result_dir=result_dir,
-            backend=backend,
-            arm_urls=list(arm or []),
-            served_model_name=served_model_name,
-            warmup_requests=warmup_requests,
-            ttft_timeout=ttft_timeout,
-            stall_timeout=stall_timeout,
-            deadline=(t_start + deadline) if deadline > 0 else None,
-            live=live,
-            argv=list(sys.argv),
-        )
+    spec = E2ESpec(
+        source=ModelSource(model, weights, seed),
+        arms=parse_arms(arms, override_flags(norm, rope, act, scope)) if backend == "engine" else {},
+        servers=parse_servers(arm or []),
+        workload=workload,
+        concurrency=parse_concurrency(concurrency),
+        input_len=input_len,
+        output_len=output_len,
+        repeats=repeats,
+        trace=trace,
+        trace_time_scale=trace_time_scale,
+        trace_length_scale=trace_length_scale,
+        max_requests=max_requests,
+        kv_cache_gib=kv_cache_gib,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        enforce_eager=enforce_eager,
+        prefill_graphs=prefill_graphs,
+        dtype=dtype,
+        device=device,
+        result_dir=result_dir,
+        served_model_name=served_model_name,
+        warmup_requests=warmup_requests,
+        timeouts=Timeouts(ttft_timeout, stall_timeout, (t_start + deadline) if deadline > 0 else None),
+        live=live,
+        argv=list(sys.argv),
     )
+    _path, mismatch = run(spec)
     if mismatch:
         raise typer.Exit(code=1)  # an exact arm changed tokens on the reference's own batches

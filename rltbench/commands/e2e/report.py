@@ -15,16 +15,16 @@ from typing import Any
 
 import pandas as pd
 
+from rltbench.bench.warmth import is_cold
 from rltbench.commands.e2e import compare
-from rltbench.commands.e2e.metrics import (
+from rltbench.results import RunDir
+from rltbench.results.serving import (
     METRIC_DEFINITIONS,
     cell_summary,
     fmt_ms,
     percentiles,
     request_metrics,
 )
-from rltbench.engine.coldwork import is_cold
-from rltbench.results import RunDir
 
 CELL_KEYS = ("arm", "cell", "C", "rep")
 REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition), written by the runner

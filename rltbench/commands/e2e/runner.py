@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
+from rltbench.bench.workload import SessionTrace, theoretical_prefix_hit_rate
 from rltbench.commands.e2e import compare
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts
-from rltbench.commands.e2e.metrics import cell_summary
 from rltbench.commands.e2e.report import REPLAY_FILE, compute_cells
-from rltbench.commands.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_rate
+from rltbench.results.serving import cell_summary
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rltbench.bench.warmth import is_cold
 from rltbench.commands.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
 from rltbench.commands.gsm8k.stats import (
     check_gate,
@@ -30,7 +31,6 @@ from rltbench.commands.gsm8k.stats import (
     paired_stats,
     verdict_label,
 )
-from rltbench.engine.coldwork import is_cold
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
 from rltbench.results.stats import aa_name, compare_to_reference, format_interval, format_spread

@@ -3,7 +3,7 @@
 Why this way: scoring must be lm-eval's (prompts, exemplars, stop sequences, strict/flexible
 filters), but nothing may be downloaded at run time. We read the task YAML that ships *inside the
 installed lm-eval package* (so prompts and filters are exactly that version's), replace only the
-data source (`dataset_path: json` + `data_files` -> rltbench/commands/gsm8k/data/{test,train}.jsonl) and
+data source (`dataset_path: json` + `data_files` -> rltbench/data/gsm8k/{test,train}.jsonl) and
 build a `ConfigurableTask` from it; `simple_evaluate` accepts the Task object directly. The hub is
 switched off (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and the datasets cache goes to a caller-chosen
 directory, so a read-only home or a machine with no network still works.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from rltbench.errors import UsageError
+from rltbench.textcodec import GSM8K_DATA_DIR as DATA_DIR
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
 TASK_YAML = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k-cot.yaml"}
 TASKS = tuple(TASK_YAML)
 STRICT, FLEXIBLE = "strict-match", "flexible-extract"

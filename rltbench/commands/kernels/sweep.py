@@ -26,14 +26,17 @@ import dataclasses
 import hashlib
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rltbench.arms import ARMS, ArmSpec, is_exact
 from rltbench.bench import timing
-from rltbench.kernels import pdl
+from rltbench.kernels import make_ops, op_case, pdl
+from rltbench.kernels.oracle import bound_ratio
+from rltbench.kernels.oracle import ulp_distance as oracle_ulp
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -80,9 +83,14 @@ class BenchConfig:
     # calls per captured graph, cycling over the rotation sets (> 3x L2, so still cold): a replay's
     # fixed launch cost is spread over this many calls instead of inflating few big ones
     min_graph_calls: int = 32
+    # each arm's settings (rltbench.arms); an arm missing here is the named arm of that name
+    specs: dict[str, ArmSpec] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """For the manifest (the arms' settings are stored beside it, as arm_selections)."""
+        d = dataclasses.asdict(self)
+        d.pop("specs")
+        return d
 
 
 @dataclass(frozen=True)
@@ -147,13 +155,18 @@ def plan_cases(cfg: BenchConfig, on_gpu: bool) -> Plan:
 # ----------------------------------------------------------------------------------------------
 # arms
 # ----------------------------------------------------------------------------------------------
-def make_arm_ops(arm: str, scope: str) -> Any:
-    """The Ops object of an arm (torch / exact / approx) with the given scope, or the Liger peer."""
+def arm_spec(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> ArmSpec | None:
+    """The settings of `arm` (from `specs`, else the named arm), None for the peer."""
+    return (specs or {}).get(arm) or ARMS.get(arm)
+
+
+def make_arm_ops(arm: str, scope: str, specs: Mapping[str, ArmSpec] | None = None) -> Any:
+    """The Ops object of an arm with the given scope, or the Liger peer."""
     if arm == PEER_ARM:
         return LigerOps()
-    from rltbench.kernels import ARMS, make_ops
-
-    return make_ops(dataclasses.replace(ARMS[arm], scope=scope))
+    spec = arm_spec(arm, specs)
+    assert spec is not None, arm
+    return make_ops(spec.replace(scope=scope))
 
 
 def liger_available() -> bool:
@@ -267,9 +280,6 @@ def oracle_ulps(outs: Any, oracles: Any, terms: Any = None) -> dict[str, float]:
     (oracle.ulp_distance: fractional, 0.5 = correctly rounded at best) and, with the terms'
     magnitudes, the max ratio of the error to the approx arm's stated bound (oracle.bound_ratio:
     <= 1 within it; the ULP figure alone blows up where an output cancels)."""
-    from rltbench.kernels.oracle import bound_ratio
-    from rltbench.kernels.oracle import ulp_distance as oracle_ulp
-
     mx, total, n, ratio = 0.0, 0.0, 0, 0.0
     outs_t, ys = _tensors(outs), _tensors(oracles)
     ts = _tensors(terms) if terms is not None else [None] * len(ys)
@@ -316,8 +326,6 @@ def _stats_dict(stats: Any) -> Any:
 # one case
 # ----------------------------------------------------------------------------------------------
 def make_inputs(case: Case, device: torch.device, seed: int, index: int = 0) -> Any:
-    from rltbench.kernels import op_case
-
     gen = torch.Generator(device=device)
     gen.manual_seed(case.seed(seed) + 7919 * index)
     return op_case(case.op).make_inputs(case.tokens, case.width, DTYPES[case.dtype], device, gen)
@@ -326,8 +334,6 @@ def make_inputs(case: Case, device: torch.device, seed: int, index: int = 0) -> 
 def check_case(case: Case, arms: Iterable[str], device: torch.device, seed: int,
                ops_factory: Callable[[str, str], Any] = make_arm_ops) -> dict[str, dict[str, Any]]:
     """Correctness of every arm on one fresh random input set: vs torch and vs the fp64 oracle."""
-    from rltbench.kernels import op_case
-
     oc = op_case(case.op)
     inputs = make_inputs(case, device, seed)
     ref = oc.run(ops_factory("torch", "all"), clone_tree(inputs))
@@ -390,8 +396,6 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
 
     Returns (per-arm timing fields, sample records). Arms are interleaved; warm-up is excluded.
     """
-    from rltbench.kernels import op_case
-
     oc = op_case(case.op)
     first = make_inputs(case, ctx.device, cfg.seed, 0)
     plan = timing.rotation_sets(int(oc.bytes_moved(first)), ctx.l2_bytes, max_sets=cfg.max_sets)
@@ -526,9 +530,9 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
     for arm, chk in checks.items():
         rows[arm].update(chk)
         r = rows[arm]
-        if bitwise_arm(arm) and r["mismatches"] != 0:
+        if bitwise_arm(arm, cfg.specs) and r["mismatches"] != 0:
             r["status"] = "MISMATCH"
-        elif fused_arm(arm) and r.get("fused_calls") == 0:
+        elif fused_arm(arm, cfg.specs) and r.get("fused_calls") == 0:
             r["status"] = "fallback"
             why = fallback_reasons(r.get("ops_stats"))
             r["note"] = ("no fused call ran (torch fallback" + (f": {why}" if why else "")
@@ -545,7 +549,8 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             return list(rows.values()), samples
         for arm, f in fields.items():
             rows[arm].update(f)
-            if bitwise_arm(arm) and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
+            failed = (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok"
+            if bitwise_arm(arm, cfg.specs) and failed:
                 rows[arm]["status"] = "MISMATCH"
                 rows[arm]["note"] = "graph-captured outputs differ from torch"
             if arm == "exact" and (f.get("graph_pdl_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
@@ -553,23 +558,21 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
                 rows[arm]["note"] = "graph-captured outputs with PDL differ from torch"
     if ctx is not None and cfg.scope == "graph" and "eager" in cfg.modes:
         for a, r in rows.items():
-            if fused_arm(a):
+            if fused_arm(a, cfg.specs):
                 r["note"] = _join_note(r["note"], "scope graph: eager timing runs torch")
     return list(rows.values()), samples
 
 
-def bitwise_arm(arm: str) -> bool:
+def bitwise_arm(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> bool:
     """A project arm that must equal torch bit for bit (exact, cuda): any mismatch fails its row."""
-    from rltbench.kernels import ARMS
+    spec = arm_spec(arm, specs)
+    return spec is not None and is_exact(spec)
 
-    return arm in ARMS and ARMS[arm].fused and ARMS[arm].bitwise
 
-
-def fused_arm(arm: str) -> bool:
+def fused_arm(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> bool:
     """A project arm that runs kernels (not the torch reference, not the peer)."""
-    from rltbench.kernels import ARMS
-
-    return arm in ARMS and ARMS[arm].fused
+    spec = arm_spec(arm, specs)
+    return spec is not None and spec.fused
 
 
 def _join_note(note: str, more: str) -> str:

@@ -7,7 +7,7 @@
     python -m rltbench.commands.serve.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
                                                     [--scrapes DIR] --out table.md
 
-Every number comes from raw files through `rltbench.commands.e2e.metrics.cell_summary`, the one metrics layer:
+Every number comes from raw files through `rltbench.results.serving.cell_summary`, the one metrics layer:
 rltbench's e2e run directories (requests.jsonl) and guidellm's JSON report, whose per-request
 timestamps are turned into the same records, so the peer's raw timings are also read with rltbench's
 definitions beside the figures guidellm reports itself.
@@ -26,8 +26,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rltbench.commands.e2e.metrics import cell_summary
+from rltbench.backends.base import Timeouts
+from rltbench.backends.openai import OpenAIBackend
+from rltbench.bench.workload import burst_prompts
 from rltbench.commands.serve.metrics import parse_text
+from rltbench.models import get_config
+from rltbench.results.serving import cell_summary
 
 SOAK_SETTLE_S = 5.0  # blocks are freed in the step that finishes a request; allow for a slow /metrics
 
@@ -80,11 +84,6 @@ def soak(
 ) -> int:
     """`bursts` bursts of `concurrency` requests through rltbench's OpenAI client; after each, /metrics
     must show every KV block free and no live request. Writes soak.jsonl and soak.md; 0 = all clean."""
-    from rltbench.commands.e2e.engine_backend import Timeouts
-    from rltbench.commands.e2e.openai_backend import OpenAIBackend
-    from rltbench.commands.e2e.workload import burst_prompts
-    from rltbench.models import get_config
-
     config = get_config(model)
     backend = OpenAIBackend({"served": url})
     timeouts = Timeouts(first_token=300.0, stall=120.0)

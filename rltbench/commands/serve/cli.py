@@ -11,7 +11,10 @@ from typing import Annotated
 
 import typer
 
+from rltbench.arms import ActOption, NormOption, RopeOption, ScopeOption
+from rltbench.commands.serve.server import ServeOptions, run
 from rltbench.errors import UsageError
+from rltbench.runtime import DeviceOption, DtypeOption, ModelOption, SeedOption, WeightsOption
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:
@@ -25,24 +28,22 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
 
 
 def serve_command(
-    model: Annotated[
-        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
-    ] = "ouro-1.4b",
-    weights: Annotated[
-        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
-    ] = "random",
+    model: ModelOption = "ouro-1.4b",
+    weights: WeightsOption = "random",
     arm: Annotated[
         str,
         typer.Option(
-            help="The one kernel arm: torch, exact, approx or NAME=norm:exact/rope:off/scope:all. "
+            help="The one kernel arm: torch, exact, approx, cuda or NAME=norm:exact/rope:off/scope:all. "
             "The served model name says it (ouro-1.4b:exact); start one server per arm."
         ),
     ] = "exact",
-    dtype: Annotated[
-        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda | cpu (default: cuda if available).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of random weights.")] = 0,
+    norm: NormOption = None,
+    rope: RopeOption = None,
+    act: ActOption = None,
+    scope: ScopeOption = None,
+    dtype: DtypeOption = None,
+    device: DeviceOption = None,
+    seed: SeedOption = 0,
     kv_cache_gib: Annotated[
         float | None,
         typer.Option(help="KV pool size (default: free GPU memory minus headroom; CPU 512 blocks)."),
@@ -84,12 +85,14 @@ def serve_command(
     port: Annotated[int, typer.Option(help="Port (0 = any free port, printed on the ready line).")] = 8000,
 ) -> None:
     """OpenAI-compatible server (completions, chat, models, health, Prometheus metrics) over the engine."""
-    from rltbench.commands.serve.server import ServeOptions, run
-
     opts = ServeOptions(
         model=model,
         weights=weights,
         arm=arm,
+        norm=norm,
+        rope=rope,
+        act=act,
+        scope=scope,
         dtype=dtype,
         device=device,
         seed=seed,

@@ -48,9 +48,7 @@ def make_codec(spec: str | None, model_config: Any, checkpoint_tokenizer: Any = 
     if spec == "ids":
         return TextCodec(id_word_tokenizer(vocab), f"id words t0..t{vocab - 1} (one word per token id)", eos)
     if spec == "fallback":
-        from rltbench.commands.gsm8k.tasks import DATA_DIR
-
-        codec = textcodec.fallback_codec(DATA_DIR, vocab)
+        codec = textcodec.fallback_codec(vocab)
         codec.eos_token_ids = eos
         return codec
     codec = textcodec.load_tokenizer_file(spec)
