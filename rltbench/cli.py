@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 
 from rltbench.errors import UsageError
+from rltbench.results import RunDir
 
 app = typer.Typer(
     name="rltbench",
@@ -35,8 +37,6 @@ def _use_triton_interpreter_without_gpu() -> None:
     """Triton picks interpreter or GPU when a kernel is defined (at import), so decide first."""
     if "TRITON_INTERPRET" in os.environ:
         return
-    import torch
-
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -90,8 +90,6 @@ def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by any rltbench command.")],
 ) -> None:
     """Re-render table.md and the plots of a stored run from its raw result files."""
-    from rltbench.results import RunDir
-
     run = RunDir.open(run_dir)
     if run.command not in RENDERERS:
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from rltbench.results.quantiles import Quantiles, summarize
 from rltbench.results.stats import abba_order
@@ -234,9 +236,6 @@ def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | No
     """
     if not torch.cuda.is_available():
         return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

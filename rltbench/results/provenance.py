@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rltbench import __version__, native, tuned
 
 
@@ -44,10 +46,6 @@ def gpu_info() -> dict[str, Any]:
     """GPU name, driver and CUDA version as torch and nvidia-smi see them (None on CPU machines)."""
     info: dict[str, Any] = {"gpu": None, "gpu_count": 0, "driver": None, "cuda": None,
                             "compute_capability": None}
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return info
     info["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         info["gpu_count"] = torch.cuda.device_count()

@@ -12,6 +12,7 @@ and raw rows can be appended as work finishes so a Ctrl-C keeps everything measu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import gzip
 import json
@@ -21,7 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rltbench.errors import UsageError
+from rltbench.results.plotting import png_bytes
 from rltbench.results.provenance import collect as collect_provenance
 
 SCHEMA_VERSION = 1
@@ -40,8 +44,6 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
-
         return dataclasses.asdict(obj)
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
@@ -257,9 +259,7 @@ class RunDir:
         self._note_file(f"{name}.csv")
         return self.path / f"{name}.csv"
 
-    def read_table(self, name: str) -> Any:
-        import pandas as pd
-
+    def read_table(self, name: str) -> pd.DataFrame:
         return pd.DataFrame(self.read_json(f"{name}.json"))
 
     def write_markdown(self, name: str, text: str) -> Path:
@@ -269,13 +269,6 @@ class RunDir:
 
     def save_plot(self, name: str, fig: Any) -> Path:
         """Save a matplotlib figure as PNG (atomically) and close it."""
-        import io
-
-        import matplotlib.pyplot as plt
-
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        atomic_write_bytes(self.path / name, buf.getvalue())
+        atomic_write_bytes(self.path / name, png_bytes(fig))
         self._note_file(name)
         return self.path / name

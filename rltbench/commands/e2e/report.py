@@ -18,6 +18,7 @@ import pandas as pd
 from rltbench.bench.warmth import is_cold
 from rltbench.commands.e2e import compare
 from rltbench.results import RunDir
+from rltbench.results.plotting import arm_color, figure, log_axis
 from rltbench.results.serving import (
     METRIC_DEFINITIONS,
     cell_summary,
@@ -514,8 +515,6 @@ def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
 
 def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:
     """One line per arm in run order; A/A arms (torch#2) dashed in their base arm's colour."""
-    from rltbench.results.plotting import arm_color
-
     for arm in arms:
         g = df[df["arm"] == arm].dropna(subset=[ycol])
         if not g.empty:
@@ -536,19 +535,11 @@ def _legend(ax: Any) -> None:
 
 
 def _c_axis(ax: Any, cs: list[int]) -> None:
-    from matplotlib.ticker import NullFormatter
-
-    ax.set_xscale("log")
-    ax.set_xticks(cs)
-    ax.set_xticklabels([str(c) for c in cs])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("concurrency C")
+    log_axis(ax, cs, "concurrency C")
 
 
 def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
-    from rltbench.results.plotting import arm_color, figure
-
     pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
     if not pooled:
         return

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
 from rltbench.bench.workload import SessionTrace, theoretical_prefix_hit_rate
 from rltbench.commands.e2e import compare
@@ -222,8 +224,6 @@ def _replay_block(
 
 def _write_cells_so_far(run: Any) -> None:
     """cells.csv/json after every cell, so a run cut short still has its cell table (render redoes it)."""
-    import pandas as pd
-
     cells = compute_cells(run.read_jsonl("requests.jsonl"), run.read_jsonl("cell_meta.jsonl"))
     if cells:
         run.write_table("cells", pd.DataFrame(cells))

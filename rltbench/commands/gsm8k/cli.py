@@ -415,9 +415,8 @@ def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, sp
 
 def _run(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: dict[str, Any],
          servers: dict[str, str]) -> dict[str, Any]:
-    # lm-eval is an optional dependency: it loads only when a gate runs, never at `rltbench --help`
-    from rltbench.commands.gsm8k.evaluate import run_arm
-    from rltbench.commands.gsm8k.lm import RltbenchLM
+    # lm-eval is an optional dependency: it loads when a gate runs, not at `rltbench --help`
+    from rltbench.commands.gsm8k.evaluate import RltbenchLM, run_arm
 
     generator = _generator(run, config, source, specs, servers)
     run.update_manifest(config=config, random_weights=config["random_weights"])

@@ -33,6 +33,7 @@ from rltbench.commands.gsm8k.stats import (
 )
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results.plotting import figure
 from rltbench.results.stats import aa_name, compare_to_reference, format_interval, format_spread
 
 REFERENCE_ARM = "torch"
@@ -308,11 +309,7 @@ def needed_cell(c: dict[str, Any]) -> str:
 def accuracy_figure(summary: dict[str, Any]) -> Any:
     """Left: per-arm gate accuracy with exact (Clopper-Pearson) 95% intervals, which stay open at 0%
     and 100% where a normal interval has width 0. Right: discordant pairs per variant."""
-    import matplotlib.pyplot as plt
-
-    import rltbench.results.plotting  # noqa: F401  (Agg backend)
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = figure(10, 4, 1, 2)
     arms = list(summary["arms"])
     n = max(summary["n"], 1)
     accs = [summary["arms"][a]["gate_acc"] for a in arms]

@@ -15,6 +15,7 @@ import pandas as pd
 from rich.table import Table
 
 from rltbench.results import RunDir
+from rltbench.results.plotting import arm_color, figure
 
 ROWS = "rows.jsonl"
 SAMPLES = "samples.jsonl"
@@ -213,11 +214,9 @@ def _panels(df: pd.DataFrame) -> list[tuple[str, int]]:
 
 
 def _grid(n: int):
-    from rltbench.results.plotting import plt
-
     cols = min(3, max(1, n))
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = figure(4.2 * cols, 3.4 * rows, rows, cols, squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat)
@@ -225,8 +224,6 @@ def _grid(n: int):
 
 def latency_figure(df: pd.DataFrame, mode: str, dtype: str):
     """Latency vs tokens, one panel per (op, width), one line per arm, log-log axes."""
-    from rltbench.results.plotting import arm_color
-
     sub = df[df["dtype"] == dtype].copy()
     sub["t"] = pd.to_numeric(sub.get(f"{mode}_us_median"), errors="coerce")
     sub = sub[sub["t"].notna()]
@@ -257,8 +254,6 @@ def latency_figure(df: pd.DataFrame, mode: str, dtype: str):
 
 def speedup_figure(df: pd.DataFrame, mode: str, dtype: str):
     """Speedup over torch, bars per (op, width, tokens), one bar per non-torch arm."""
-    from rltbench.results.plotting import arm_color, figure
-
     sub = df[(df["dtype"] == dtype) & (df["arm"] != "torch")].copy()
     sub["s"] = pd.to_numeric(sub.get(f"{mode}_speedup"), errors="coerce")
     sub = sub[sub["s"].notna()]
@@ -287,8 +282,6 @@ def speedup_figure(df: pd.DataFrame, mode: str, dtype: str):
 
 def accuracy_figure(df: pd.DataFrame, dtype: str):
     """Max ULP vs the fp64 oracle per op and arm (log scale; 0.5 = correctly rounded)."""
-    from rltbench.results.plotting import arm_color, figure
-
     sub = df[df["dtype"] == dtype].copy()
     sub["u"] = pd.to_numeric(sub.get("max_ulp_vs_oracle"), errors="coerce")
     sub = sub[sub["u"].notna()]

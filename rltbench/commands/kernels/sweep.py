@@ -171,7 +171,7 @@ def make_arm_ops(arm: str, scope: str, specs: Mapping[str, ArmSpec] | None = Non
 
 def liger_available() -> bool:
     try:
-        import liger_kernel  # noqa: F401
+        import liger_kernel  # noqa: F401  (an optional peer, never a dependency)
     except Exception:  # noqa: BLE001 - an optional peer may fail to import in many ways
         return False
     return True
@@ -180,7 +180,8 @@ def liger_available() -> bool:
 class LigerOps:
     """Liger-Kernel's RMSNorm / RoPE / SiLU*up behind the Ops method names (optional peer column).
 
-    Liger is not a dependency: only built when `liger_kernel` imports. Its RoPE works in place on
+    Liger is not a dependency: only built when `liger_kernel` imports (hence the imports inside the
+    methods). Its RoPE works in place on
     [B, H, T, D] views; the [T, H, D] tensors are viewed (no copy) and the results viewed back.
     """
 

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from rltbench.commands.profile.classify import CLASSES
+from rltbench.errors import UsageError
+from rltbench.results import RunDir
+from rltbench.results.plotting import colormap, figure
+from rltbench.results.quantiles import summarize
 
 SUMMARY = "summary.json"
 GAP = "launch gaps/idle"
@@ -30,8 +34,6 @@ def _step_ms(arm: dict[str, Any], mode: str) -> tuple[float, float, float]:
         return tuple(
             (s.get(k) if s.get(k) is not None else float("nan")) / 1e3 for k in ("median", "p10", "p90")
         )
-    from rltbench.bench.timing import summarize
-
     st = summarize(arm.get("wall_us") or [])
     return st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3
 
@@ -165,14 +167,12 @@ def table_markdown(s: dict[str, Any]) -> str:
 
 def breakdown_figure(s: dict[str, Any]) -> Any:
     """Stacked bars: time per class per arm (per step), plus launch gaps on GPU, with floor lines."""
-    from rltbench.results.plotting import figure
-
     arms: dict[str, Any] = s.get("arms", {})
     mode = s.get("mode", "gpu")
     fig, ax = figure(7.5, 4.5)
     names = list(arms)
     bottoms = [0.0] * len(names)
-    cmap = __import__("matplotlib").colormaps["tab10"]
+    cmap = colormap("tab10")
     series = list(CLASSES) + ([GAP] if mode == "gpu" else [])
     for i, cls in enumerate(series):
         vals = []
@@ -204,9 +204,6 @@ def breakdown_figure(s: dict[str, Any]) -> Any:
 
 def render(run_dir: str | Path) -> None:
     """Re-create table.md and breakdown.png from summary.json (for `rltbench report DIR`)."""
-    from rltbench.errors import UsageError
-    from rltbench.results import RunDir
-
     run = RunDir.open(run_dir)
     if not run.file(SUMMARY).is_file():
         raise UsageError(f"{run_dir}: no {SUMMARY} (the profile did not finish any arm)")

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 from rltbench import textcodec
 from rltbench.errors import UsageError
 from rltbench.textcodec import TextCodec
@@ -28,8 +30,6 @@ ID_WORD = "t{}"
 
 def id_word_tokenizer(vocab_size: int) -> Any:
     """A `tokenizers.Tokenizer` mapping id i <-> the word `t<i>` (WordLevel, whitespace split)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {ID_WORD.format(i): i for i in range(int(vocab_size))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=ID_WORD.format(0)))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
