@@ -1,7 +1,7 @@
-"""The one Markdown table writer of every report: header, alignment row and one line per row.
+"""The one Markdown table writer of every report: a header, its alignment row and one line per row.
 
-A cell is written as `str(cell)`; an empty cell is written as a single space between its bars
-(`| a | |`), as the reports always wrote it. Alignment per column: "" (left, `---`), "r" (`---:`).
+Every cell is written as ` {cell} |` (str() of the value), so the same rows always give the same
+bytes and a re-rendered table.md compares equal to the stored one.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 def row(cells: Iterable[Any]) -> str:
     """One table line: `| a | b |`."""
-    return "|" + "".join(f" {c} |" if str(c) != "" else " |" for c in cells)
+    return "|" + "".join(f" {c} |" for c in cells)
 
 
 def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str | Sequence[str] = "") -> list[str]:
-    """The lines of a Markdown table. `align`: one code per column ("" or "l" left, "r" right), or a
-    single code for every column."""
+    """The lines of a Markdown table. `align`: one code per column ("" left: `---`, "r" right: `---:`),
+    or one code for every column."""
     codes = [align] * len(header) if isinstance(align, str) and len(align) <= 1 else list(align)
-    sep = "|" + "".join("---:|" if a == "r" else "---|" for a in codes)
-    return [row(header), sep, *(row(r) for r in rows)]
+    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in codes)
+    return [row(header), rule, *(row(r) for r in rows)]

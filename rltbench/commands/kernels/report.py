@@ -16,6 +16,7 @@ from rich.table import Table
 
 from rltbench.results import RunDir
 from rltbench.results.plotting import arm_color, figure
+from rltbench.results.tables import table
 
 ROWS = "rows.jsonl"
 SAMPLES = "samples.jsonl"
@@ -168,11 +169,8 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     if len(bad):
         lines += [f"**FAIL: {len(bad)} bitwise-arm case(s) differ from torch.**", ""]
     keep = _shown(df, len(COLUMNS))
-    lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")
-    lines.append("|" + "---|" * len(keep))
-    for _, row in _sorted(df).iterrows():
-        cells = _cells(row, markdown=True)
-        lines.append("| " + " | ".join(cells[i] for i in keep) + " |")
+    rows = [_cells(row, markdown=True) for _, row in _sorted(df).iterrows()]
+    lines += table([COLUMNS[i] for i in keep], [[cells[i] for i in keep] for cells in rows])
     notes_rows = [(r["op"], r["dtype"], r["width"], r["tokens"], r["arm"], r.get("note"))
                   for _, r in _sorted(df).iterrows() if isinstance(r.get("note"), str) and r.get("note")]
     if notes_rows:

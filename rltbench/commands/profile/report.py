@@ -16,6 +16,7 @@ from rltbench.errors import UsageError
 from rltbench.results import RunDir
 from rltbench.results.plotting import colormap, figure
 from rltbench.results.quantiles import summarize
+from rltbench.results.tables import table
 
 SUMMARY = "summary.json"
 GAP = "launch gaps/idle"
@@ -77,20 +78,17 @@ def table_markdown(s: dict[str, Any]) -> str:
         unit, tunit = "kernels", "GPU ms"
         lines += _decode_step_facts(s.get("decode_step"))
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
-    lines.append(
-        f"| arm | {unit}/step | {unit}/token | graph nodes = profiler | {tunit}/step (p10-p90) | "
-        f"{tunit}/token | vs torch |"
-    )
-    lines.append("|---|---|---|---|---|---|---|")
+    rows = []
     for name, a in arms.items():
         k = a.get("kernels_per_step")
         med, p10, p90 = _step_ms(a, mode)
         ratio = ref / med if med and math.isfinite(med) and math.isfinite(ref) else float("nan")
         agree = {True: "yes", False: "**NO**", None: "n/a"}[a.get("agree")]
-        lines.append(
-            f"| {name} | {_f(k, '.0f')} | {_f(k / batch if k is not None else None, '.1f')} | {agree} | "
-            f"{_f(med)} ({_f(p10)}-{_f(p90)}) | {_f(med / batch)} | {_f(ratio, '.2f')}x |"
-        )
+        rows.append([name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"), agree,
+                     f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch), f"{_f(ratio, '.2f')}x"])
+    header = ["arm", f"{unit}/step", f"{unit}/token", "graph nodes = profiler", f"{tunit}/step (p10-p90)",
+              f"{tunit}/token", "vs torch"]
+    lines += table(header, rows)
     lines.append("")
     wb = s.get("weight_bytes") or {}
     if mode == "gpu":
@@ -129,18 +127,12 @@ def table_markdown(s: dict[str, Any]) -> str:
             f"{_f(wb.get('bytes', float('nan')) / 1e6)} MB.",
             "",
         ]
-    lines += [
-        "## Breakdown per class (count / time per step)",
-        "",
-        "| class | " + " | ".join(arms) + " |",
-        "|---|" + "---|" * len(arms),
-    ]
-    for cls in CLASSES:
-        cells = []
-        for a in arms.values():
-            row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
-            cells.append(f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us")
-        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    def per_class(a: dict[str, Any], cls: str) -> str:
+        row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
+        return f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us"
+
+    lines += ["## Breakdown per class (count / time per step)", ""]
+    lines += table(["class", *arms], [[cls, *(per_class(a, cls) for a in arms.values())] for cls in CLASSES])
     lines += [
         "",
         "Classes of generic elementwise kernels (mul/add/cast) are inferred from their neighbours "
@@ -148,19 +140,12 @@ def table_markdown(s: dict[str, Any]) -> str:
         "",
     ]
     for name, a in arms.items():
-        lines += [
-            f"### Top kernels: {name}",
-            "",
-            "| kernel | class | count/step | us/step |",
-            "|---|---|---|---|",
-        ]
+        top = []
         for r in a.get("top_kernels", [])[:15]:
-            kname = r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "..."
-            kname = kname.replace("|", "\\|")
-            lines.append(
-                f"| `{kname}` | {r.get('class', '')} | {_f(r.get('count'), '.1f')} | "
-                f"{_f(r.get('time_us'), '.1f')} |"
-            )
+            kname = (r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "...").replace("|", "\\|")
+            top.append([f"`{kname}`", r.get("class", ""), _f(r.get("count"), ".1f"),
+                        _f(r.get("time_us"), ".1f")])
+        lines += [f"### Top kernels: {name}", "", *table(["kernel", "class", "count/step", "us/step"], top)]
         lines.append("")
     return "\n".join(lines)
 
