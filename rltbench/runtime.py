@@ -47,6 +47,14 @@ DeviceOption = Annotated[str | None, typer.Option(help="auto (cuda if a GPU is v
 DtypeOption = Annotated[str | None, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), bf16, fp16 "
                                                       "or fp32.")]
 SeedOption = Annotated[int, typer.Option(help="Seed of random weights (and of the prompts a command draws).")]
+# the engine's flags (e2e and serve); names follow vLLM where the meaning is the same
+KvCacheGibOption = Annotated[float | None, typer.Option(help="KV pool size in GiB (default: the free GPU "
+                                                             "memory minus headroom).")]
+MaxNumBatchedTokensOption = Annotated[int, typer.Option(help="Prefill token budget per step.")]
+BlockSizeOption = Annotated[int, typer.Option(help="KV block size (tokens).")]
+EnforceEagerOption = Annotated[bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")]
+PrefillGraphsOption = Annotated[bool, typer.Option(help="Capture prefill steps whose exact shape repeats in "
+                                                        "CUDA graphs.")]
 
 
 def resolve_device(device: str | None) -> str:

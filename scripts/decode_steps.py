@@ -275,13 +275,10 @@ def main() -> int:
                 summary["burst"] = burst(engine, arms[:3], 128, CONTEXT, 128)
     except BaseException as exc:
         run.write_json("summary.json", summary)
-        run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                            error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        run.mark_ended(exc)
         raise
-    run.write_json("summary.json", summary)
     text = table(summary)
-    run.write_markdown("table.md", text)
-    run.update_manifest(status="complete")
+    run.finish(text, summary=summary)
     print(text)
     return 0
 

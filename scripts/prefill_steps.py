@@ -293,8 +293,7 @@ def main() -> int:
             for rid in ids:
                 engine.abort_request(rid)
     except BaseException as exc:
-        run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                            error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        run.mark_ended(exc)
         raise
     summary["order"], summary["warm"] = timed["order"], timed["warm"]
     summary["samples_ms"] = timed["gpu_ms"]
@@ -303,10 +302,8 @@ def main() -> int:
     ref_ids = timed["ids"][unit_name(REF, "graph")]
     summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
     summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
-    run.write_json("summary.json", summary)
     text = table(summary)
-    run.write_markdown("table.md", text)
-    run.update_manifest(status="complete")
+    run.finish(text, summary=summary)
     print(text)
     return 0
 

@@ -1,6 +1,12 @@
 """What every backend shares: the request, the per-request record, timeouts, live progress, and the one
 NAME=URL parser for servers.
 
+A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) has `name`, `hosting` (one
+line for the report) and `supports_replay`; `warmup(arm, requests, timeouts)` makes `arm` ready;
+`run_cell(arm, tag, requests, timeouts, progress=..., ...)` serves `requests`, each sent at cell start
++ its arrival, and returns one finalized record per request, in request order; `stats(arm)` gives its
+counters (empty for servers).
+
 A record is a plain dict (a row of the e2e requests.jsonl): `send`, `first`, `last` (perf_counter
 seconds), `token_ids` (None where a server does not return ids; then `n_tokens`), `event_times` /
 `event_tokens` (one entry per streamed event and how many tokens it carried), `status` (ok, error,
@@ -10,9 +16,9 @@ timeout, length_mismatch), `error`, `finish_reason`, `prefix_hit_tokens`, and `t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rltbench.errors import UsageError
 
@@ -100,31 +106,6 @@ def finalize(rec: dict[str, Any]) -> dict[str, Any]:
         if rec["status"] != "ok":
             rec["error"] = f"{n} tokens, expected {expected}"
     return rec
-
-
-class Backend(Protocol):
-    """A model under test, reached in process or over HTTP. `run_cell` serves `requests`, each sent
-    at cell start + its arrival, and returns one finalized record per request in request order."""
-
-    name: str
-    hosting: str
-    supports_replay: bool
-
-    def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None: ...
-
-    def run_cell(
-        self,
-        arm: str,
-        tag: str,
-        requests: Sequence[Request],
-        timeouts: Timeouts,
-        reset_prefix_cache: bool = True,
-        progress: CellProgress | None = None,
-        on_step: Callable[[], None] | None = None,
-        timed: bool = True,
-    ) -> list[dict[str, Any]]: ...
-
-    def stats(self, arm: str | None = None) -> dict[str, Any]: ...
 
 
 def parse_servers(items: Sequence[str]) -> dict[str, str]:

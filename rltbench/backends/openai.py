@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -68,21 +68,11 @@ class OpenAIBackend:
         """Find the served model name, negotiate the extra fields, run a small warm-up burst."""
         asyncio.run(self._warmup(arm, requests, timeouts))
 
-    def run_cell(
-        self,
-        arm: str,
-        tag: str,
-        requests: Sequence[Request],
-        timeouts: Timeouts,
-        reset_prefix_cache: bool = True,
-        progress: CellProgress | None = None,
-        on_step: Callable[[], None] | None = None,
-        timed: bool = True,
-    ) -> list[dict[str, Any]]:
-        """Serve `requests` (each sent at cell start + arrival); one record per request.
-
-        The server's prefix cache cannot be reset through this API; the session report says so.
-        """
+    def run_cell(self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts,
+                 progress: CellProgress | None = None, **_engine_only: Any) -> list[dict[str, Any]]:
+        """Serve `requests` (each sent at cell start + arrival); one record per request. The engine's
+        options (prefix-cache reset, timed window, step hook) do not exist here: the server's prefix
+        cache cannot be reset through this API (the session report says so)."""
         return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress()))
 
     # -- internals ---------------------------------------------------------------------------------

@@ -188,6 +188,20 @@ class RunDir:
         self.manifest.update(fields)
         self._write_manifest()
 
+    def mark_ended(self, exc: BaseException) -> None:
+        """The run ended early: `interrupted` for Ctrl-C, else `failed`, with the error's first line
+        stored (what is already on disk stays and `rltbench report` can render it)."""
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.update_manifest(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def finish(self, table_md: str, **json_files: Any) -> None:
+        """Write the raw JSON files (name without .json -> object) and table.md, then mark the run
+        complete: the last step of every run that did all it planned."""
+        for name, obj in json_files.items():
+            self.write_json(f"{name}.json", obj)
+        self.write_markdown("table.md", table_md)
+        self.update_manifest(status="complete")
+
     # -- raw results ----------------------------------------------------------------------------
     def file(self, name: str) -> Path:
         return self.path / name

@@ -21,26 +21,8 @@ def _run(args, tmp_path, name):
 
 
 def test_burst_torch_vs_exact_all_scope(tmp_path):
-    rc, out = _run(
-        [
-            "--arms",
-            "torch,exact",
-            "--scope",
-            "all",
-            "--concurrency",
-            "2",
-            "--input-len",
-            "8",
-            "--output-len",
-            "3",
-            "--repeats",
-            "2",
-            "--warmup-requests",
-            "1",
-        ],
-        tmp_path,
-        "burst",
-    )
+    args = "--arms torch,exact --scope all --concurrency 2 --input-len 8 --output-len 3 --repeats 2"
+    rc, out = _run([*args.split(), "--warmup-requests", "1"], tmp_path, "burst")
     assert rc == 0
     run = RunDir.open(out)
     assert run.manifest["status"] == "complete" and run.manifest["config"]["random_weights"] is True

@@ -151,30 +151,9 @@ def test_cli_openai_backend_two_servers_end_to_end(tmp_path):
     from rltbench.results import RunDir
 
     with fake_server() as (url_a, _), fake_server() as (url_b, _):
-        rc = main(
-            [
-                "e2e",
-                "--backend",
-                "openai",
-                "--arm",
-                f"torch={url_a}",
-                "--arm",
-                f"exact={url_b}",
-                "--model",
-                "ouro-tiny",
-                "--concurrency",
-                "1,3",
-                "--input-len",
-                "8",
-                "--output-len",
-                "3",
-                "--repeats",
-                "2",
-                "--no-live",
-                "--result-dir",
-                str(tmp_path / "run"),
-            ]
-        )
+        args = f"e2e --backend openai --arm torch={url_a} --arm exact={url_b} --model ouro-tiny"
+        args += " --concurrency 1,3 --input-len 8 --output-len 3 --repeats 2 --no-live"
+        rc = main([*args.split(), "--result-dir", str(tmp_path / "run")])
     assert rc == 0
     run = RunDir.open(tmp_path / "run")
     assert run.manifest["status"] == "complete" and run.manifest["config"]["backend"] == "openai"

@@ -14,19 +14,11 @@ from typing import Annotated
 
 import typer
 
-from rltbench.arms import (
-    ActOption,
-    ArmsOption,
-    NormOption,
-    RopeOption,
-    ScopeOption,
-    override_flags,
-    parse_arms,
-)
+from rltbench import arms as armspec
+from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.commands.e2e.job import BURST, SESSION, E2ESpec, run
 from rltbench.errors import UsageError
-from rltbench.runtime import DeviceOption, DtypeOption, ModelOption, ModelSource, SeedOption, WeightsOption
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -50,13 +42,13 @@ def parse_concurrency(text: str) -> list[int]:
 
 
 def e2e_command(
-    model: ModelOption = "ouro-1.4b",
-    weights: WeightsOption = "random",
-    arms: ArmsOption = "torch,exact,approx",
-    norm: NormOption = None,
-    rope: RopeOption = None,
-    act: ActOption = None,
-    scope: ScopeOption = None,
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
+    arms: armspec.ArmsOption = "torch,exact,approx",
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
     workload: Annotated[
         str, typer.Option(help="burst (C requests at once) or session (trace replay).")
     ] = BURST,
@@ -67,7 +59,7 @@ def e2e_command(
         int | None,
         typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
     ] = None,
-    seed: SeedOption = 0,
+    seed: runtime.SeedOption = 0,
     trace: Annotated[
         str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
     ] = "mooncake",
@@ -78,22 +70,16 @@ def e2e_command(
         float | None, typer.Option(help="Multiply trace lengths and the 512-token hash block.")
     ] = None,
     max_requests: Annotated[int | None, typer.Option(help="Replay only the first N trace records.")] = None,
-    kv_cache_gib: Annotated[
-        float | None, typer.Option(help="KV pool size (default: from free GPU memory).")
-    ] = None,
+    kv_cache_gib: runtime.KvCacheGibOption = None,
     max_num_seqs: Annotated[
         int | None, typer.Option(help="Engine batch limit (default: max C; session 128).")
     ] = None,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
-    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
-    enforce_eager: Annotated[
-        bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
-    ] = False,
-    prefill_graphs: Annotated[
-        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
-    ] = True,
-    dtype: DtypeOption = None,
-    device: DeviceOption = None,
+    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
+    block_size: runtime.BlockSizeOption = 16,
+    enforce_eager: runtime.EnforceEagerOption = False,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
+    dtype: runtime.DtypeOption = None,
+    device: runtime.DeviceOption = None,
     result_dir: Annotated[
         Path | None, typer.Option(help="Output directory (default results/e2e-<time>).")
     ] = None,
@@ -139,8 +125,9 @@ def e2e_command(
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
     spec = E2ESpec(
-        source=ModelSource(model, weights, seed),
-        arms=parse_arms(arms, override_flags(norm, rope, act, scope)) if backend == "engine" else {},
+        source=runtime.ModelSource(model, weights, seed),
+        arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
+              if backend == "engine" else {}),
         servers=parse_servers(arm or []),
         workload=workload,
         concurrency=parse_concurrency(concurrency),

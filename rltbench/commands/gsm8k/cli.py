@@ -25,17 +25,9 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from rltbench import arms as armspec
 from rltbench import runtime, textcodec
-from rltbench.arms import (
-    ActOption,
-    ArmSpec,
-    NormOption,
-    RopeOption,
-    ScopeOption,
-    eager_reference_arms,
-    override_flags,
-    parse_arms,
-)
+from rltbench.arms import ArmSpec
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.backends.engine import EngineBackend
 from rltbench.backends.openai import OpenAIBackend
@@ -54,7 +46,6 @@ from rltbench.commands.gsm8k.tasks import (
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
-from rltbench.runtime import DeviceOption, DtypeOption, SeedOption
 
 console = Console()
 GSM8K_TEST_SIZE = 1319
@@ -78,7 +69,7 @@ def arm_names(arms: str | None, backend: str, servers: dict[str, str],
     else:
         if servers:
             raise UsageError("--arm NAME=URL is for --backend openai")
-        specs = dict(parse_arms(arms or DEFAULT_ARMS, overrides))
+        specs = dict(armspec.parse_arms(arms or DEFAULT_ARMS, overrides))
         extra = [a for a in specs if "#" in a and a != f"{ref}#2"]
         if extra:
             raise UsageError(f"--arms lists an arm twice: {', '.join(extra)} (only {ref} may repeat, once: "
@@ -276,10 +267,10 @@ def gsm8k_command(
                      "torch, exact, approx, cuda or NAME=norm:exact/rope:off/scope:all; torch named twice "
                      "is the A/A arm. With --backend openai the arms are the --arm servers."),
     ] = None,
-    norm: NormOption = None,
-    rope: RopeOption = None,
-    act: ActOption = None,
-    scope: ScopeOption = None,
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
     gate: Annotated[
         float,
         typer.Option(
@@ -311,13 +302,13 @@ def gsm8k_command(
     arm: Annotated[
         list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible server (repeatable).")
     ] = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
+    dtype: runtime.DtypeOption = "auto",
+    device: runtime.DeviceOption = "auto",
     tokenizer: Annotated[
         str | None,
         typer.Option(help="tokenizer.json (or its directory); needed for real text with random weights."),
     ] = None,
-    seed: SeedOption = 0,
+    seed: runtime.SeedOption = 0,
 ) -> None:
     """GSM8K quality gate: paired accuracy of each arm vs torch.
     Exit 0 identical or pass, 1 fail, 3 inconclusive."""
@@ -330,7 +321,7 @@ def gsm8k_command(
         )
     servers = parse_servers(arm or [])
     validate_numbers(gate, limit, batch_size, max_gen_toks, num_fewshot, task, backend, gate_filter)
-    specs = arm_names(arms, backend, servers, override_flags(norm, rope, act, scope))
+    specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope))
     label = model_label(model, weights, backend)
     source = runtime.ModelSource(label if weights == "random" else DEFAULT_MODEL, weights, seed)
     if backend == "engine":
@@ -402,7 +393,7 @@ def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, sp
     max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
     config["max_context"] = max_context
     engine = make_engine(model, specs, config["batch_size"], max_context)
-    same = eager_reference_arms(specs, bool(engine.use_graphs))
+    same = armspec.eager_reference_arms(specs, bool(engine.use_graphs))
     if same:
         config["notes"] = [
             f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "

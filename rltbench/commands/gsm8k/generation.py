@@ -13,7 +13,7 @@ text and the token count is the server's usage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rltbench.backends.base import Request
@@ -35,16 +35,13 @@ class Generation:
 
 @dataclass
 class BackendStats:
-    requests: int = 0
-    generated_tokens: int = 0
+    """What one arm's prompts and generation cost over the run (arms.json)."""
+
     prompt_tokens: int = 0
     truncated_prompts: int = 0
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def account(self, gens: list[Generation], seconds: float) -> None:
-        self.requests += len(gens)
-        self.generated_tokens += sum(g.num_tokens for g in gens)
         self.prompt_tokens += sum(g.prompt_tokens for g in gens)
         self.truncated_prompts += sum(1 for g in gens if g.truncated_prompt)
         self.seconds += seconds

@@ -17,8 +17,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rltbench import arms as armspec
 from rltbench import native
-from rltbench.arms import ARMS, REFERENCE, ActOption, ArmSpec, NormOption, RopeOption, parse_arms
+from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.commands.kernels import report
 from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
@@ -41,32 +42,28 @@ def _split(text: str, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def parse_tokens(text: str) -> list[int]:
+def _positive_ints(text: str, flag: str, what: str, hint: str) -> list[int]:
     out = []
-    for item in _split(text, "--tokens"):
+    for item in _split(text, flag):
         try:
             val = int(item)
         except ValueError:
-            raise UsageError(f"--tokens: {item!r} is not an integer (e.g. --tokens 1,8,128)") from None
+            raise UsageError(f"{flag}: {item!r} is not an integer ({hint})") from None
         if val <= 0:
-            raise UsageError(f"--tokens: token counts must be positive, got {val}")
+            raise UsageError(f"{flag}: {what} must be positive, got {val}")
         out.append(val)
     return out
+
+
+def parse_tokens(text: str) -> list[int]:
+    return _positive_ints(text, "--tokens", "token counts", "e.g. --tokens 1,8,128")
 
 
 def parse_widths(text: str) -> list[int] | None:
+    """None for 'model' (each op's model widths)."""
     if str(text).strip().lower() == "model":
         return None
-    out = []
-    for item in _split(text, "--widths"):
-        try:
-            val = int(item)
-        except ValueError:
-            raise UsageError(f"--widths: {item!r} is not an integer (or use --widths model)") from None
-        if val <= 0:
-            raise UsageError(f"--widths: widths must be positive, got {val}")
-        out.append(val)
-    return out
+    return _positive_ints(text, "--widths", "widths", "or use --widths model")
 
 
 def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str] | None = None) -> list[str]:
@@ -95,7 +92,7 @@ def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict
             names.remove(native.NATIVE_IMPL)
             notes.append(f"native arm unavailable: {exc}")
         text = ",".join(names)
-    specs = parse_arms(text, overrides)
+    specs = armspec.parse_arms(text, overrides)
     if REFERENCE not in specs:
         specs = {REFERENCE: ARMS[REFERENCE], **specs}
         notes.append("torch arm added: it is the reference for correctness and speedup")
@@ -167,9 +164,9 @@ def kernels_command(
                                       "(torch is always added: it is the reference; 'all' leaves cuda out, "
                                       "with a note, where it cannot be built).")
                     ] = "all",
-    norm: NormOption = None,
-    rope: RopeOption = None,
-    act: ActOption = None,
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
     repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
                                          "only).")] = 100,
     mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "

@@ -13,21 +13,12 @@ import torch
 import typer
 from rich.console import Console
 
+from rltbench import arms as armspec
 from rltbench import runtime
-from rltbench.arms import (
-    ActOption,
-    ArmsOption,
-    NormOption,
-    RopeOption,
-    ScopeOption,
-    override_flags,
-    parse_arms,
-)
 from rltbench.commands.profile.collect import ProfileSpec, run_profile
 from rltbench.commands.profile.report import SUMMARY, render, table_markdown
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
-from rltbench.runtime import DtypeOption, ModelOption, SeedOption, WeightsOption
 
 
 def _console() -> Console:
@@ -51,21 +42,21 @@ def profile_device(device: str, cpu: bool) -> str:
 
 
 def profile_command(
-    model: ModelOption = "ouro-1.4b",
-    weights: WeightsOption = "random",
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
     batch: Annotated[int, typer.Option(help="Sequences per decode step.")] = 1,
     context: Annotated[int, typer.Option(help="Cached tokens per sequence.")] = 512,
-    arms: ArmsOption = "torch,exact,approx",
-    norm: NormOption = None,
-    rope: RopeOption = None,
-    act: ActOption = None,
-    scope: ScopeOption = None,
-    dtype: DtypeOption = None,
+    arms: armspec.ArmsOption = "torch,exact,approx",
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
+    dtype: runtime.DtypeOption = None,
     device: Annotated[
         str, typer.Option(help="cuda, cuda:N or cpu (cpu: the eager CPU path, CPU op counts and host "
                           "times, no GPU claims).")
     ] = "cuda",
-    seed: SeedOption = 0,
+    seed: runtime.SeedOption = 0,
     iters: Annotated[int, typer.Option(help="Timed replays per arm (events, no profiler).")] = 200,
     rounds: Annotated[
         int, typer.Option(help="Interleaving rounds (A B C C B A ...) the iters are split into.")
@@ -92,7 +83,7 @@ def profile_command(
         if val < 1:
             raise UsageError(f"{flag} must be a positive integer (got {val})")
     dev = profile_device(device, cpu)
-    specs = parse_arms(arms, override_flags(norm, rope, act, scope))
+    specs = armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
     source = runtime.ModelSource(model, weights, seed)
     # config.json checked before any run directory exists; the manifest names what was loaded
     label = source.config().name if not source.random else model
@@ -129,11 +120,8 @@ def profile_command(
     console.print(f"[bold]rltbench profile[/] -> {run.path}{mode_note}")
     try:
         out = run_profile(spec, log=lambda m: console.print(f"  {m}"))
-    except KeyboardInterrupt:
-        run.update_manifest(status="interrupted")
-        raise
     except BaseException as exc:
-        run.update_manifest(status="failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        run.mark_ended(exc)
         raise
     traces = out.pop("_traces", {})
     out.update(model=label, weights=config["weights"], dtype=config["dtype"])

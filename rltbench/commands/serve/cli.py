@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from rltbench.arms import ActOption, NormOption, RopeOption, ScopeOption
+from rltbench import arms as armspec
+from rltbench import runtime
 from rltbench.commands.serve.server import ServeOptions, run
 from rltbench.errors import UsageError
-from rltbench.runtime import DeviceOption, DtypeOption, ModelOption, SeedOption, WeightsOption
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:
@@ -28,8 +28,8 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
 
 
 def serve_command(
-    model: ModelOption = "ouro-1.4b",
-    weights: WeightsOption = "random",
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
     arm: Annotated[
         str,
         typer.Option(
@@ -37,30 +37,23 @@ def serve_command(
             "The served model name says it (ouro-1.4b:exact); start one server per arm."
         ),
     ] = "exact",
-    norm: NormOption = None,
-    rope: RopeOption = None,
-    act: ActOption = None,
-    scope: ScopeOption = None,
-    dtype: DtypeOption = None,
-    device: DeviceOption = None,
-    seed: SeedOption = 0,
-    kv_cache_gib: Annotated[
-        float | None,
-        typer.Option(help="KV pool size (default: free GPU memory minus headroom; CPU 512 blocks)."),
-    ] = None,
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
+    dtype: runtime.DtypeOption = None,
+    device: runtime.DeviceOption = None,
+    seed: runtime.SeedOption = 0,
+    kv_cache_gib: runtime.KvCacheGibOption = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together at most.")] = 128,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
-    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
+    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
+    block_size: runtime.BlockSizeOption = 16,
     max_model_len: Annotated[
         int | None, typer.Option(help="Context: prompt + max_tokens (default min(model context, 4096)).")
     ] = None,
-    enforce_eager: Annotated[
-        bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
-    ] = False,
+    enforce_eager: runtime.EnforceEagerOption = False,
     prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV of shared prompt prefixes.")] = True,
-    prefill_graphs: Annotated[
-        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
-    ] = True,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
     warmup_prefill_len: Annotated[
         str | None,
         typer.Option(
@@ -85,33 +78,8 @@ def serve_command(
     port: Annotated[int, typer.Option(help="Port (0 = any free port, printed on the ready line).")] = 8000,
 ) -> None:
     """OpenAI-compatible server (completions, chat, models, health, Prometheus metrics) over the engine."""
-    opts = ServeOptions(
-        model=model,
-        weights=weights,
-        arm=arm,
-        norm=norm,
-        rope=rope,
-        act=act,
-        scope=scope,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-        kv_cache_gib=kv_cache_gib,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
-        prefix_caching=prefix_caching,
-        prefill_graphs=prefill_graphs,
-        warmup_prefill_lens=parse_lengths(warmup_prefill_len),
-        max_queue=max_queue,
-        tokenizer=tokenizer,
-        export_tokenizer=export_tokenizer,
-        served_model_name=served_model_name,
-        host=host,
-        port=port,
-    )
-    code = run(opts)
+    flags = dict(locals())  # the parameters, which are ServeOptions' fields (one of them still a string)
+    flags["warmup_prefill_lens"] = parse_lengths(flags.pop("warmup_prefill_len"))
+    code = run(ServeOptions(**flags))
     if code:
         raise typer.Exit(code=code)
