@@ -47,6 +47,12 @@ DeviceOption = Annotated[str | None, typer.Option(help="auto (cuda if a GPU is v
 DtypeOption = Annotated[str | None, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), bf16, fp16 "
                                                       "or fp32.")]
 SeedOption = Annotated[int, typer.Option(help="Seed of random weights (and of the prompts a command draws).")]
+ResultDirOption = Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
+                                                         "(default results/<command>-<UTC time>).")]
+BackendOption = Annotated[str, typer.Option(help="engine (every arm in this process) or openai (one server "
+                                                 "per arm, each given by --arm NAME=URL).")]
+ServersOption = Annotated[list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible "
+                                                                       "server, one per arm (repeatable).")]
 # the engine's flags (e2e and serve); names follow vLLM where the meaning is the same
 KvCacheGibOption = Annotated[float | None, typer.Option(help="KV pool size in GiB (default: the free GPU "
                                                              "memory minus headroom).")]
@@ -130,6 +136,18 @@ def load(source: ModelSource, device: str, dtype: torch.dtype, tokenizer: bool =
     if note:
         Console(stderr=True).print(f"[yellow]{note}[/]", highlight=False)
     return model, tok
+
+
+def check_engine_flags(config: EngineConfig) -> None:
+    """The engine's own checks of its sizing (EngineConfig.validate), worded with the flags that set
+    it, before any model work: `--block-size 0` fails in one line, not after a model was built."""
+    try:
+        config.validate()
+    except ValueError as exc:
+        msg = str(exc)
+        for field in ("max_num_batched_tokens", "max_num_seqs", "kv_cache_gib", "block_size"):
+            msg = msg.replace(field, "--" + field.replace("_", "-"))
+        raise UsageError(msg) from None
 
 
 def _available_memory_bytes() -> int | None:

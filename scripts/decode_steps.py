@@ -277,9 +277,7 @@ def main() -> int:
         run.write_json("summary.json", summary)
         run.mark_ended(exc)
         raise
-    text = table(summary)
-    run.finish(text, summary=summary)
-    print(text)
+    print(run.finish(table(summary), summary=summary))
     return 0
 
 

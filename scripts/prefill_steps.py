@@ -302,9 +302,7 @@ def main() -> int:
     ref_ids = timed["ids"][unit_name(REF, "graph")]
     summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
     summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
-    text = table(summary)
-    run.finish(text, summary=summary)
-    print(text)
+    print(run.finish(table(summary), summary=summary))
     return 0
 
 

@@ -122,18 +122,10 @@ def decode_step_cells(
     return cells
 
 
-def decode_step_table(
-    engine: Engine,
-    arms: Iterable[str] | None = None,
-    batch_sizes: Sequence[int] = (1, 8, 32),
-    context_len: int = 512,
-    iters: int = 25,
-    warmup: int = 3,
-    reps: int = 4,
-    host_tokens: int = 64,
-    seed: int = 0,
-    ref: str | None = None,
-) -> dict[str, Any]:
+def decode_step_table(engine: Engine, arms: Iterable[str] | None = None,
+                      batch_sizes: Sequence[int] = (1, 8, 32), context_len: int = 512, iters: int = 25,
+                      warmup: int = 3, reps: int = 4, host_tokens: int = 64, seed: int = 0,
+                      ref: str | None = None) -> dict[str, Any]:
     """Returns {"rows": [{arm, batch, median_ms, p10, p90, n, len_class, bucket, rep_median_ms}],
     "speedups": [{batch, arm, ref, speedup (interval), aa_spread, label}], "warm": [...],
     "host_overhead": [...], "order": [...]}. The reference is `ref` (default: torch if present, else

@@ -194,13 +194,14 @@ class RunDir:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self.update_manifest(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
 
-    def finish(self, table_md: str, **json_files: Any) -> None:
+    def finish(self, table_md: str, **json_files: Any) -> str:
         """Write the raw JSON files (name without .json -> object) and table.md, then mark the run
-        complete: the last step of every run that did all it planned."""
+        complete: the last step of every run that did all it planned. Returns the table."""
         for name, obj in json_files.items():
             self.write_json(f"{name}.json", obj)
         self.write_markdown("table.md", table_md)
         self.update_manifest(status="complete")
+        return table_md
 
     # -- raw results ----------------------------------------------------------------------------
     def file(self, name: str) -> Path:

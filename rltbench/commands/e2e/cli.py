@@ -7,9 +7,9 @@ Flag names follow vLLM where the meaning is the same (--input-len, --output-len,
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,6 +18,7 @@ from rltbench import arms as armspec
 from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.commands.e2e.job import BURST, SESSION, E2ESpec, run
+from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
 
@@ -80,15 +81,9 @@ def e2e_command(
     prefill_graphs: runtime.PrefillGraphsOption = True,
     dtype: runtime.DtypeOption = None,
     device: runtime.DeviceOption = None,
-    result_dir: Annotated[
-        Path | None, typer.Option(help="Output directory (default results/e2e-<time>).")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="engine (in process) or openai (servers given by --arm).")
-    ] = "engine",
-    arm: Annotated[
-        list[str] | None, typer.Option(help="openai backend: NAME=URL, one per arm/server.")
-    ] = None,
+    result_dir: runtime.ResultDirOption = None,
+    backend: runtime.BackendOption = "engine",
+    arm: runtime.ServersOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="openai backend: model field (default: first of /v1/models).")
     ] = None,
@@ -114,10 +109,11 @@ def e2e_command(
         raise UsageError("--ttft-timeout/--stall-timeout must be > 0 and --deadline >= 0")
     if warmup_requests < 0:
         raise UsageError("--warmup-requests must be >= 0")
-    if block_size < 1 or max_num_batched_tokens < 1 or (max_num_seqs is not None and max_num_seqs < 1):
-        raise UsageError("--block-size, --max-num-batched-tokens and --max-num-seqs must be >= 1")
-    if kv_cache_gib is not None and kv_cache_gib <= 0:
-        raise UsageError("--kv-cache-gib must be > 0")
+    engine = EngineConfig(kv_cache_gib=kv_cache_gib, block_size=block_size,
+                          max_num_batched_tokens=max_num_batched_tokens, use_cuda_graph=not enforce_eager,
+                          prefill_graphs=prefill_graphs)
+    seqs = 1 if max_num_seqs is None else max_num_seqs  # None: sized to the load later
+    runtime.check_engine_flags(dataclasses.replace(engine, max_num_seqs=seqs))
     if max_requests is not None and max_requests < 1:
         raise UsageError("--max-requests must be >= 1")
     if backend == "engine" and arm:
@@ -138,12 +134,8 @@ def e2e_command(
         trace_time_scale=trace_time_scale,
         trace_length_scale=trace_length_scale,
         max_requests=max_requests,
-        kv_cache_gib=kv_cache_gib,
+        engine=engine,
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        enforce_eager=enforce_eager,
-        prefill_graphs=prefill_graphs,
         dtype=dtype,
         device=device,
         result_dir=result_dir,

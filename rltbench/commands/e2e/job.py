@@ -6,6 +6,7 @@ directly, with a fake or real backend.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -53,12 +54,9 @@ class E2ESpec:
     trace_time_scale: float | None = None
     trace_length_scale: float | None = None
     max_requests: int | None = None
-    kv_cache_gib: float | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    enforce_eager: bool = False
-    prefill_graphs: bool = True
+    # the engine flags (pool size, block size, token budget, graphs); the load sets the rest
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    max_num_seqs: int | None = None  # None: the largest burst (C), or 128 for a session
     dtype: str | None = None
     device: str | None = None
     result_dir: Path | None = None
@@ -170,7 +168,7 @@ def _check_context(spec: E2ESpec, config: Any) -> None:
 def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -> tuple[EngineConfig, int]:
     """The engine for the load and the KV blocks it needs at once: max_num_seqs >= max C and a pool
     that holds every burst (C is never shrunk); a session needs its longest request."""
-    bs = spec.block_size
+    bs = spec.engine.block_size
     if session is None:
         cmax = max(spec.concurrency)
         seqs = spec.max_num_seqs or cmax
@@ -182,16 +180,8 @@ def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -
         seqs = spec.max_num_seqs or 128
         per_req = max(len(r.prompt) + r.output_len for r in session.requests)
         need_blocks = math.ceil(per_req / bs)
-    cfg = EngineConfig(
-        kv_cache_gib=spec.kv_cache_gib,
-        block_size=bs,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        enable_prefix_caching=session is not None,
-        use_cuda_graph=not spec.enforce_eager,
-        max_model_len=min(per_req, model_len),
-        prefill_graphs=spec.prefill_graphs,
-    )
+    cfg = dataclasses.replace(spec.engine, max_num_seqs=seqs, enable_prefix_caching=session is not None,
+                              max_model_len=min(per_req, model_len))
     return cfg, need_blocks
 
 
@@ -249,8 +239,8 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
         same = eager_reference_arms(spec.arms, bool(eng.use_graphs))
         if same:
             notes.append(
-                f"no CUDA graphs ({'--enforce-eager' if spec.enforce_eager else 'not on a GPU'}): the "
-                f"scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
+                f"no CUDA graphs ({'not on a GPU' if spec.engine.use_cuda_graph else '--enforce-eager'}): "
+                f"the scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
                 "nothing of the fused kernels; use --scope all to run the kernels eagerly"
             )
         cfg["engine"] = {

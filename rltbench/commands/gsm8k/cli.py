@@ -293,15 +293,9 @@ def gsm8k_command(
     gate_filter: Annotated[
         str, typer.Option("--filter", help="Which lm-eval extraction decides correctness.")
     ] = "strict-match",
-    result_dir: Annotated[
-        str | None, typer.Option(help="Run directory (default results/gsm8k-<time>).")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="engine (in-process) or openai (a server per arm).")
-    ] = "engine",
-    arm: Annotated[
-        list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible server (repeatable).")
-    ] = None,
+    result_dir: runtime.ResultDirOption = None,
+    backend: runtime.BackendOption = "engine",
+    arm: runtime.ServersOption = None,
     dtype: runtime.DtypeOption = "auto",
     device: runtime.DeviceOption = "auto",
     tokenizer: Annotated[

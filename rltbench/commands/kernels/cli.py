@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rltbench import arms as armspec
-from rltbench import native
+from rltbench import native, runtime
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.commands.kernels import report
 from rltbench.commands.kernels import sweep as bench
@@ -176,8 +176,7 @@ def kernels_command(
     scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
                                        "too) or 'graph' (fused only under graph capture, as models "
                                        "run by default).")] = "all",
-    result_dir: Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
-                                                     "(default results/kernels-<UTC time>/).")] = None,
+    result_dir: runtime.ResultDirOption = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
 ) -> None:

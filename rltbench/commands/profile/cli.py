@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -66,10 +65,7 @@ def profile_command(
         int, typer.Option(help="Real engine decode steps under the profiler (work outside the graph).")
     ] = 3,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True, help="The same as --device cpu.")] = False,
-    result_dir: Annotated[
-        Path | None,
-        typer.Option(help="Run directory, new or without an earlier run (default results/profile-<UTC>)."),
-    ] = None,
+    result_dir: runtime.ResultDirOption = None,
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
     for flag, val in (

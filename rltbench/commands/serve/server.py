@@ -65,10 +65,7 @@ class ServeOptions:
 
     def validate(self) -> None:
         """Refuse bad options before any model work."""
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
-            raise UsageError("--max-num-seqs, --max-num-batched-tokens and --block-size must be >= 1")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise UsageError("--kv-cache-gib must be > 0")
+        runtime.check_engine_flags(self.engine_config(self.max_model_len))
         if self.max_model_len is not None and self.max_model_len < 2:
             raise UsageError("--max-model-len must be >= 2 (one prompt token and one generated)")
         if self.max_queue < 0:
@@ -87,6 +84,18 @@ class ServeOptions:
     @property
     def source(self) -> runtime.ModelSource:
         return runtime.ModelSource(self.model, self.weights, self.seed)
+
+    def engine_config(self, max_model_len: int | None) -> EngineConfig:
+        return EngineConfig(
+            kv_cache_gib=self.kv_cache_gib,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.prefix_caching,
+            use_cuda_graph=not self.enforce_eager,
+            max_model_len=max_model_len,
+            prefill_graphs=self.prefill_graphs,
+        )
 
 
 @dataclass
@@ -122,17 +131,7 @@ def build(opts: ServeOptions) -> Built:
     model, tok = runtime.load(opts.source, dev, runtime.resolve_dtype(opts.dtype, dev), tokenizer=want_tok)
     label = opts.model if opts.source.random else Path(opts.weights).resolve().name
     codec = make_codec(opts.tokenizer, model.config, tok)
-    cfg = EngineConfig(
-        kv_cache_gib=opts.kv_cache_gib,
-        block_size=opts.block_size,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
-        enable_prefix_caching=opts.prefix_caching,
-        use_cuda_graph=not opts.enforce_eager,
-        max_model_len=max_len,
-        prefill_graphs=opts.prefill_graphs,
-    )
-    engine = runtime.build_engine(model, arms, cfg)
+    engine = runtime.build_engine(model, arms, opts.engine_config(max_len))
     if opts.export_tokenizer:
         if codec is None:
             raise UsageError("--export-tokenizer needs a tokenizer (--tokenizer PATH, fallback or ids)")
