@@ -33,7 +33,7 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 def git_info() -> dict[str, Any]:
     """The git sha of the rltbench checkout (and whether the tree had uncommitted changes)."""
     if os.environ.get("RLTBENCH_GIT_SHA"):
-        # a copy of the tree shipped to a lent GPU box (its .git, if any, may be stale): the
+        # a copy of the tree shipped to another machine (its .git, if any, may be stale): the
         # launcher passes the sha of the commit it sent
         return {"git_sha": os.environ["RLTBENCH_GIT_SHA"], "git_dirty": None}
     here = str(Path(__file__).resolve().parent)

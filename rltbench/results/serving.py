@@ -1,4 +1,5 @@
-"""Serving metrics (TTFT, TPOT, ITL, E2E, throughput) of request records, as docs/e2e.md defines them.
+"""Serving metrics (TTFT, TPOT, ITL, E2E, throughput) of request records, as docs/contracts/e2e.md
+defines them.
 
 Inputs are per-request records (dicts, the rows of requests.jsonl): `send`, `first`, `last`
 (time.perf_counter seconds), `event_times` / `event_tokens` (one entry per streamed event and how

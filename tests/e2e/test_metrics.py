@@ -1,4 +1,4 @@
-"""Metrics against hand-computed timestamps (spec: /work/shared/specs/e2e.md)."""
+"""Metrics against hand-computed timestamps (definitions: docs/contracts/e2e.md)."""
 
 from __future__ import annotations
 

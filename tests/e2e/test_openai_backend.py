@@ -11,8 +11,7 @@ from contextlib import contextmanager
 import pytest
 from aiohttp import web
 
-from rltbench.backends.base import Request, Timeouts
-from rltbench.backends.base import parse_servers as parse_arm_urls
+from rltbench.backends.base import Request, Timeouts, parse_servers
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.errors import UsageError
 
@@ -94,7 +93,7 @@ def reqs(n, out=4):
 
 def test_burst_streams_token_ids_and_metrics():
     with fake_server() as (url, seen):
-        be = OpenAIBackend(parse_arm_urls([f"A={url}/v1"]))
+        be = OpenAIBackend(parse_servers([f"A={url}/v1"]))
         be.warmup("A", reqs(1, out=2), Timeouts())
         assert be.notes["A"]["model"] == "fake-model"
         recs = be.run_cell("A", "C=3", reqs(3), Timeouts())
@@ -143,7 +142,7 @@ def test_unreachable_server_is_a_request_error():
 @pytest.mark.parametrize("spec", [["A"], ["A=ftp://x"], ["=http://x"], ["A=http://x", "A=http://y"]])
 def test_bad_arm_urls(spec):
     with pytest.raises(UsageError):
-        parse_arm_urls(spec)
+        parse_servers(spec)
 
 
 def test_cli_openai_backend_two_servers_end_to_end(tmp_path):

@@ -43,7 +43,7 @@ def test_weight_bytes_count_loop_reuse() -> None:
 
 
 def _app() -> typer.Typer:
-    """The lead's app when it imports, else a wrapper with the same UsageError -> exit 2 rule."""
+    """The CLI's app when it imports, else a wrapper with the same UsageError -> exit 2 rule."""
     try:
         from rltbench.cli import app
 

@@ -1,5 +1,5 @@
-"""CPU: `rltbench profile --cpu` must measure real decode steps (regression: every arm showed 0 ops/step
-and a 0 ms median because the engine capped the request at max_model_len before the timed and
+"""CPU: `rltbench profile --device cpu` must measure real decode steps (regression: every arm showed
+0 ops/step and a 0 ms median because the engine capped the request at max_model_len before the timed and
 profiled steps ran, so they were no-ops)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Flag names follow vLLM where the meaning is the same (--input-len, --output-len, --max-num-seqs,
 --max-num-batched-tokens, --block-size, --enforce-eager, --result-dir, --seed, --dtype,
---served-model-name). The metric definitions are docs/e2e.md's (printed in table.md).
+--served-model-name). The metric definitions are docs/contracts/e2e.md's (printed in table.md).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ SCOPES = ("graph", "all")
 PEER_ARM = "liger"
 PEER_OPS = ("rmsnorm", "rope_neox", "silu_mul")
 # Model widths per op: Ouro-1.4B hidden 2048 / inter 5632 / 16x128 heads; Huginn-0125 hidden 5280 /
-# inter 17920 / 55x96 heads (see /work/shared/specs/models.md).
+# inter 17920 / 55x96 heads (rltbench/models/configs.py).
 MODEL_WIDTHS: dict[str, tuple[int, ...]] = {
     "rmsnorm": (2048,),
     "rmsnorm_residual": (2048,),
