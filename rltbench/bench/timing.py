@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,13 +257,16 @@ def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | No
 
 def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[str, int] | int = 1,
                      rounds: int = 10, reps: int = 10, warmup: int = 3,
-                     before_sample: Callable[[], Any] | None = None) -> dict[str, list[float]]:
+                     before_sample: Callable[[], Any] | None = None,
+                     window: AbstractContextManager[Any] | None = None) -> dict[str, list[float]]:
     """Time each runner with CUDA events, arms interleaved; returns per-call microseconds per sample.
 
     One sample = `runner()` between two CUDA events, divided by its `calls` (e.g. K graph-captured
     calls). Each round visits the arms in `interleave_order` and takes `reps` samples per arm.
     `warmup` untimed runs per arm come first. `before_sample()` (e.g. an L2 flush) runs before each
     sample, outside the events. Events are read once at the end so host syncs do not gate the GPU.
+    `window` (e.g. a rltbench.bench.warmth.ColdWork) is entered after the warm-up and left after the
+    last sample: it sees the timed samples only.
     """
     names = list(runners)
     per_call = {n: (calls if isinstance(calls, int) else calls[n]) for n in names}
@@ -273,7 +277,16 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
             runners[name]()
     torch.cuda.synchronize()
     pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {n: [] for n in names}
-    for name in interleave_order(names, rounds):
+    with window if window is not None else nullcontext():
+        _timed_rounds(runners, pairs, interleave_order(names, rounds), reps, before_sample)
+    return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
+
+
+def _timed_rounds(runners: Mapping[str, Callable[[], Any]],
+                  pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], order: Sequence[str],
+                  reps: int, before_sample: Callable[[], Any] | None) -> None:
+    """`reps` event-timed samples per slot of `order`, a device sync after each slot."""
+    for name in order:
         run = runners[name]
         for _ in range(reps):
             if before_sample is not None:
@@ -285,7 +298,6 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
             end.record()
             pairs[name].append((start, end))
         torch.cuda.synchronize()  # bounded queue depth; keeps host and device within a round
-    return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
 
 
 def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | None = None,

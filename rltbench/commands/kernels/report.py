@@ -134,6 +134,12 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             _fmt(row.get("graph_pdl_pct_copy"), 1)]
 
 
+def cold_rows(df: pd.DataFrame) -> int:
+    """Rows whose timed samples saw cold work in some mode (runs older than this check: 0)."""
+    cols = [c for c in df.columns if c.endswith("_warm")]
+    return int((df[cols] == False).any(axis=1).sum()) if cols else 0  # noqa: E712 (NaN: not measured)
+
+
 def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The human summary: contract, device facts, notes, then one line per case x arm."""
     lines = ["# rltbench kernels", ""]
@@ -168,6 +174,10 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     bad = df[df["arm"].isin(BITWISE_ARMS) & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
     if len(bad):
         lines += [f"**FAIL: {len(bad)} bitwise-arm case(s) differ from torch.**", ""]
+    cold = cold_rows(df)
+    if cold:
+        lines += [f"**{cold} row(s) timed with cold work among the timed samples (a Triton compile, graph "
+                  "capture or device malloc: `cold_work` in samples.jsonl); their times include it.**", ""]
     keep = _shown(df, len(COLUMNS))
     rows = [_cells(row, markdown=True) for _, row in _sorted(df).iterrows()]
     lines += table([COLUMNS[i] for i in keep], [[cells[i] for i in keep] for cells in rows])

@@ -34,6 +34,7 @@ import torch
 
 from rltbench.arms import ARMS, ArmSpec, is_exact
 from rltbench.bench import timing
+from rltbench.bench.warmth import ColdWork
 from rltbench.kernels import make_ops, op_case, pdl
 from rltbench.kernels.oracle import bound_ratio
 from rltbench.kernels.oracle import ulp_distance as oracle_ulp
@@ -428,11 +429,13 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         runners = {a: g.replay for a, g in graphs.items()}
         pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
         runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
-        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before)
+        cold = ColdWork(device=ctx.device)
+        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
+                                        window=cold)
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
             f = fields[arm]
-            f.update(stats.to_dict("graph_us_"))
+            f.update(stats.to_dict("graph_us_"), graph_warm=cold.warm)
             if g.kernel_nodes is not None:  # graph nodes: exact, and no profiler session needed
                 f["graph_kernels_per_call"] = g.kernel_nodes / k
             else:
@@ -441,7 +444,8 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                 g.replay()
                 torch.cuda.synchronize()
                 f["graph_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
-            samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm],
+                            "cold_work": cold.counts})
         for arm, g in pdl_graphs.items():
             f = fields[arm]
             f.update(timing.summarize(times[f"{arm}{PDL_SUFFIX}"]).to_dict("graph_pdl_us_"))
@@ -450,7 +454,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             torch.cuda.synchronize()
             f["graph_pdl_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
             samples.append({**case.key, "arm": arm, "mode": "graph-pdl",
-                            "samples_us": times[f"{arm}{PDL_SUFFIX}"]})
+                            "samples_us": times[f"{arm}{PDL_SUFFIX}"], "cold_work": cold.counts})
         del graphs, pdl_graphs
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
@@ -463,30 +467,34 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             with pdl.plain_launches():
                 graphs[arm] = timing.GraphCalls(lambda i, ops=ops, s0=arm_sets[arm][0]: oc.run(ops, s0),
                                                 k_hot, keep_outputs=1)
+        cold = ColdWork(device=ctx.device)
         times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k_hot, rounds=rounds,
-                                        reps=reps)
+                                        reps=reps, window=cold)
         for arm, g in graphs.items():
             f = fields[arm]
-            f.update(timing.summarize(times[arm]).to_dict("hot_us_"))
+            f.update(timing.summarize(times[arm]).to_dict("hot_us_"), hot_warm=cold.warm)
             f["hot_kernels_per_call"] = g.kernel_nodes / k_hot if g.kernel_nodes is not None \
                 else timing.count_kernels_profiler(g.replay, k_hot)
-            samples.append({**case.key, "arm": arm, "mode": "hot", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "hot", "samples_us": times[arm],
+                            "cold_work": cold.counts})
         del graphs
     if "eager" in cfg.modes:
         runners = {}
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
             runners[arm] = lambda ops=ops, ss=arm_sets[arm]: [oc.run(ops, s) for s in ss]
+        cold = ColdWork(device=ctx.device)
         with pdl.plain_launches():  # eager launches choose their mode at every call
             times = timing.time_interleaved(runners, calls=plan.sets, rounds=rounds, reps=reps,
-                                            before_sample=before)
+                                            before_sample=before, window=cold)
         for arm in runners:
             stats = timing.summarize(times[arm])
-            fields[arm].update(stats.to_dict("eager_us_"))
+            fields[arm].update(stats.to_dict("eager_us_"), eager_warm=cold.warm)
             ops, s0 = ops_factory(arm, cfg.scope), arm_sets[arm][0]
             count = timing.count_kernels_profiler(lambda o=ops, s=s0: oc.run(o, s))
             fields[arm]["eager_kernels_per_call"] = count
-            samples.append({**case.key, "arm": arm, "mode": "eager", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "eager", "samples_us": times[arm],
+                            "cold_work": cold.counts})
     nbytes = int(oc.bytes_moved(first))
     copy_gbps = ctx.copy.get("gbps", float("nan"))
     for arm in arms:
