@@ -34,7 +34,7 @@ from rltbench.engine.schedule import ABORT, DECODE, PREFILL, ReplayError, Schedu
 from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
 from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
 from rltbench.errors import UsageError
-from rltbench.kernels import make_ops
+from rltbench.kernels.ops import make_ops
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_LEN_CLASS = 256

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from rltbench.arms import ARMS
 from rltbench.errors import UsageError
-from rltbench.kernels import make_ops
+from rltbench.kernels.ops import make_ops
 from rltbench.models.dense_kv import DenseKVCache
 
 

@@ -74,8 +74,6 @@ class ServeOptions:
             raise UsageError(f"--port {self.port}: must be in 0..65535 (0 = any free port)")
         if any(n < 1 for n in self.warmup_prefill_lens):
             raise UsageError("--warmup-prefill-len values must be >= 1")
-        if "," in self.arm:
-            raise UsageError(f"--arm {self.arm!r}: one arm per server (start one server per arm)")
         if self.tokenizer is not None and self.tokenizer not in SPECIAL and not Path(self.tokenizer).exists():
             raise UsageError(
                 f"--tokenizer {self.tokenizer}: no such file or directory (or use fallback, ids)"
@@ -123,6 +121,8 @@ def build(opts: ServeOptions) -> Built:
     """Model, codec, engine and app (nothing listens yet, nothing is captured yet)."""
     opts.validate()
     arms = parse_arms(opts.arm, override_flags(opts.norm, opts.rope, opts.act, opts.scope))
+    if len(arms) != 1:
+        raise UsageError(f"--arm {opts.arm!r}: one arm per server (start one server per arm)")
     (arm_name,) = arms
     max_len = _context_len(opts)
     dev = runtime.resolve_device(opts.device)
