@@ -1,8 +1,8 @@
 """The `rltbench` command line: one typer app, one sub-command per measurement.
 
-Each command lives in its own package (`rltbench.kernels`, `.e2e`, `.profiles`, `.gsm8k`) as a
-plain function with typer annotations; this module only registers them and turns user errors
-into one clear line with exit code 2 (never a traceback).
+Each command lives in its own package under `rltbench.commands` (kernels, e2e, profile, gsm8k, serve)
+as a plain function with typer annotations; this module only registers them (name -> module and
+function) and turns user errors into one clear line with exit code 2 (never a traceback).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import typer
 from rich.console import Console
 
+from rltbench.arms import reject_removed_env
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
 
@@ -63,12 +64,15 @@ def _load(module: str, attr: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _user_errors_exit_2(func):
-    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner."""
+def _user_errors_exit_2(func, takes_arms: bool = False):
+    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner. A command
+    that runs kernel arms first refuses the arm variables of older releases (they would do nothing)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
+            if takes_arms:
+                reject_removed_env()
             return func(*args, **kwargs)
         except UsageError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -81,7 +85,7 @@ def _user_errors_exit_2(func):
 
 
 for _name, (_module, _attr) in COMMANDS.items():
-    app.command(_name)(_user_errors_exit_2(_load(_module, _attr)))
+    app.command(_name)(_user_errors_exit_2(_load(_module, _attr), takes_arms=True))
 
 
 @app.command("report")

@@ -89,6 +89,8 @@ def test_removed_arm_variables_exit_2_naming_the_flag(var: str, monkeypatch, tmp
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and flag in lines[0], res.output
     assert not out.exists()
+    servers = ["gsm8k", "--backend", "openai", "--arm", "torch=http://127.0.0.1:1", "--result-dir", str(out)]
+    assert CliRunner().invoke(app, servers).exit_code == 2 and not out.exists()  # no arm parsed there
 
 
 @pytest.mark.parametrize("command", ["kernels", "e2e", "profile", "gsm8k", "serve"])
