@@ -13,6 +13,7 @@ unavailable). If the server rejects the optional fields with HTTP 400 during war
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -86,7 +87,7 @@ class OpenAIBackend:
             if arm not in self.models:
                 self.models[arm] = self.model_name or await self._served_model(sess, arm)
             first = requests[0] if requests else Request(index=0, prompt=[1, 2, 3], output_len=2)
-            probe = Request(index=0, prompt=first.prompt, output_len=2, ignore_eos=first.ignore_eos)
+            probe = dataclasses.replace(first, index=0, output_len=2, arrival=0.0)
             kind = "text" if isinstance(probe.prompt, str) else "token-id"
             error = ""
             for n_drop in range(len(EXTRA_FIELDS) + 1):
