@@ -1,111 +1,241 @@
-"""Arm specifications for `rltbench e2e --arms`.
+"""The kernel arm: which implementation each op family runs, written one way and parsed in one place.
 
-Grammar (comma-separated items):
-  NAME                   a known arm of rltbench.kernels.ARMS (torch, exact, approx, cuda)
-  NAME=op:val/op:val     a custom arm, starting from torch (all ops off), e.g. `fused=norm:exact/scope:all`
-                         (ops: norm, rope, act in {exact, approx, cuda, off}; scope in {graph, all})
-A repeated name becomes NAME#2, NAME#3 (`--arms torch,torch` is the A/A noise-floor run).
-`--norm/--rope/--act/--scope` override those settings on every named non-torch arm (not on custom ones).
-An arm that uses `cuda` (the native CUDA C++ kernels) where they cannot be built is a UsageError.
+An arm picks, per op family (norm, rope, act), one implementation:
+  exact   fused Triton kernels that must equal torch bit for bit
+  approx  fused Triton kernels that are faster and may differ within a stated bound
+  cuda    the native CUDA C++ kernels (rltbench.native), bitwise like exact
+  off     the torch reference ops
+and a scope: `graph` runs the fused kernels only while a CUDA graph is being captured (an eager
+Triton launch costs more host time than it saves), `all` runs them everywhere.
+
+The grammar of `--arms` (every command; `parse_arms` is its only parser):
+  ARMS  := ITEM ("," ITEM)*
+  ITEM  := NAME                          a named arm: torch, exact, approx, cuda
+         | NAME "=" FIELD ("/" FIELD)*   a custom arm, starting from torch (all off, scope graph)
+  FIELD := ("norm" | "rope" | "act") ":" IMPL  |  "scope" ":" ("graph" | "all")
+e.g. `--arms torch,exact,fused=norm:exact/scope:all`. A repeated name becomes NAME#2, NAME#3:
+`--arms torch,torch` is the A/A arm, the run's own noise floor. `--norm/--rope/--act/--scope`
+change that setting on every named arm except torch (a custom arm already says what it means).
+`str(spec)` writes the FIELD list back, so `parse_arms(f"x={spec}")` gives `spec` again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+from collections.abc import Iterable, Mapping
+from typing import Annotated
 
+import typer
+
+from rltbench import native
 from rltbench.errors import UsageError
 
-OP_VALUES = ("exact", "approx", "cuda", "off")   # rltbench.kernels.selection.IMPLS (not imported: light CLI)
-BITWISE_VALUES = ("exact", "cuda")               # must reproduce torch bit for bit
-SCOPE_VALUES = ("graph", "all")
-OP_KEYS = ("norm", "rope", "act")
+FAMILIES = ("norm", "rope", "act")
+IMPLS = ("exact", "approx", native.NATIVE_IMPL, "off")
+BITWISE_IMPLS = ("exact", native.NATIVE_IMPL)  # implementations that must reproduce torch bit for bit
+SCOPES = ("graph", "all")
+SETTINGS = (*FAMILIES, "scope")
+REFERENCE = "torch"
+# Environment variables that once chose the arm; the flags are the one way now, and a variable left
+# set in a shell must not look as if it still did something.
+REMOVED_ENV = {"RLTBENCH_NORM": "--norm", "RLTBENCH_ROPE": "--rope", "RLTBENCH_ACT": "--act",
+               "RLTBENCH_SCOPE": "--scope"}
 
 
-def _check(key: str, val: str, where: str) -> None:
-    allowed = SCOPE_VALUES if key == "scope" else OP_VALUES
-    if key not in (*OP_KEYS, "scope"):
-        raise UsageError(f"{where}: unknown setting {key!r} (norm, rope, act, scope)")
-    if val not in allowed:
-        raise UsageError(f"{where}: {key} must be one of {', '.join(allowed)}, not {val!r}")
+def _check_value(key: str, value: str, where: str) -> str:
+    """`value` for setting `key`, or a UsageError naming the allowed values."""
+    if key not in SETTINGS:
+        raise UsageError(f"{where}: unknown setting {key!r} ({', '.join(SETTINGS)})")
+    allowed = SCOPES if key == "scope" else IMPLS
+    if value not in allowed:
+        raise UsageError(f"{where}: {key} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
 
 
-def parse_arms(spec: str, overrides: dict[str, str | None] | None = None) -> dict[str, Any]:
-    """'torch,exact' -> {name: OpSelection} in order; bad input -> UsageError."""
-    from rltbench.kernels import ARMS, OpSelection
+@dataclasses.dataclass(frozen=True)
+class ArmSpec:
+    """One arm: an implementation per op family plus the scope. Immutable and hashable, so it can key
+    caches; invalid values are refused when the spec is made."""
 
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    for k, v in overrides.items():
-        _check(k, v, f"--{k}")
-    items = [s.strip() for s in spec.split(",") if s.strip()]
+    norm: str = "off"
+    rope: str = "off"
+    act: str = "off"
+    scope: str = "graph"
+
+    def __post_init__(self) -> None:
+        for key in SETTINGS:
+            _check_value(key, getattr(self, key), "arm")
+
+    @classmethod
+    def torch(cls, scope: str = "graph") -> ArmSpec:
+        return cls("off", "off", "off", scope)
+
+    @classmethod
+    def exact(cls, scope: str = "graph") -> ArmSpec:
+        return cls("exact", "exact", "exact", scope)
+
+    @classmethod
+    def approx(cls, scope: str = "graph") -> ArmSpec:
+        return cls("approx", "approx", "approx", scope)
+
+    @classmethod
+    def cuda(cls, scope: str = "graph") -> ArmSpec:
+        """The native arm: every family as CUDA C++ operators (rltbench.native)."""
+        return cls(native.NATIVE_IMPL, native.NATIVE_IMPL, native.NATIVE_IMPL, scope)
+
+    @property
+    def bitwise(self) -> bool:
+        """Every family is the torch reference or an implementation that must equal it bitwise."""
+        return all(getattr(self, f) in (*BITWISE_IMPLS, "off") for f in FAMILIES)
+
+    @property
+    def fused(self) -> bool:
+        """At least one family runs kernels of this project (not the torch reference)."""
+        return any(getattr(self, f) != "off" for f in FAMILIES)
+
+    @property
+    def name(self) -> str:
+        """'torch', 'exact', ... when all families agree, else the FIELD list of the families."""
+        if len({self.norm, self.rope, self.act}) == 1:
+            return REFERENCE if self.norm == "off" else self.norm
+        return "/".join(f"{f}:{getattr(self, f)}" for f in FAMILIES)
+
+    def replace(self, **settings: str) -> ArmSpec:
+        return dataclasses.replace(self, **settings)
+
+    def settings(self) -> dict[str, str]:
+        """The four settings, {norm, rope, act, scope}."""
+        return dataclasses.asdict(self)
+
+    def to_dict(self) -> dict[str, str]:
+        """For manifests: the four settings plus the display name."""
+        return {**self.settings(), "name": self.name}
+
+    def __str__(self) -> str:
+        return "/".join(f"{k}:{getattr(self, k)}" for k in SETTINGS)
+
+
+ARMS: dict[str, ArmSpec] = {
+    REFERENCE: ArmSpec.torch(),
+    "exact": ArmSpec.exact(),
+    "approx": ArmSpec.approx(),
+    native.NATIVE_IMPL: ArmSpec.cuda(),
+}
+
+
+def reject_removed_env(env: Mapping[str, str] | None = None) -> None:
+    """A UsageError when an arm variable of older releases is set: it would silently do nothing."""
+    env = os.environ if env is None else env
+    for var, flag in REMOVED_ENV.items():
+        if env.get(var, "").strip():
+            raise UsageError(f"{var} is no longer read: unset it and pass {flag} {env[var].strip()} instead")
+
+
+def _custom(name: str, body: str, item: str) -> ArmSpec:
+    fields: dict[str, str] = {}
+    for part in body.split("/"):
+        key, colon, value = (s.strip() for s in part.partition(":"))
+        if not colon:
+            raise UsageError(f"--arms {item!r}: expected setting:value pairs joined by '/' "
+                             f"(e.g. {name}=norm:exact/scope:all)")
+        fields[key] = _check_value(key, value, f"--arms {name}")
+    return ArmSpec.torch().replace(**fields)
+
+
+def _old_grammar(item: str) -> bool:
+    """`norm=exact` (the retired per-setting form), not a custom arm named `norm`."""
+    name, _, value = item.partition("=")
+    return name.strip() in SETTINGS and ":" not in value
+
+
+def parse_arms(text: str, overrides: Mapping[str, str | None] | None = None, *,
+               build_native: bool = True) -> dict[str, ArmSpec]:
+    """The arms of `--arms TEXT` in order, {name: ArmSpec}; `overrides` are --norm/--rope/--act/--scope
+    (None: not given). Builds the native kernels when an arm uses them (`build_native`), so an arm that
+    cannot run here fails now with the reason, before any run directory or timed cell."""
+    reject_removed_env()
+    given = {k: _check_value(k, v, f"--{k}") for k, v in (overrides or {}).items() if v is not None}
+    items = [s.strip() for s in text.split(",") if s.strip()]
     if not items:
         raise UsageError("--arms is empty (e.g. --arms torch,exact,approx)")
-    out: dict[str, Any] = {}
+    out: dict[str, ArmSpec] = {}
     for item in items:
-        name, sep, body = item.partition("=")
+        if _old_grammar(item):
+            key = item.split("=")[0].strip()
+            raise UsageError(f"--arms {item!r}: write a custom arm as NAME=norm:exact/rope:off (e.g. "
+                             f"--arms torch,fused=norm:exact/scope:all), or set it with --{key}")
+        name, eq, body = item.partition("=")
         name = name.strip()
         if not name or "#" in name:
             raise UsageError(f"--arms item {item!r}: bad arm name")
-        if sep:
-            fields: dict[str, str] = {}
-            for part in body.split("/"):
-                key, colon, val = part.strip().partition(":")
-                if not colon:
-                    raise UsageError(f"--arms {item!r}: expected op:value pairs separated by '/'")
-                _check(key.strip(), val.strip(), f"--arms {name}")
-                fields[key.strip()] = val.strip()
-            sel = dataclasses.replace(OpSelection.torch(), **fields)
+        if eq:
+            spec = _custom(name, body, item)
+        elif name in ARMS:
+            spec = ARMS[name] if name == REFERENCE else ARMS[name].replace(**given)
         else:
-            if name not in ARMS:
-                raise UsageError(
-                    f"--arms: unknown arm {name!r} (known: {', '.join(ARMS)}; or NAME=norm:exact/...)"
-                )
-            sel = ARMS[name]
-            if name != "torch" and overrides:
-                sel = dataclasses.replace(sel, **overrides)
+            raise UsageError(
+                f"--arms: unknown arm {name!r} (known: {', '.join(ARMS)}; or NAME=norm:exact/...)"
+            )
         key, k = name, 1
         while key in out:
             k += 1
             key = f"{name}#{k}"
-        out[key] = sel
-    from rltbench import native
-
-    native.require(out.values())   # builds the native kernels now, or says why they cannot run
+        out[key] = spec
+    if build_native:
+        native.require(out.values())  # builds the native kernels now, or says why they cannot run
     return out
 
 
-def reference_arm(arms: list[str]) -> str:
+def reference_arm(arms: Iterable[str]) -> str:
     """The arm every other arm is compared against: `torch` if present, else the first."""
-    return "torch" if "torch" in arms else arms[0]
+    names = list(arms)
+    return REFERENCE if REFERENCE in names else names[0]
 
 
-def selection_dict(sel: Any) -> dict[str, str]:
-    return {k: str(getattr(sel, k)) for k in (*OP_KEYS, "scope") if hasattr(sel, k)}
+def is_exact(spec: ArmSpec) -> bool:
+    """An arm that must reproduce torch bit for bit: every family exact, cuda or off, one not off."""
+    return spec.bitwise and spec.fused
 
 
-def is_exact(sel: Any) -> bool:
-    """An arm that must reproduce torch bit for bit: every op exact, cuda or off, at least one not off."""
-    vals = [str(getattr(sel, k, "off")) for k in OP_KEYS]
-    return all(v in (*BITWISE_VALUES, "off") for v in vals) and any(v != "off" for v in vals)
-
-
-def eager_reference_arms(selections: dict[str, Any], graphs: bool) -> list[str]:
+def eager_reference_arms(specs: Mapping[str, ArmSpec], graphs: bool) -> list[str]:
     """Arms that silently run the torch reference ops: scope "graph" fuses only inside CUDA graphs,
     so without graphs (CPU, --enforce-eager) such an arm computes exactly what `torch` computes."""
     if graphs:
         return []
-    return [
-        n
-        for n, s in selections.items()
-        if str(getattr(s, "scope", "all")) == "graph"
-        and any(str(getattr(s, k, "off")) != "off" for k in OP_KEYS)
-    ]
+    return [n for n, s in specs.items() if s.scope == "graph" and s.fused]
 
 
-def eager_kernel_arms(selections: dict[str, Any]) -> set[str]:
+def eager_kernel_arms(specs: Mapping[str, ArmSpec]) -> set[str]:
     """Arms whose eager (uncaptured) steps run their own fused kernels (scope "all"): the kernel
     specialisations they compile differ from every other arm's, so each needs its own warm-up."""
-    def fused(s: Any) -> bool:
-        return any(str(getattr(s, k, "off")) != "off" for k in OP_KEYS)
+    return {n for n, s in specs.items() if s.scope == "all" and s.fused}
 
-    return {n for n, s in selections.items() if str(getattr(s, "scope", "graph")) == "all" and fused(s)}
+
+# ---- the shared typer options --------------------------------------------------------------------
+ARMS_HELP = ("Comma list of arms: torch, exact, approx, cuda (native CUDA C++) or "
+             "NAME=norm:exact/rope:off/act:approx/scope:all; a repeated name is an A/A arm "
+             "(torch,torch -> torch#2).")
+
+
+def _override_help(key: str) -> str:
+    values = "|".join(SCOPES if key == "scope" else IMPLS)
+    return f"Set {key} ({values}) on every named arm except torch."
+
+
+ArmsOption = Annotated[str, typer.Option("--arms", help=ARMS_HELP)]
+NormOption = Annotated[str | None, typer.Option("--norm", help=_override_help("norm"))]
+RopeOption = Annotated[str | None, typer.Option("--rope", help=_override_help("rope"))]
+ActOption = Annotated[str | None, typer.Option("--act", help=_override_help("act"))]
+ScopeOption = Annotated[str | None, typer.Option("--scope", help=_override_help("scope"))]
+
+
+def override_flags(norm: str | None = None, rope: str | None = None, act: str | None = None,
+              scope: str | None = None) -> dict[str, str | None]:
+    """The per-setting flags as the `overrides` argument of `parse_arms`."""
+    return {"norm": norm, "rope": rope, "act": act, "scope": scope}
+
+
+__all__ = ["ARMS", "ArmSpec", "ArmsOption", "ActOption", "NormOption", "RopeOption", "ScopeOption",
+           "eager_kernel_arms", "eager_reference_arms", "is_exact", "override_flags", "parse_arms",
+           "reference_arm"]

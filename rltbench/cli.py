@@ -1,8 +1,8 @@
 """The `rltbench` command line: one typer app, one sub-command per measurement.
 
-Each command lives in its own package (`rltbench.kernels`, `.e2e`, `.profiles`, `.gsm8k`) as a
-plain function with typer annotations; this module only registers them and turns user errors
-into one clear line with exit code 2 (never a traceback).
+Each command lives in its own package under `rltbench.commands` (kernels, e2e, profile, gsm8k, serve)
+as a plain function with typer annotations; this module only registers them (name -> module and
+function) and turns user errors into one clear line with exit code 2 (never a traceback).
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 
+from rltbench.arms import reject_removed_env
 from rltbench.errors import UsageError
+from rltbench.results import RunDir
 
 app = typer.Typer(
     name="rltbench",
@@ -35,8 +38,6 @@ def _use_triton_interpreter_without_gpu() -> None:
     """Triton picks interpreter or GPU when a kernel is defined (at import), so decide first."""
     if "TRITON_INTERPRET" in os.environ:
         return
-    import torch
-
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -66,12 +67,15 @@ def _load(module: str, attr: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _user_errors_exit_2(func):
-    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner."""
+def _user_errors_exit_2(func, takes_arms: bool = False):
+    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner. A command
+    that runs kernel arms first refuses the arm variables of older releases (they would do nothing)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
+            if takes_arms:
+                reject_removed_env()
             return func(*args, **kwargs)
         except UsageError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -84,7 +88,7 @@ def _user_errors_exit_2(func):
 
 
 for _name, (_module, _attr) in COMMANDS.items():
-    app.command(_name)(_user_errors_exit_2(_load(_module, _attr)))
+    app.command(_name)(_user_errors_exit_2(_load(_module, _attr), takes_arms=True))
 
 
 @app.command("report")
@@ -93,8 +97,6 @@ def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by any rltbench command.")],
 ) -> None:
     """Re-render table.md and the plots of a stored run from its raw result files."""
-    from rltbench.results import RunDir
-
     run = RunDir.open(run_dir)
     if run.command not in RENDERERS:
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")

@@ -13,9 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from rltbench.errors import UsageError
 
 FALLBACK_MAX_VOCAB = 4096
+# The GSM8K files shipped with rltbench (MIT): the gate's questions, and the text the fallback
+# tokenizer is trained on.
+GSM8K_DATA_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
 BYTE_ALPHABET = 256
 
 
@@ -68,8 +73,6 @@ class TextCodec:
 
 def _raw_tokenizer(tok: Any) -> Any:
     """The underlying `tokenizers.Tokenizer` if there is one (directly or as an attribute)."""
-    from tokenizers import Tokenizer
-
     if isinstance(tok, Tokenizer):
         return tok
     for attr in ("tokenizer", "_tokenizer", "tok", "_tok"):
@@ -100,8 +103,6 @@ def wrap(tok: Any, source: str) -> TextCodec:
 
 def load_tokenizer_file(path: str | Path) -> TextCodec:
     """`--tokenizer PATH`: a tokenizer.json file or a directory holding one."""
-    from tokenizers import Tokenizer
-
     p = Path(path)
     if p.is_dir():
         p = p / "tokenizer.json"
@@ -125,8 +126,6 @@ def train_fallback_tokenizer(texts: list[str], model_vocab: int, max_vocab: int 
     No special tokens (a vocab of exactly 256, as in the tiny presets, holds only the bytes); the
     model's EOS ids stop generation. Deterministic for the same texts and vocab size.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     vocab = min(int(model_vocab), int(max_vocab))
     if vocab < BYTE_ALPHABET:
         raise UsageError(
@@ -157,6 +156,8 @@ def gsm8k_train_texts(data_dir: Path) -> list[str]:
     return rows
 
 
-def fallback_codec(data_dir: Path, model_vocab: int, max_vocab: int = FALLBACK_MAX_VOCAB) -> TextCodec:
+def fallback_codec(
+    model_vocab: int, data_dir: Path = GSM8K_DATA_DIR, max_vocab: int = FALLBACK_MAX_VOCAB
+) -> TextCodec:
     tok = train_fallback_tokenizer(gsm8k_train_texts(data_dir), model_vocab, max_vocab)
     return TextCodec(tok, f"fallback byte-level BPE (vocab {tok.get_vocab_size()}, trained on GSM8K train)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU evidence for the models and engine decode steps, in one run directory. Every timing: each cell
 warmed first (graph captured, kernels compiled), arms ABBA over repetitions with an A/A arm (torch#2),
-a WarmCheck per timed cell, speedups as paired intervals labelled against the A/A spread.
+a ColdWork check per timed cell, speedups as paired intervals labelled against the A/A spread.
 
 1. Plain model decode step (dense KV, CUDA graph) per arm: Ouro-1.4B random weights, batch 1,
    context 512, and whether the exact arm's logits are bitwise equal to the torch arm's.
@@ -35,12 +35,13 @@ from rltbench.bench.decode import (
     serving_len_class,
 )
 from rltbench.bench.model_step import capture_step, fill_random_kv, time_replays
-from rltbench.bench.timing import WarmCheck, cold_cells, summarize
+from rltbench.bench.warmth import ColdWork, cold_cells
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.kernels import ARMS, make_ops
 from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
 from rltbench.results import RunDir
+from rltbench.results.quantiles import summarize
 from rltbench.results.stats import aa_name, abba_order, compare_to_reference, format_interval, format_spread
 from rltbench.results.stats import rep_medians as medians_of
 
@@ -67,9 +68,9 @@ def model_steps(model: Any, arms: list[str], reps: int, iters: int, context: int
     warm = []
     order = abba_order(arms, reps)
     for i, arm in enumerate(order):
-        with WarmCheck(device=device) as check:
+        with ColdWork(device=device) as cold:
             samples[arm].append(time_replays(graphs[arm][0].replay, iters, warmup=2))
-        warm.append({"arm": arm, "rep": i // len(arms), **check.to_dict()})
+        warm.append({"arm": arm, "rep": i // len(arms), **cold.record()})
     torch.cuda.synchronize()
     logits = {a: graphs[a][1]["logits"] for a in arms}
     rows = []
@@ -152,7 +153,7 @@ def _speedup_cells(r: dict[str, Any]) -> str:
 def _cold_line(records: list[dict[str, Any]]) -> str:
     cold = cold_cells(records)
     if not cold:
-        return f"All {len(records)} timed cells warm (0 captures, 0 compiles, 0 pool growth)."
+        return f"All {len(records)} timed cells warm (no capture, compile or device malloc inside any)."
     return f"**{len(cold)} of {len(records)} timed cells were not warm**: " + ", ".join(
         f"{c['arm']} b={c.get('batch', 1)} rep {c['rep']}" for c in cold
     )
@@ -275,14 +276,9 @@ def main() -> int:
                 summary["burst"] = burst(engine, arms[:3], 128, CONTEXT, 128)
     except BaseException as exc:
         run.write_json("summary.json", summary)
-        run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                            error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        run.mark_ended(exc)
         raise
-    run.write_json("summary.json", summary)
-    text = table(summary)
-    run.write_markdown("table.md", text)
-    run.update_manifest(status="complete")
-    print(text)
+    print(run.finish(table(summary), summary=summary))
     return 0
 
 

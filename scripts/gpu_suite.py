@@ -97,11 +97,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # class x pool size), what moved the engine figure away from the profile's former 11.04 ms
     "decode": (360, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--reps", "6", "--iters", "20",
                      "--attribute", "--result-dir", str(RESULTS / "decode")]),
-    # the GPU tests of the measurement plumbing: WarmCheck sees a real compile, the kernels headline is
+    # the GPU tests of the measurement plumbing: ColdWork sees a real compile, the kernels headline is
     # plain with PDL beside it, the decode table and profile on the GPU
     "timing-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                            "-rfE", "--junitxml", str(RESULTS / "timing-tests" / "junit.xml"),
-                           "tests/kernels/test_bench_timing.py", "tests/kernels/test_bench_gpu.py",
+                           "tests/bench/test_warmth.py", "tests/kernels/test_bench_timing.py",
+                           "tests/kernels/test_bench_gpu.py",
                            "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py"]),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),

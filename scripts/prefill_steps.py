@@ -9,7 +9,7 @@ been seen and every kernel compiled. Timing: the units (arm, eager|graph) in ABB
 repetitions, `--iters` samples per unit and repetition; a sample is upload + forward (eager) or replay
 (graph) + argmax + the D2H read of the sampled ids: CUDA events give the GPU-side span (host-bound
 eager steps show their launch cost there too), perf_counter the wall time. Each unit's repetition runs
-inside a WarmCheck (graph captures, Triton compiles, allocator growth: all must be 0, else the table
+inside a ColdWork check (graph captures, Triton compiles, device mallocs: all must be 0, else the table
 flags it).
 
 Reported per unit: median and p10-p90 over all samples. Speedups are paired per repetition (graph over
@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 
-from rltbench.bench.decode import engine_captures
-from rltbench.bench.timing import WarmCheck, cold_cells, summarize
+from rltbench.bench.warmth import ColdWork, cold_cells
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.scheduler import PrefillBatch
 from rltbench.kernels import ARMS
 from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
 from rltbench.results import RunDir
+from rltbench.results.quantiles import summarize
 from rltbench.results.stats import (
     aa_name,
     abba_order,
@@ -81,25 +81,25 @@ def interleaved_samples(
     reps: int,
     iters: int,
     cuda: bool,
-    captures: Callable[[], int] | None = None,
+    engine: Any = None,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Time every unit `iters` times per repetition, units in ABBA order over `reps` repetitions, each
-    repetition of a unit inside a WarmCheck. Returns {"gpu_ms": {unit: [[rep samples]...]}, "wall_ms":
+    repetition of a unit inside a ColdWork check. Returns {"gpu_ms": {unit: [[rep samples]...]}, "wall_ms":
     same, "warm": [records], "order": [...], "ids": {unit: last sampled ids}}."""
     names = list(units)
     out: dict[str, Any] = {"gpu_ms": {n: [] for n in names}, "wall_ms": {n: [] for n in names},
                            "warm": [], "order": abba_order(names, reps), "ids": {}}  # fmt: skip
     for i, name in enumerate(out["order"]):
         gpu, wall = [], []
-        with WarmCheck(captures, device) as check:
+        with ColdWork(engine, device) as check:
             for _ in range(iters):
                 g, w, out["ids"][name] = timed_call(units[name], cuda)
                 gpu.append(g)
                 wall.append(w)
         out["gpu_ms"][name].append(gpu)
         out["wall_ms"][name].append(wall)
-        out["warm"].append({"unit": name, "rep": i // len(names), **check.to_dict()})
+        out["warm"].append({"unit": name, "rep": i // len(names), **check.record()})
     return out
 
 
@@ -209,7 +209,8 @@ def table(summary: dict[str, Any]) -> str:
     cold = res["cold_cells"]
     lines += [f"**{len(cold)} timed cells were not warm**: " + ", ".join(
         f"{c['unit']} rep {c['rep']}" for c in cold), ""] if cold else [
-        f"All {len(summary['warm'])} timed cells warm (0 captures, 0 compiles, 0 pool growth).", ""]
+        f"All {len(summary['warm'])} timed cells warm (no capture, compile or device malloc inside any).",
+        ""]
     lines += ["| arm | eager ms (p10-p90) | eager wall ms | graph ms (p10-p90) | graph wall ms | graph/eager "
               "speedup | A/A | label | pool MiB | ids = eager | ids = torch |", "|" + "---|" * 11]
     goe = {r["arm"]: r for r in res["graph_over_eager"]}
@@ -289,13 +290,11 @@ def main() -> int:
             run.write_json("summary.json", summary)
             step, ids = schedule_step(engine, "timed", prompts)
             units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
-            timed = interleaved_samples(units, args.reps, args.iters, True, lambda: engine_captures(engine),
-                                        torch.device("cuda"))  # fmt: skip
+            timed = interleaved_samples(units, args.reps, args.iters, True, engine, torch.device("cuda"))
             for rid in ids:
                 engine.abort_request(rid)
     except BaseException as exc:
-        run.update_manifest(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                            error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        run.mark_ended(exc)
         raise
     summary["order"], summary["warm"] = timed["order"], timed["warm"]
     summary["samples_ms"] = timed["gpu_ms"]
@@ -304,11 +303,7 @@ def main() -> int:
     ref_ids = timed["ids"][unit_name(REF, "graph")]
     summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
     summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
-    run.write_json("summary.json", summary)
-    text = table(summary)
-    run.write_markdown("table.md", text)
-    run.update_manifest(status="complete")
-    print(text)
+    print(run.finish(table(summary), summary=summary))
     return 0
 
 

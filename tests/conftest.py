@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # GPU memory under pytest-xdist: each worker is a process with its own caching allocator, which
-# keeps every freed block for reuse. Session 7's `-n 4` run lost three tests to OOM because one
+# keeps every freed block for reuse. A `-n 4` run once lost three tests to OOM because one
 # worker's cache had grown to 129 GiB of the H200's 140 (bulk bitwise sweeps over many shapes).
 # A per-process cap makes the allocator release its cached blocks when it reaches the cap instead
 # of taking the other workers' memory; the cache is also emptied after each GPU test.

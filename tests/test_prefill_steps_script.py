@@ -1,5 +1,5 @@
 """scripts/prefill_steps.py without a GPU: units (arm/mode) timed ABBA over repetitions with an A/A
-arm, each repetition inside a WarmCheck (a capture there flags the cell), paired speedups labelled
+arm, each repetition inside a ColdWork check (a capture there flags the cell), paired speedups labelled
 against the A/A spread, and the table that says so."""
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ def _units(calls: list[str]) -> dict:
     return {name: unit(name) for name in BASE_MS}
 
 
+class _Engine:
+    """The engine counters ColdWork reads; `captures[0]` is the graph captures so far."""
+
+    def __init__(self, captures: list[int]) -> None:
+        self.captures = captures
+
+    def cold_counters(self) -> dict[str, int]:
+        return {"graph_captures": self.captures[0], "prefill_graph_captures": 0, "buffer_growths": 0}
+
+
 def _fake_timer(calls: list[str]):
     """GPU ms = the unit's base, slowly drifting upward (as a warming device does) by call count."""
     def timed_call(fn, cuda):
@@ -46,13 +56,13 @@ def _fake_timer(calls: list[str]):
 def test_units_interleave_abba_and_label_speedups(ps, monkeypatch) -> None:
     calls: list[str] = []
     monkeypatch.setitem(ps["interleaved_samples"].__globals__, "timed_call", _fake_timer(calls))
-    captures = [0]
     run = ps["interleaved_samples"]
-    timed = run(_units(calls), reps=4, iters=2, cuda=False, captures=lambda: captures[0])
+    timed = run(_units(calls), reps=4, iters=2, cuda=False, engine=_Engine([0]))
     names = list(BASE_MS)
     assert timed["order"] == names + names[::-1] + names + names[::-1]
     assert all(len(timed["gpu_ms"][n]) == 4 and all(len(r) == 2 for r in timed["gpu_ms"][n]) for n in names)
-    assert len(timed["warm"]) == 24 and all(w["warm"] and w["captures"] == 0 for w in timed["warm"])
+    assert len(timed["warm"]) == 24
+    assert all(w["warm"] and w["cold_work"]["graph_captures"] == 0 for w in timed["warm"])
     res = ps["summarize_units"](timed, ARMS)
     assert res["aa"] == "torch#2" and res["cold_cells"] == []
     eager = {r["arm"]: r for r in res["vs_torch"]["eager"]}
@@ -81,9 +91,10 @@ def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
 
     capturing.unit = "exact/graph"  # type: ignore[attr-defined]
     units["exact/graph"] = capturing
-    timed = ps["interleaved_samples"](units, reps=2, iters=1, cuda=False, captures=lambda: captures[0])
+    timed = ps["interleaved_samples"](units, reps=2, iters=1, cuda=False, engine=_Engine(captures))
     res = ps["summarize_units"](timed, ARMS)
-    assert [(c["unit"], c["rep"], c["captures"]) for c in res["cold_cells"]] == [("exact/graph", 0, 1)]
+    cold = [(c["unit"], c["rep"], c["cold_work"]["graph_captures"]) for c in res["cold_cells"]]
+    assert cold == [("exact/graph", 0, 1)]
     summary = {"model": "m", "rows": 4, "length": 512, "reps": 2, "iters": 1, "aa": res["aa"],
                "result": res, "warm": timed["warm"], "ids_equal_torch": {a: True for a in ARMS},
                "warmup": [{"arm": a, "pool_growth_mib": 0.0, "graph_ids_equal_eager": True} for a in ARMS]}

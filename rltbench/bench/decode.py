@@ -12,7 +12,7 @@ decide it beyond (model, batch, context, arm) and are therefore fixed here and r
 - the batch bucket: a batch runs in the smallest graph bucket that holds it (padded rows).
 
 `decode_step_cells` warms every (arm, batch) first (the graph captured, kernels compiled), then times
-the arms ABBA over repetitions, each cell inside a `WarmCheck` (no capture, compile or pool growth);
+the arms ABBA over repetitions, each cell inside a `ColdWork` (no capture, compile or device malloc);
 `decode_step_table` adds the paired speedups, the A/A spread and their labels, and the batch-1 host
 overhead check (engine output rate vs 1000 / graph ms, target >= 0.9).
 """
@@ -21,19 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from rltbench.bench.decode_benchmark import summarize_ms
-from rltbench.bench.timing import WarmCheck
-from rltbench.engine.engine import MIN_LEN_CLASS
+from rltbench.bench.decode_benchmark import DecodeBenchmark
+from rltbench.bench.warmth import ColdWork
+from rltbench.engine.engine import MIN_LEN_CLASS, Engine
 from rltbench.engine.types import EngineConfig, SamplingParams
+from rltbench.results.quantiles import summarize
 from rltbench.results.stats import aa_name, abba_order, compare_to_reference, rep_medians
-
-if TYPE_CHECKING:
-    from rltbench.engine.engine import Engine
 
 BLOCK_SIZE = 16
 
@@ -74,13 +72,6 @@ def decode_engine_config(
     )
 
 
-def engine_captures(engine: Engine) -> int:
-    """Decode and prefill graph captures of every arm of `engine` so far (for WarmCheck)."""
-    return sum(
-        a.counters["graph_captures"] + a.counters["prefill_graph_captures"] for a in engine._arms.values()
-    )
-
-
 @dataclass
 class DecodeCells:
     """Samples (ms) per (arm, batch), one list per repetition in repetition order; the warm-check
@@ -107,13 +98,13 @@ def decode_step_cells(
 ) -> DecodeCells:
     """Warm every (arm, batch) (graph captured, kernels compiled, `warmup` replays), then time
     `iters` replays per cell with the arms in ABBA order over `reps` repetitions. Each timed cell
-    re-creates the benchmark (the pool is shared by the arms) and runs inside a WarmCheck."""
+    re-creates the benchmark (the pool is shared by the arms) and runs inside a ColdWork."""
     cuda = engine.device.type == "cuda"
     cells = DecodeCells({(a, b): [] for a in arms for b in batch_sizes}, [], abba_order(arms, reps))
     for arm in arms:
         engine.set_arm(arm)
         for b in batch_sizes:
-            with engine.decode_benchmark(b, context_len) as bench:
+            with DecodeBenchmark(engine, b, context_len) as bench:
                 for _ in range(warmup):
                     bench.replay()
                 cells.len_class[b], cells.bucket[b] = bench.len_class, bench.rows
@@ -123,26 +114,18 @@ def decode_step_cells(
         rep = i // len(arms)
         engine.set_arm(arm)
         for b in batch_sizes:
-            with WarmCheck(lambda: engine_captures(engine), engine.device) as check:
-                with engine.decode_benchmark(b, context_len) as bench:
+            with ColdWork(engine) as cold:
+                with DecodeBenchmark(engine, b, context_len) as bench:
                     samples = bench.time_ms(iters=iters, warmup=min(warmup, 2))["samples"]
             cells.samples[(arm, b)].append(samples)
-            cells.warm.append({"arm": arm, "batch": b, "rep": rep, **check.to_dict()})
+            cells.warm.append({"arm": arm, "batch": b, "rep": rep, **cold.record()})
     return cells
 
 
-def decode_step_table(
-    engine: Engine,
-    arms: Iterable[str] | None = None,
-    batch_sizes: Sequence[int] = (1, 8, 32),
-    context_len: int = 512,
-    iters: int = 25,
-    warmup: int = 3,
-    reps: int = 4,
-    host_tokens: int = 64,
-    seed: int = 0,
-    ref: str | None = None,
-) -> dict[str, Any]:
+def decode_step_table(engine: Engine, arms: Iterable[str] | None = None,
+                      batch_sizes: Sequence[int] = (1, 8, 32), context_len: int = 512, iters: int = 25,
+                      warmup: int = 3, reps: int = 4, host_tokens: int = 64, seed: int = 0,
+                      ref: str | None = None) -> dict[str, Any]:
     """Returns {"rows": [{arm, batch, median_ms, p10, p90, n, len_class, bucket, rep_median_ms}],
     "speedups": [{batch, arm, ref, speedup (interval), aa_spread, label}], "warm": [...],
     "host_overhead": [...], "order": [...]}. The reference is `ref` (default: torch if present, else
@@ -155,9 +138,9 @@ def decode_step_table(
     for b in batch_sizes:
         per_rep = {a: rep_medians(cells.samples[(a, b)]) for a in names}
         for a in names:
-            s = summarize_ms(cells.pooled(a, b))
+            s = summarize(cells.pooled(a, b))
             rows.append(
-                dict(arm=a, batch=b, median_ms=s["median"], p10=s["p10"], p90=s["p90"], n=s["n"],
+                dict(arm=a, batch=b, median_ms=s.median, p10=s.p10, p90=s.p90, n=s.n,
                      len_class=cells.len_class[b], bucket=cells.bucket[b], rep_median_ms=per_rep[a])
             )  # fmt: skip
         speedups += [{"batch": b, **r} for r in compare_to_reference(per_rep, ref, aa)]
@@ -179,7 +162,7 @@ def host_overhead(
     engine.set_arm(arm)
     engine.warmup([1], max_context=context_len + n_tokens)
     mid = context_len + n_tokens // 2
-    with engine.decode_benchmark(1, mid) as bench:
+    with DecodeBenchmark(engine, 1, mid) as bench:
         graph_ms = bench.time_ms(iters=iters, warmup=warmup)["median"]
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, engine.vocab_size, (context_len,), generator=g).tolist()

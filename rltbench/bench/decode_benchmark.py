@@ -10,27 +10,13 @@ benchmark is active; `release()` returns the blocks.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 
+from rltbench.engine.engine import Engine
 from rltbench.errors import UsageError
-
-if TYPE_CHECKING:
-    from rltbench.engine.engine import Engine
-
-
-def summarize_ms(samples: list[float]) -> dict[str, Any]:
-    """median / p10 / p90 / n of a list of milliseconds (plus the samples, an extension)."""
-    a = np.asarray(samples, dtype=np.float64)
-    return dict(
-        median=float(np.median(a)),
-        p10=float(np.percentile(a, 10)),
-        p90=float(np.percentile(a, 90)),
-        n=int(a.size),
-        samples=[float(x) for x in a],
-    )
+from rltbench.results.quantiles import summarize
 
 
 class DecodeBenchmark:
@@ -38,11 +24,9 @@ class DecodeBenchmark:
     `.graph` is the torch.cuda.CUDAGraph (None when eager), `.time_ms()` times replays."""
 
     def __init__(self, engine: Engine, batch_size: int, context_len: int) -> None:
-        from rltbench.engine.engine import _BT, _ID, _POS, _SEQ, _SLOT
-
         if batch_size < 1 or context_len < 0:
             raise UsageError("decode_benchmark: batch_size must be >= 1 and context_len >= 0")
-        if engine.has_unfinished() or engine._bench_active:
+        if engine.has_unfinished() or engine.synthetic_decode_active:
             raise UsageError("decode_benchmark needs an idle engine (no requests, no other benchmark)")
         if context_len + 1 > engine.max_model_len:
             raise UsageError(
@@ -55,7 +39,7 @@ class DecodeBenchmark:
                 f"decode_benchmark: {batch_size} x {context_len} tokens need {batch_size * per_seq} "
                 f"KV blocks, {engine.blocks.num_free_blocks} are free"
             )
-        bucket = engine._bucket(batch_size) if engine.use_graphs else None
+        bucket = engine.graph_bucket(batch_size) if engine.use_graphs else None
         if engine.use_graphs and bucket is None:
             raise UsageError(
                 f"decode_benchmark: batch {batch_size} exceeds the largest graph bucket {max(engine.buckets)}"
@@ -64,25 +48,13 @@ class DecodeBenchmark:
         self.batch_size = batch_size
         self.context_len = context_len
         self.rows = bucket or batch_size
-        if self.rows > engine._meta_rows:
-            engine._grow_meta(self.rows)
         self.tables = [engine.blocks.allocate([], per_seq) for _ in range(batch_size)]
-        engine._bench_active = True
-        engine._decode_key = None
-        m = engine._meta_np
-        m[: self.rows, _ID:_BT] = (0, 0, -1, 0)
-        for i, t in enumerate(self.tables):
-            m[i, _BT : _BT + per_seq] = t
-            m[i, _ID] = (i * 7919 + 1) % engine.vocab_size
-            m[i, _POS] = context_len
-            m[i, _SLOT] = t[context_len // bs] * bs + context_len % bs
-            m[i, _SEQ] = context_len + 1
-        engine._upload(self.rows)
+        engine.open_synthetic_decode(self.tables, context_len, self.rows)
         self.len_class = engine.len_class(context_len + 1) if bucket else engine.eager_len(context_len + 1)
         self.graph: torch.cuda.CUDAGraph | None = None
         self._out: torch.Tensor | None = None
         if bucket is not None:
-            self.graph, self._out = engine._graph(bucket, self.len_class)
+            self.graph, self._out = engine.decode_graph(bucket, self.len_class)
         self._released = False
 
     def replay(self) -> None:
@@ -91,8 +63,7 @@ class DecodeBenchmark:
         if self.graph is not None:
             self.graph.replay()
         else:
-            with torch.no_grad():
-                self._out = self.engine._decode_forward(self.rows, self.engine.ops, self.len_class)
+            self._out = self.engine.decode_eager(self.rows, self.len_class)
 
     @property
     def output(self) -> torch.Tensor | None:
@@ -100,7 +71,8 @@ class DecodeBenchmark:
         return self._out
 
     def time_ms(self, iters: int = 100, warmup: int = 10) -> dict[str, Any]:
-        """CUDA events around each replay (perf_counter on CPU); median/p10/p90/n over `iters`."""
+        """CUDA events around each replay (perf_counter on CPU); median/p10/p90/n (and the samples)
+        over `iters`."""
         for _ in range(warmup):
             self.replay()
         cuda = self.engine.device.type == "cuda"
@@ -122,7 +94,8 @@ class DecodeBenchmark:
                 t0 = time.perf_counter()
                 self.replay()
                 samples.append((time.perf_counter() - t0) * 1e3)
-        return summarize_ms(samples)
+        q = summarize(samples)
+        return dict(median=q.median, p10=q.p10, p90=q.p90, n=q.n, samples=samples)
 
     def release(self) -> None:
         """Return the blocks and hand the static buffers back to the engine (idempotent)."""
@@ -132,8 +105,7 @@ class DecodeBenchmark:
             self.engine.blocks.free(t)
         self.tables = []
         self._released = True
-        self.engine._bench_active = False
-        self.engine._decode_key = None
+        self.engine.close_synthetic_decode()
 
     def __enter__(self) -> DecodeBenchmark:
         return self

@@ -1,19 +1,18 @@
 """Generic GPU timing utilities: CUDA-graph replay timing, cold L2, arm interleaving, copy bandwidth.
 
 Used by `rltbench kernels` (one op per call) and meant to be reused unchanged by `rltbench profile`
-(one whole decode step per call: pass `eng.decode_benchmark(...).replay` as the runner, calls=1).
+(one whole decode step per call: pass a `DecodeBenchmark(...).replay` as the runner, calls=1).
 
-Why each piece exists (see /work/shared/specs/kernels.md, "Timing"):
+Why each piece exists (docs/measurement.md):
 - `GraphCalls` captures K calls, each on a different input set, in ONE CUDA graph; replay time / K is
   the per-call time with no launch overhead and, when the K sets total > 3x L2, a cold cache.
 - `L2Flusher` covers what rotation cannot (tiny inputs would need thousands of sets): it overwrites a
   buffer larger than L2 *outside* the timed region before each sample.
 - `interleave_order` / `time_interleaved` time arms as A B C C B A A B C ... so clock drift, thermal
-  state and neighbours hit every arm alike; `summarize` reports median and spread (p10/p90, IQR).
+  state and neighbours hit every arm alike; `summarize` (rltbench.results.quantiles) reports median
+  and spread (p10/p90, IQR).
 - `measure_copy_bandwidth` gives the device-to-device copy rate of *this* run, the yardstick for GB/s.
 - `count_graph_kernels` / `count_kernels_profiler` count kernels per call instead of assuming them.
-- `WarmCheck` counts, around a timed region, the work that must not be inside it (Triton compiles,
-  graph captures, allocator growth), so every timed cell carries the proof that it was warm.
 
 The pure-logic parts (order, statistics, rotation sizing) run anywhere; the rest needs CUDA.
 """
@@ -23,12 +22,15 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from types import TracebackType
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
+from rltbench.results.quantiles import Quantiles, summarize
 from rltbench.results.stats import abba_order
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024  # H100/H200 when the device cannot be asked
@@ -47,63 +49,7 @@ def interleave_order(names: Sequence[str], rounds: int) -> list[str]:
     return abba_order(list(names), rounds)
 
 
-def _quantile(sorted_vals: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default 'linear' method) of pre-sorted values."""
-    n = len(sorted_vals)
-    pos = (n - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * frac)
-
-
-@dataclass(frozen=True)
-class TimingStats:
-    """Summary of timing samples (same unit as the samples, microseconds by convention)."""
-
-    n: int
-    median: float
-    p10: float
-    p90: float
-    q1: float
-    q3: float
-    min: float
-    max: float
-    mean: float
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    def to_dict(self, prefix: str = "") -> dict[str, float]:
-        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
-
-    @classmethod
-    def empty(cls) -> TimingStats:
-        """No measurement (e.g. no GPU): every field NaN, never a made-up number."""
-        nan = float("nan")
-        return cls(0, nan, nan, nan, nan, nan, nan, nan, nan)
-
-
-def summarize(samples: Sequence[float]) -> TimingStats:
-    """Median and spread of samples; NaN/inf samples are dropped (they are not measurements)."""
-    vals = sorted(float(s) for s in samples if math.isfinite(float(s)))
-    if not vals:
-        return TimingStats.empty()
-    return TimingStats(
-        n=len(vals),
-        median=_quantile(vals, 0.5),
-        p10=_quantile(vals, 0.1),
-        p90=_quantile(vals, 0.9),
-        q1=_quantile(vals, 0.25),
-        q3=_quantile(vals, 0.75),
-        min=vals[0],
-        max=vals[-1],
-        mean=sum(vals) / len(vals),
-    )
-
-
-def is_tie(a: TimingStats, b: TimingStats) -> bool:
+def is_tie(a: Quantiles, b: Quantiles) -> bool:
     """True when the medians differ by less than either arm's own p10-p90 spread."""
     if a.n == 0 or b.n == 0:
         return True
@@ -291,9 +237,6 @@ def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | No
     """
     if not torch.cuda.is_available():
         return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -314,13 +257,16 @@ def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | No
 
 def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[str, int] | int = 1,
                      rounds: int = 10, reps: int = 10, warmup: int = 3,
-                     before_sample: Callable[[], Any] | None = None) -> dict[str, list[float]]:
+                     before_sample: Callable[[], Any] | None = None,
+                     window: AbstractContextManager[Any] | None = None) -> dict[str, list[float]]:
     """Time each runner with CUDA events, arms interleaved; returns per-call microseconds per sample.
 
     One sample = `runner()` between two CUDA events, divided by its `calls` (e.g. K graph-captured
     calls). Each round visits the arms in `interleave_order` and takes `reps` samples per arm.
     `warmup` untimed runs per arm come first. `before_sample()` (e.g. an L2 flush) runs before each
     sample, outside the events. Events are read once at the end so host syncs do not gate the GPU.
+    `window` (e.g. a rltbench.bench.warmth.ColdWork) is entered after the warm-up and left after the
+    last sample: it sees the timed samples only.
     """
     names = list(runners)
     per_call = {n: (calls if isinstance(calls, int) else calls[n]) for n in names}
@@ -331,7 +277,16 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
             runners[name]()
     torch.cuda.synchronize()
     pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {n: [] for n in names}
-    for name in interleave_order(names, rounds):
+    with window if window is not None else nullcontext():
+        _timed_rounds(runners, pairs, interleave_order(names, rounds), reps, before_sample)
+    return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
+
+
+def _timed_rounds(runners: Mapping[str, Callable[[], Any]],
+                  pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], order: Sequence[str],
+                  reps: int, before_sample: Callable[[], Any] | None) -> None:
+    """`reps` event-timed samples per slot of `order`, a device sync after each slot."""
+    for name in order:
         run = runners[name]
         for _ in range(reps):
             if before_sample is not None:
@@ -343,7 +298,6 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
             end.record()
             pairs[name].append((start, end))
         torch.cuda.synchronize()  # bounded queue depth; keeps host and device within a round
-    return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
 
 
 def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | None = None,
@@ -361,86 +315,3 @@ def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | No
     moved = 2 * src.numel() * src.element_size()
     return {"bytes": moved, "median_us": stats.median, "p10_us": stats.p10, "p90_us": stats.p90,
             "gbps": gbps(moved, stats.median * 1e-6)}
-
-
-# ----------------------------------------------------------------------------------------------
-# warm-ness of a timed region
-# ----------------------------------------------------------------------------------------------
-def _triton_runtime_knobs() -> Any:
-    """Triton's runtime knobs (its JIT hooks), None on a Triton without them (< 3.4)."""
-    try:
-        import triton.knobs as knobs
-    except ImportError:
-        return None
-    runtime = getattr(knobs, "runtime", None)
-    return runtime if runtime is not None and hasattr(runtime, "jit_post_compile_hook") else None
-
-
-class WarmCheck:
-    """Counts what must not happen inside a timed region while it runs (a context manager):
-
-    - `compiles`: Triton JIT compiles (or loads from Triton's disk cache) in this process, seen
-      through Triton's post-compile hook (chained, restored on exit); None where the hook does not
-      exist. The Triton interpreter compiles nothing (0).
-    - `captures`: graph captures, from the caller's counter (e.g. the engine's per-arm counters);
-      None without one.
-    - `pool_growth_bytes`: growth of the CUDA caching allocator's reserved memory; None off CUDA.
-
-    `to_dict()` goes into the timed cell's record; `warm` is False when any count is non-zero, and
-    tables flag such cells instead of quoting them.
-    """
-
-    def __init__(self, captures: Callable[[], int] | None = None, device: torch.device | None = None):
-        self._captures_fn = captures
-        self._cuda = device is not None and device.type == "cuda"
-        self._device = device
-        self.compiles: int | None = None
-        self.captures: int | None = None
-        self.pool_growth_bytes: int | None = None
-        self._runtime: Any = None
-        self._previous_hook: Any = None
-        self._captures0 = 0
-        self._reserved0 = 0
-
-    def _on_compile(self, *args: Any, **kwargs: Any) -> Any:
-        self.compiles = (self.compiles or 0) + 1
-        if self._previous_hook is not None:
-            return self._previous_hook(*args, **kwargs)
-        return None
-
-    def __enter__(self) -> WarmCheck:
-        self._runtime = _triton_runtime_knobs()
-        if self._runtime is not None:
-            self.compiles = 0
-            self._previous_hook = self._runtime.jit_post_compile_hook
-            self._runtime.jit_post_compile_hook = self._on_compile
-        if self._captures_fn is not None:
-            self._captures0 = int(self._captures_fn())
-        if self._cuda:
-            torch.cuda.synchronize(self._device)
-            self._reserved0 = int(torch.cuda.memory_reserved(self._device))
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._runtime is not None:
-            self._runtime.jit_post_compile_hook = self._previous_hook
-        if self._captures_fn is not None:
-            self.captures = int(self._captures_fn()) - self._captures0
-        if self._cuda:
-            torch.cuda.synchronize(self._device)
-            self.pool_growth_bytes = int(torch.cuda.memory_reserved(self._device)) - self._reserved0
-
-    @property
-    def warm(self) -> bool:
-        return not any((self.compiles, self.captures, self.pool_growth_bytes))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"compiles": self.compiles, "captures": self.captures,
-                "pool_growth_bytes": self.pool_growth_bytes, "warm": self.warm}
-
-
-def cold_cells(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The timed cells (records holding a WarmCheck's fields) that saw a compile, a capture or pool
-    growth."""
-    return [r for r in records if r.get("warm") is False]

@@ -10,6 +10,7 @@ tested on its own without pulling in the models or kernels packages.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _EXPORTS = {
@@ -19,8 +20,6 @@ _EXPORTS = {
     "TokenEvent": "rltbench.engine.types",
     "RequestOutput": "rltbench.engine.types",
     "EngineRequestError": "rltbench.engine.types",
-    "DecodeBenchmark": "rltbench.bench.decode_benchmark",
-    "decode_step_table": "rltbench.bench.decode",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -30,6 +29,4 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rltbench.engine' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -215,15 +215,8 @@ def paged_decode_attention(
     return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, max_len)
 
 
-def _decode_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    max_len: int,
-) -> torch.Tensor:
+def _decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor, scale: float, max_len: int) -> torch.Tensor:
     """Reference: gather the row's blocks, masked softmax in fp32. Sync-free (graph capturable)."""
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -495,14 +488,8 @@ def choose_partition_size(
 
 
 def _decode_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    max_len: int,
-    partition_size: int | None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, max_len: int, partition_size: int | None,
     *,
     tile_tokens: int | None = None,
     heads_per_program: int | None = None,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.engine import kv_transfer
 from rltbench.engine.block_manager import BlockManager, block_hashes
 from rltbench.engine.paged_context import (
@@ -34,6 +35,7 @@ from rltbench.engine.schedule import ABORT, DECODE, PREFILL, ReplayError, Schedu
 from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
 from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
 from rltbench.errors import UsageError
+from rltbench.kernels.ops import make_ops
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_LEN_CLASS = 256
@@ -61,10 +63,6 @@ def cuda_free_bytes(device: torch.device) -> int:
         if fraction < 1.0:
             free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
     return max(0, int(free))
-
-
-def _is_ops(x: Any) -> bool:
-    return hasattr(x, "rms_norm") and hasattr(x, "silu_mul")
 
 
 def _plain(stats: Any) -> Any:
@@ -342,28 +340,24 @@ class Engine:
 
     # ---- arms ---------------------------------------------------------------------------------
     def _build_arms(self, arms: Mapping[str, Any] | Iterable[str] | None) -> dict[str, _ArmState]:
-        from rltbench import kernels
-
+        """One _ArmState per arm: an ArmSpec (or an arm name) becomes its Ops and the same ops with
+        scope "all" (warm_ops); an Ops object given directly serves as both."""
         if arms is None:
-            arms = {"torch": kernels.ARMS["torch"]}
+            arms = {REFERENCE: ARMS[REFERENCE]}
         elif not isinstance(arms, Mapping):
             names = list(arms)
-            unknown = [a for a in names if a not in kernels.ARMS]
+            unknown = [a for a in names if a not in ARMS]
             if unknown:
-                raise UsageError(f"unknown arm(s) {unknown}; known: {sorted(kernels.ARMS)}")
-            arms = {a: kernels.ARMS[a] for a in names}
+                raise UsageError(f"unknown arm(s) {unknown}; known: {sorted(ARMS)}")
+            arms = {a: ARMS[a] for a in names}
         if not arms:
             raise UsageError("at least one arm is needed")
         out = {}
         for name, spec in arms.items():
-            if _is_ops(spec):
-                ops, warm = spec, spec
+            if isinstance(spec, ArmSpec):
+                ops, warm = make_ops(spec), make_ops(spec.replace(scope="all"))
             else:
-                ops = kernels.make_ops(spec)
-                try:
-                    warm = kernels.make_ops(dataclasses.replace(spec, scope="all"))
-                except (TypeError, ValueError):
-                    warm = ops
+                ops = warm = spec
             out[name] = _ArmState(name, ops, warm, self.config.prefill_graph_cap)
         return out
 
@@ -756,7 +750,8 @@ class Engine:
             out.append(self.len_class(out[-1] + 1))
         return out
 
-    def _bucket(self, n: int) -> int | None:
+    def graph_bucket(self, n: int) -> int | None:
+        """The smallest decode graph bucket that holds `n` rows (None: larger than every bucket)."""
         for b in self.buckets:
             if b >= n:
                 return b
@@ -811,7 +806,7 @@ class Engine:
         hist = c["batch_size_hist"]
         hist[b] = hist.get(b, 0) + 1
         c["decode_tokens"] += b
-        bucket = self._bucket(b) if self.use_graphs else None
+        bucket = self.graph_bucket(b) if self.use_graphs else None
         rows = bucket or b
         if rows > self._meta_rows:  # eager batch larger than the static buffers
             self._grow_meta(rows)
@@ -890,7 +885,9 @@ class Engine:
             return
         if self.has_unfinished() or self._bench_active:
             raise RuntimeError("warmup needs an idle engine")
-        wanted = sorted({self._bucket(b) or -1 for b in (batch_sizes or self.buckets)} - {-1}, reverse=True)
+        wanted = sorted(
+            {self.graph_bucket(b) or -1 for b in (batch_sizes or self.buckets)} - {-1}, reverse=True
+        )
         classes = sorted(self.len_classes(max_context), reverse=True)
         self._meta_np[:, _ID:_BT] = (0, 0, -1, 0)
         self._decode_key = None
@@ -1005,11 +1002,11 @@ class Engine:
         self.scheduler.prefix_hit_tokens = self.scheduler.prefix_query_tokens = 0
         self.scheduler.prefix_hit_requests = 0
 
-    def decode_benchmark(self, batch_size: int, context_len: int) -> Any:
-        """A captured decode step over `batch_size` fake sequences of `context_len` cached tokens."""
-        from rltbench.bench.decode_benchmark import DecodeBenchmark
-
-        return DecodeBenchmark(self, batch_size, context_len)
+    def cold_counters(self) -> dict[str, int]:
+        """Graph captures (decode, prefill) and static-buffer growths of every arm so far: work that
+        must never happen inside a timed window (rltbench.bench.warmth counts their growth)."""
+        keys = ("graph_captures", "prefill_graph_captures", "buffer_growths")
+        return {k: sum(int(a.counters[k]) for a in self._arms.values()) for k in keys}
 
     # ---- prefill/decode disaggregation (docs/pd.md) -----------------------------------------------
     # A prefill engine runs a request up to its first token and holds its blocks; their KV leaves as one
@@ -1096,3 +1093,44 @@ class Engine:
         seq.num_computed = seq.prompt_len
         self.scheduler.register_computed_blocks(seq)
         return self._emit([seq], [int(first_token)])[0]
+    # ---- synthetic decode batches: the decode-step benchmark (rltbench.bench.decode_benchmark) ----
+    @property
+    def synthetic_decode_active(self) -> bool:
+        """A synthetic decode batch holds the static decode buffers (no request may be served)."""
+        return self._bench_active
+
+    def open_synthetic_decode(self, tables: Seq[Seq[int]], context_len: int, rows: int) -> None:
+        """Hold the static decode buffers for one fake sequence per block table in `tables`, each with
+        `context_len` cached tokens decoding position `context_len`, padded to `rows` rows, and upload
+        their metadata. Until `close_synthetic_decode` the engine serves no request."""
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("a synthetic decode batch needs an idle engine")
+        if rows > self._meta_rows:
+            self._grow_meta(rows)
+        self._bench_active = True
+        self._decode_key = None
+        bs = self.config.block_size
+        m = self._meta_np
+        m[:rows, _ID:_BT] = (0, 0, -1, 0)
+        for i, t in enumerate(tables):
+            m[i, _BT : _BT + len(t)] = t
+            m[i, _ID] = (i * 7919 + 1) % self.vocab_size
+            m[i, _POS] = context_len
+            m[i, _SLOT] = t[context_len // bs] * bs + context_len % bs
+            m[i, _SEQ] = context_len + 1
+        self._upload(rows)
+
+    def decode_graph(self, rows: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
+        """The current arm's decode graph of (bucket `rows`, class `len_class`), captured now if
+        missing (None when frozen)."""
+        return self._graph(rows, len_class)
+
+    def decode_eager(self, rows: int, len_class: int) -> Tensor:
+        """One eager decode of the rows in the static buffers with the current arm's ops."""
+        with torch.no_grad():
+            return self._decode_forward(rows, self.ops, len_class)
+
+    def close_synthetic_decode(self) -> None:
+        """Hand the static decode buffers back to request serving."""
+        self._bench_active = False
+        self._decode_key = None

@@ -8,11 +8,12 @@ CUDA C++ arm `cuda` (bitwise; its sources and build live in rltbench.native), pe
 
 Public API::
 
-    from rltbench.kernels import OpSelection, parse_selection, make_ops, Ops, ARMS, OPS, op_case
+    from rltbench.kernels import OpSelection, make_ops, Ops, ARMS, OPS, op_case
 """
 
+from rltbench.arms import ARMS
+from rltbench.arms import ArmSpec as OpSelection
 from rltbench.kernels.cases import OPS, OpCase, op_case
 from rltbench.kernels.ops import Ops, OpStats, make_ops
-from rltbench.kernels.selection import ARMS, OpSelection, parse_selection
 
-__all__ = ["ARMS", "OPS", "OpCase", "OpSelection", "OpStats", "Ops", "make_ops", "op_case", "parse_selection"]
+__all__ = ["ARMS", "OPS", "OpCase", "OpSelection", "OpStats", "Ops", "make_ops", "op_case"]

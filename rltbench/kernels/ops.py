@@ -25,12 +25,12 @@ from collections.abc import Callable
 import torch
 
 from rltbench import native, tuned
+from rltbench.arms import ArmSpec as OpSelection
 from rltbench.kernels import act, norm, rope
 from rltbench.kernels import reference as ref
 from rltbench.kernels.layout import rows_view
 from rltbench.kernels.rope.config import RopeKvConfig
 from rltbench.kernels.rounding import DTYPE_CODES, interpret_mode
-from rltbench.kernels.selection import OpSelection
 
 Tensor = torch.Tensor
 

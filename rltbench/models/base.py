@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rltbench.arms import ARMS
 from rltbench.errors import UsageError
-from rltbench.kernels import ARMS, make_ops
+from rltbench.kernels.ops import make_ops
 from rltbench.models.dense_kv import DenseKVCache
 
 

@@ -1,6 +1,6 @@
 """Model configurations: one dataclass per family, named presets, and parsing of HF `config.json`.
 
-The published numbers come from /work/shared/specs/models.md (sections 1.1 and 2.1). Tiny presets keep
+The published numbers come from the models' own HF configs (docs/contracts/models.md). Tiny presets keep
 the real structure (Ouro: sandwich layers looped; Huginn: 2 prelude + 4 core x r + 2 coda) at widths
 that run in seconds on a CPU, so every code path is exercised by the CPU tests.
 """

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tokenizers import Tokenizer as _HFTokenizer
 
 from rltbench.errors import UsageError
 from rltbench.models.base import LoopedModel
@@ -44,8 +45,6 @@ class Tokenizer:
     """Thin wrapper over `tokenizers.Tokenizer` with the model's stop ids."""
 
     def __init__(self, path: str | Path, eos_token_ids: Iterable[int] = (), bos_token_id: int | None = None):
-        from tokenizers import Tokenizer as _HFTokenizer
-
         path = Path(path)
         if not path.is_file():
             raise UsageError(f"tokenizer file not found: {path}")

@@ -1,6 +1,6 @@
 """The native arm's CUDA C++ operators: whether they can exist on this machine, and loading them.
 
-The arm is called ``cuda`` (rltbench.kernels.selection: ``--arms torch,cuda``, ``--norm cuda``).
+The arm is called ``cuda`` (rltbench.arms: ``--arms torch,cuda``, ``--norm cuda``).
 Its kernels are compiled from csrc/ on first use (build.py: a cached JIT build for the visible GPU)
 and loaded into the process once. Where there is no CUDA build of torch, no visible GPU, no nvcc
 or no ninja, or where the compile fails, the arm is *unavailable* with that reason: selecting it
@@ -94,7 +94,7 @@ def _first_error_line(text: str) -> str:
 
 
 def uses_native(selection: Any) -> bool:
-    """Whether an arm selection (rltbench.kernels.OpSelection) runs any family natively."""
+    """Whether an arm (rltbench.arms.ArmSpec) runs any family natively."""
     return any(getattr(selection, f, None) == NATIVE_IMPL for f in FAMILIES)
 
 

@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from rltbench import __version__, native, tuned
+
 
 def _run(cmd: list[str], cwd: str | None = None) -> str | None:
     try:
@@ -29,7 +33,7 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 def git_info() -> dict[str, Any]:
     """The git sha of the rltbench checkout (and whether the tree had uncommitted changes)."""
     if os.environ.get("RLTBENCH_GIT_SHA"):
-        # a copy of the tree shipped to a lent GPU box (its .git, if any, may be stale): the
+        # a copy of the tree shipped to another machine (its .git, if any, may be stale): the
         # launcher passes the sha of the commit it sent
         return {"git_sha": os.environ["RLTBENCH_GIT_SHA"], "git_dirty": None}
     here = str(Path(__file__).resolve().parent)
@@ -42,10 +46,6 @@ def gpu_info() -> dict[str, Any]:
     """GPU name, driver and CUDA version as torch and nvidia-smi see them (None on CPU machines)."""
     info: dict[str, Any] = {"gpu": None, "gpu_count": 0, "driver": None, "cuda": None,
                             "compute_capability": None}
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return info
     info["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         info["gpu_count"] = torch.cuda.device_count()
@@ -66,8 +66,6 @@ def software_info() -> dict[str, Any]:
             versions[name] = getattr(mod, "__version__", "unknown")
         except Exception:  # noqa: BLE001 - optional packages may fail to import in many ways
             versions[name] = None
-    from rltbench import __version__
-
     versions["rltbench"] = __version__
     return versions
 
@@ -97,8 +95,6 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _native_in_use() -> dict[str, Any] | None:
-    from rltbench import native
-
     try:
         return native.provenance()
     except Exception:  # noqa: BLE001 - provenance must never stop a run
@@ -106,8 +102,6 @@ def _native_in_use() -> dict[str, Any] | None:
 
 
 def _tuned_in_use() -> dict[str, Any] | None:
-    from rltbench import tuned
-
     try:
         return tuned.in_use()
     except Exception:  # noqa: BLE001 - provenance must never stop a run

@@ -12,6 +12,7 @@ and raw rows can be appended as work finishes so a Ctrl-C keeps everything measu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import gzip
 import json
@@ -21,8 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rltbench.errors import UsageError
-from rltbench.results import provenance
+from rltbench.results.plotting import png_bytes
+from rltbench.results.provenance import collect as collect_provenance
 
 SCHEMA_VERSION = 1
 DEFAULT_ROOT = Path("results")
@@ -40,8 +44,6 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
-
         return dataclasses.asdict(obj)
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
@@ -143,7 +145,7 @@ class RunDir:
             "command": command,
             "status": "running",
             "config": config or {},
-            "provenance": provenance.collect(argv),
+            "provenance": collect_provenance(argv),
             "files": [],
         }
         run = cls(path, manifest)
@@ -185,6 +187,21 @@ class RunDir:
             raise RuntimeError(f"{self.path}: a stored run's manifest.json is not rewritten")
         self.manifest.update(fields)
         self._write_manifest()
+
+    def mark_ended(self, exc: BaseException) -> None:
+        """The run ended early: `interrupted` for Ctrl-C, else `failed`, with the error's first line
+        stored (what is already on disk stays and `rltbench report` can render it)."""
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.update_manifest(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def finish(self, table_md: str, **json_files: Any) -> str:
+        """Write the raw JSON files (name without .json -> object) and table.md, then mark the run
+        complete: the last step of every run that did all it planned. Returns the table."""
+        for name, obj in json_files.items():
+            self.write_json(f"{name}.json", obj)
+        self.write_markdown("table.md", table_md)
+        self.update_manifest(status="complete")
+        return table_md
 
     # -- raw results ----------------------------------------------------------------------------
     def file(self, name: str) -> Path:
@@ -257,9 +274,7 @@ class RunDir:
         self._note_file(f"{name}.csv")
         return self.path / f"{name}.csv"
 
-    def read_table(self, name: str) -> Any:
-        import pandas as pd
-
+    def read_table(self, name: str) -> pd.DataFrame:
         return pd.DataFrame(self.read_json(f"{name}.json"))
 
     def write_markdown(self, name: str, text: str) -> Path:
@@ -269,13 +284,6 @@ class RunDir:
 
     def save_plot(self, name: str, fig: Any) -> Path:
         """Save a matplotlib figure as PNG (atomically) and close it."""
-        import io
-
-        import matplotlib.pyplot as plt
-
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        atomic_write_bytes(self.path / name, buf.getvalue())
+        atomic_write_bytes(self.path / name, png_bytes(fig))
         self._note_file(name)
         return self.path / name

@@ -13,12 +13,6 @@ from types import SimpleNamespace
 from rltbench.engine.schedule import DECODE, Schedule, StepRecord
 
 
-@dataclass(frozen=True)
-class FakeParams:
-    max_tokens: int = 16
-    ignore_eos: bool = False
-
-
 @dataclass
 class FakeEngine:
     vocab: int = 97
@@ -143,6 +137,9 @@ class FakeEngine:
         return events
 
     captures = 0
+
+    def cold_counters(self):
+        return {"graph_captures": self.captures}
 
     def stats(self):
         return {

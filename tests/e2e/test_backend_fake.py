@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2e_fakes import FakeEngine, FakeParams
+from e2e_fakes import FakeEngine
 
+from rltbench.backends.base import DeadlineReached, Request, Timeouts
+from rltbench.backends.engine import EngineBackend
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.engine_backend import DeadlineReached, EngineBackend, Timeouts
 from rltbench.commands.e2e.report import render
 from rltbench.commands.e2e.runner import Cell, Plan, run_plan
-from rltbench.commands.e2e.workload import Request
 from rltbench.results import RunDir
 
 
@@ -21,7 +21,7 @@ def reqs(n, out=5, arrival=0.0):
 
 def test_cell_records_tokens_and_times():
     eng = FakeEngine()
-    be = EngineBackend(eng, FakeParams, ["torch"])
+    be = EngineBackend(eng, ["torch"])
     recs = be.run_cell("torch", "c", reqs(3), Timeouts())
     assert [r["status"] for r in recs] == ["ok"] * 3
     for r in recs:
@@ -32,7 +32,7 @@ def test_cell_records_tokens_and_times():
 
 def test_statuses_error_timeout_length_mismatch_and_stall():
     eng = FakeEngine(reject={"0"}, silent={"1"}, short={"2": 3}, stall_after={"3": 2}, step_sleep=0.002)
-    be = EngineBackend(eng, FakeParams, ["torch"])
+    be = EngineBackend(eng, ["torch"])
     recs = {
         r["request"]: r for r in be.run_cell("torch", "c", reqs(5), Timeouts(first_token=0.15, stall=0.15))
     }
@@ -48,7 +48,7 @@ def test_statuses_error_timeout_length_mismatch_and_stall():
 
 def test_engine_step_failure_fails_inflight_requests_only():
     eng = FakeEngine(fail_step=2)
-    be = EngineBackend(eng, FakeParams, ["torch"])
+    be = EngineBackend(eng, ["torch"])
     recs = be.run_cell("torch", "c", reqs(2), Timeouts())
     assert all(r["status"] == "error" and "fake engine failure" in r["error"] for r in recs)
     assert be.run_cell("torch", "d", reqs(2), Timeouts())[0]["status"] == "ok"
@@ -56,7 +56,7 @@ def test_engine_step_failure_fails_inflight_requests_only():
 
 def test_global_deadline_raises_with_records():
     eng = FakeEngine(step_sleep=0.01)
-    be = EngineBackend(eng, FakeParams, ["torch"])
+    be = EngineBackend(eng, ["torch"])
     with pytest.raises(DeadlineReached) as exc:
         be.run_cell(
             "torch", "c", reqs(3, out=1000, arrival=0.05), Timeouts(deadline=time.perf_counter() + 0.06)
@@ -68,7 +68,7 @@ def test_global_deadline_raises_with_records():
 
 def test_session_arrivals_are_respected():
     eng = FakeEngine()
-    be = EngineBackend(eng, FakeParams, ["torch"])
+    be = EngineBackend(eng, ["torch"])
     recs = be.run_cell("torch", "s", reqs(3, out=2, arrival=0.05), Timeouts())
     sends = [r["send"] for r in recs]
     assert sends[1] - sends[0] == pytest.approx(0.05) and sends[2] - sends[0] == pytest.approx(0.10)
@@ -85,7 +85,7 @@ def _plan(arms, cells, repeats=2, exact=()):
 def test_run_plan_interleaves_warms_up_and_flags_exact_mismatch(tmp_path):
     eng = FakeEngine(diverge={"exact": 2})
     arms = ["torch", "exact", "torch#2"]
-    be = EngineBackend(eng, FakeParams, arms)
+    be = EngineBackend(eng, arms)
     run = RunDir.create(
         "e2e",
         result_dir=tmp_path / "run",
@@ -122,7 +122,7 @@ def test_cold_work_inside_a_timed_cell_is_flagged(tmp_path):
     eng = FakeEngine()
     eng.captures_in_timed = 1  # a capture on every timed step: the cell records and the table flag it
     arms = ["torch", "torch#2"]
-    be = EngineBackend(eng, FakeParams, arms)
+    be = EngineBackend(eng, arms)
     run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": arms})
     with RunDisplay(live=False) as d:
         run_plan(_plan(arms, [Cell("C=2", 2)], repeats=1), be, run, d)
@@ -135,7 +135,7 @@ def test_cold_work_inside_a_timed_cell_is_flagged(tmp_path):
 
 def test_ctrl_c_leaves_a_readable_run(tmp_path):
     eng = FakeEngine()
-    be = EngineBackend(eng, FakeParams, ["torch", "torch#2"])
+    be = EngineBackend(eng, ["torch", "torch#2"])
     calls = {"n": 0}
     orig = be.run_cell
 
@@ -160,7 +160,7 @@ def test_live_identity_ignores_requests_cut_short(tmp_path):
     """The live table compares only what both arms finished: a stalled torch request is no mismatch."""
     eng = FakeEngine(stall_after={"1": 2}, stall_arms={"torch"})
     arms = ["torch", "exact"]
-    be = EngineBackend(eng, FakeParams, arms)
+    be = EngineBackend(eng, arms)
     run = RunDir.create("e2e", result_dir=tmp_path / "run", config={"arm_names": arms})
     plan = _plan(arms, [Cell("C=2", 2)], exact=["exact"])
     plan.timeouts = Timeouts(first_token=5.0, stall=0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench import runtime
 from rltbench.errors import UsageError
 from rltbench.models import build_model, cpu_size_note
 
@@ -17,11 +18,9 @@ def test_cpu_size_note_only_for_large_models_on_cpu() -> None:
 
 
 def test_kv_pool_larger_than_memory_is_refused_in_one_line(monkeypatch) -> None:
-    from rltbench.commands.e2e import job
-
     model = build_model("ouro-tiny", device="cpu", dtype=torch.float32, seed=0)
-    monkeypatch.setattr(job, "_available_memory_bytes", lambda: 2**20)
+    monkeypatch.setattr(runtime, "_available_memory_bytes", lambda: 2**20)
     with pytest.raises(UsageError, match=r"GiB of KV cache .* GiB free"):
-        job._check_cpu_memory(model, num_blocks=10_000, block_size=16)
-    monkeypatch.setattr(job, "_available_memory_bytes", lambda: 2**40)
-    job._check_cpu_memory(model, num_blocks=10_000, block_size=16)
+        runtime.check_cpu_pool(model, num_blocks=10_000, block_size=16)
+    monkeypatch.setattr(runtime, "_available_memory_bytes", lambda: 2**40)
+    runtime.check_cpu_pool(model, num_blocks=10_000, block_size=16)

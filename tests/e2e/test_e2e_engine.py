@@ -21,26 +21,8 @@ def _run(args, tmp_path, name):
 
 
 def test_burst_torch_vs_exact_all_scope(tmp_path):
-    rc, out = _run(
-        [
-            "--arms",
-            "torch,exact",
-            "--scope",
-            "all",
-            "--concurrency",
-            "2",
-            "--input-len",
-            "8",
-            "--output-len",
-            "3",
-            "--repeats",
-            "2",
-            "--warmup-requests",
-            "1",
-        ],
-        tmp_path,
-        "burst",
-    )
+    args = "--arms torch,exact --scope all --concurrency 2 --input-len 8 --output-len 3 --repeats 2"
+    rc, out = _run([*args.split(), "--warmup-requests", "1"], tmp_path, "burst")
     assert rc == 0
     run = RunDir.open(out)
     assert run.manifest["status"] == "complete" and run.manifest["config"]["random_weights"] is True
@@ -153,7 +135,7 @@ def test_bad_flags_exit_2(args, tmp_path, capsys):
 
 
 def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch, capsys):
-    from rltbench.commands.e2e.engine_backend import EngineBackend
+    from rltbench.backends.engine import EngineBackend
 
     orig = EngineBackend.run_cell
     calls = {"n": 0}

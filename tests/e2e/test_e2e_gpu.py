@@ -8,15 +8,17 @@ from rltbench.cli import main
 from rltbench.results import RunDir
 
 
+def _e2e(out, args: str) -> RunDir:
+    """`rltbench e2e` of ouro-tiny on the GPU with torch, exact and the A/A arm; the stored run."""
+    base = "e2e --model ouro-tiny --device cuda --arms torch,exact,torch --no-live --kv-cache-gib 1 "
+    assert main([*(base + args).split(), "--result-dir", str(out)]) == 0
+    return RunDir.open(out)
+
+
 @pytest.mark.gpu
 def test_gpu_burst_graphs_exact_identity(tmp_path):
-    out = tmp_path / "burst"
-    args = (
-        "e2e --model ouro-tiny --device cuda --dtype bfloat16 --arms torch,exact,torch --concurrency 1,4 "
-        "--input-len 32 --output-len 16 --repeats 1 --no-live --kv-cache-gib 1"
-    ).split()
-    assert main([*args, "--result-dir", str(out)]) == 0
-    run = RunDir.open(out)
+    args = "--dtype bfloat16 --concurrency 1,4 --input-len 32 --output-len 16 --repeats 1"
+    run = _e2e(tmp_path / "burst", args)
     assert run.manifest["config"]["engine"]["cuda_graphs"] is True
     recs = run.read_jsonl("requests.jsonl")
     assert len(recs) == 3 * 5 and all(r["status"] == "ok" for r in recs)
@@ -35,13 +37,7 @@ def test_gpu_burst_graphs_exact_identity(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_session_prefix_hits(tmp_path):
-    out = tmp_path / "session"
-    args = (
-        "e2e --model ouro-tiny --device cuda --arms torch,exact,torch --workload session --trace "
-        "mooncake-tiny --max-requests 16 --repeats 2 --no-live --kv-cache-gib 1"
-    ).split()
-    assert main([*args, "--result-dir", str(out)]) == 0
-    run = RunDir.open(out)
+    run = _e2e(tmp_path / "session", "--workload session --trace mooncake-tiny --max-requests 16 --repeats 2")
     summary = run.read_json("summary.json")
     assert summary["exact_arm_mismatch"] is False and not summary["exact_arm_unverified"]
     exact = [r for r in summary["replay_identity"] if r["arm"] == "exact"]

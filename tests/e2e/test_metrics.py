@@ -1,10 +1,10 @@
-"""Metrics against hand-computed timestamps (spec: /work/shared/specs/e2e.md)."""
+"""Metrics against hand-computed timestamps (definitions: docs/contracts/e2e.md)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rltbench.commands.e2e.metrics import (
+from rltbench.results.serving import (
     cell_summary,
     itl_samples,
     percentiles,

@@ -11,9 +11,8 @@ from contextlib import contextmanager
 import pytest
 from aiohttp import web
 
-from rltbench.commands.e2e.engine_backend import Timeouts
-from rltbench.commands.e2e.openai_backend import OpenAIBackend, parse_arm_urls
-from rltbench.commands.e2e.workload import Request
+from rltbench.backends.base import Request, Timeouts, parse_servers
+from rltbench.backends.openai import OpenAIBackend
 from rltbench.errors import UsageError
 
 VOCAB = 50
@@ -94,7 +93,7 @@ def reqs(n, out=4):
 
 def test_burst_streams_token_ids_and_metrics():
     with fake_server() as (url, seen):
-        be = OpenAIBackend(parse_arm_urls([f"A={url}/v1"]))
+        be = OpenAIBackend(parse_servers([f"A={url}/v1"]))
         be.warmup("A", reqs(1, out=2), Timeouts())
         assert be.notes["A"]["model"] == "fake-model"
         recs = be.run_cell("A", "C=3", reqs(3), Timeouts())
@@ -143,7 +142,7 @@ def test_unreachable_server_is_a_request_error():
 @pytest.mark.parametrize("spec", [["A"], ["A=ftp://x"], ["=http://x"], ["A=http://x", "A=http://y"]])
 def test_bad_arm_urls(spec):
     with pytest.raises(UsageError):
-        parse_arm_urls(spec)
+        parse_servers(spec)
 
 
 def test_cli_openai_backend_two_servers_end_to_end(tmp_path):
@@ -151,30 +150,9 @@ def test_cli_openai_backend_two_servers_end_to_end(tmp_path):
     from rltbench.results import RunDir
 
     with fake_server() as (url_a, _), fake_server() as (url_b, _):
-        rc = main(
-            [
-                "e2e",
-                "--backend",
-                "openai",
-                "--arm",
-                f"torch={url_a}",
-                "--arm",
-                f"exact={url_b}",
-                "--model",
-                "ouro-tiny",
-                "--concurrency",
-                "1,3",
-                "--input-len",
-                "8",
-                "--output-len",
-                "3",
-                "--repeats",
-                "2",
-                "--no-live",
-                "--result-dir",
-                str(tmp_path / "run"),
-            ]
-        )
+        args = f"e2e --backend openai --arm torch={url_a} --arm exact={url_b} --model ouro-tiny"
+        args += " --concurrency 1,3 --input-len 8 --output-len 3 --repeats 2 --no-live"
+        rc = main([*args.split(), "--result-dir", str(tmp_path / "run")])
     assert rc == 0
     run = RunDir.open(tmp_path / "run")
     assert run.manifest["status"] == "complete" and run.manifest["config"]["backend"] == "openai"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltbench.commands.e2e.workload import (
+from rltbench.bench.workload import (
     WORKLOAD_DIR,
     allowed_ids,
     burst_prompts,
@@ -94,13 +94,14 @@ def test_session_drops_too_long_and_limits(tmp_path):
         materialize_session(TINY, recs, seed=0, length_scale=1 / 64, max_model_len=5)
 
 
-def test_bad_traces_are_usage_errors(tmp_path):
-    p = tmp_path / "bad.jsonl"
-    p.write_text('{"timestamp": 0, "input_length": 5}\n')
-    with pytest.raises(UsageError, match="not a Mooncake record"):
-        load_trace(p)
-    with pytest.raises(UsageError, match="no such file or preset"):
-        resolve_trace(str(tmp_path / "missing.jsonl"))
+@pytest.mark.parametrize(("text", "needle"), [
+    ('{"timestamp": 0, "input_length": 5}\n', "not a Mooncake record"), (None, "no such file or preset")])
+def test_bad_traces_are_usage_errors(tmp_path, text, needle):
+    trace = tmp_path / "trace.jsonl"
+    if text is not None:
+        trace.write_text(text)
+    with pytest.raises(UsageError, match=needle):
+        load_trace(resolve_trace(str(trace))[0])
 
 
 def test_mooncake_copy_and_presets():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.bench.decode_benchmark import DecodeBenchmark
 from rltbench.engine import Engine, EngineConfig, EngineRequestError, SamplingParams
 from rltbench.errors import UsageError
 from tests.engine.engine_testutil import prompts, torch_ops
@@ -277,7 +278,7 @@ def test_max_model_len_caps_output(ouro_tiny, ops):
 
 def test_decode_benchmark_cpu_and_release(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops)
-    with eng.decode_benchmark(batch_size=3, context_len=10) as bench:
+    with DecodeBenchmark(eng, batch_size=3, context_len=10) as bench:
         assert bench.graph is None  # CPU: eager replay
         assert eng.blocks.num_free_blocks == 96 - 3 * 3
         with pytest.raises(RuntimeError):
@@ -287,7 +288,7 @@ def test_decode_benchmark_cpu_and_release(ouro_tiny, ops):
         assert bench.output is not None and bench.output.shape == (3,)
     assert_idle_and_free(eng)
     with pytest.raises(UsageError):
-        eng.decode_benchmark(batch_size=100, context_len=200)
+        DecodeBenchmark(eng, batch_size=100, context_len=200)
     # The engine serves normally afterwards.
     p = prompts(13, [5])[0]
     assert run(eng, [p], 3)[0] == ouro_tiny.generate(p, 3, ops=ops)
@@ -306,7 +307,8 @@ def test_decode_step_table_cpu(ouro_tiny):
     assert all(r["n"] == 4 and len(r["rep_median_ms"]) == 2 for r in res["rows"])
     assert all(r["len_class"] == 12 and r["bucket"] == r["batch"] for r in res["rows"])  # CPU: eager
     # every timed cell is warm (CPU: no compile observable in the interpreter, no pool to grow)
-    assert len(res["warm"]) == 12 and all(w["captures"] == 0 and w["warm"] for w in res["warm"])
+    assert len(res["warm"]) == 12
+    assert all(w["cold_work"]["graph_captures"] == 0 and w["warm"] for w in res["warm"])
     labels = {(s["batch"], s["arm"]): s["label"] for s in res["speedups"]}
     assert labels[(1, "a#2")] == "A/A" and set(labels) == {(b, a) for b in (1, 2) for a in ("b", "a#2")}
     assert all(s["speedup"]["n"] == 2 for s in res["speedups"])

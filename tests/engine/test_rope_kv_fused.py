@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rltbench import tuned
+from rltbench.arms import ArmSpec
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine import attention as attn
 from rltbench.engine.paged_context import PagedAttentionContext
-from rltbench.kernels import OpSelection, make_ops, rope
+from rltbench.kernels import make_ops, rope
 from rltbench.kernels import ops as ops_module
 from rltbench.kernels import reference as ref
 from rltbench.models import build_model
@@ -22,7 +23,7 @@ from tests.kernels._util import randn, with_specials
 
 _INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ROPE_ONLY = OpSelection(norm="off", rope="exact", act="off", scope="all")  # only rope runs kernels
+ROPE_ONLY = ArmSpec(norm="off", rope="exact", act="off", scope="all")  # only rope runs kernels
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -84,7 +85,7 @@ CASES = [
 def test_fused_store_bitwise_equals_rope_then_write_kv(fuse_on, dtype: torch.dtype, arm: str) -> None:
     """Each kernel arm's fused launch stores the bits of its own rope followed by write_kv (the
     approx arm's cache holds rope_approx's bits, so a fused and an unfused approx run agree)."""
-    ops = make_ops(OpSelection.exact(scope="all") if arm == "exact" else OpSelection.approx(scope="all"))
+    ops = make_ops(ArmSpec.exact(scope="all") if arm == "exact" else ArmSpec.approx(scope="all"))
     gen = torch.Generator().manual_seed(5)
     for t, hq, hkv, d, bs, specials, sdt in CASES:
         qkv = randn((t, (hq + 2 * hkv) * d), dtype, gen, 3.0)
@@ -119,7 +120,7 @@ def _small_inputs(dtype=torch.bfloat16):
 def test_flag_off_torch_arm_and_eager_graph_scope_do_not_fuse(monkeypatch) -> None:
     q, k, v, cos, sin, pool, slots = _small_inputs()
     args = (q, k, v, cos, sin, pool[0, 0], pool[0, 1], slots)
-    kernel_arms = [make_ops(OpSelection.exact(scope="all")), make_ops(OpSelection.approx(scope="all"))]
+    kernel_arms = [make_ops(ArmSpec.exact(scope="all")), make_ops(ArmSpec.approx(scope="all"))]
     with tuned.use(None):   # no tuned file: off by default
         for ops in kernel_arms:
             assert ops.rope_neox_store(*args) is None
@@ -127,8 +128,8 @@ def test_flag_off_torch_arm_and_eager_graph_scope_do_not_fuse(monkeypatch) -> No
     for ops in kernel_arms:
         assert ops.rope_neox_store(*args) is None
     set_fuse(monkeypatch, True)
-    for sel in (OpSelection.torch(scope="all"), OpSelection.exact(), OpSelection.approx(),
-                OpSelection(norm="approx", rope="off", act="approx", scope="all")):
+    for sel in (ArmSpec.torch(scope="all"), ArmSpec.exact(), ArmSpec.approx(),
+                ArmSpec(norm="approx", rope="off", act="approx", scope="all")):
         ops = make_ops(sel)  # torch arm or rope off: never; scope "graph" outside a capture: neither
         assert ops.rope_neox_store(*args) is None
         assert not ops.stats.fused and not ops.stats.fallbacks
@@ -146,7 +147,7 @@ def test_tuned_file_switches_the_fusion() -> None:
 
 def test_unsupported_inputs_are_counted_fallbacks(fuse_on) -> None:
     q, k, v, cos, sin, pool, slots = _small_inputs()
-    ops = make_ops(OpSelection.exact(scope="all"))
+    ops = make_ops(ArmSpec.exact(scope="all"))
     kc, vc = pool[0, 0], pool[0, 1]
     v_gappy = torch.empty(*v.shape[:-1], 2 * v.shape[-1], dtype=v.dtype)[..., ::2]  # last-dim stride 2
     v_gappy.copy_(v)
@@ -209,7 +210,7 @@ def _counting(monkeypatch, module, name: str) -> list[int]:
     return calls
 
 
-def _engine_run(model, sel: OpSelection, monkeypatch) -> tuple[list[list[int]], Engine, int, int]:
+def _engine_run(model, sel: ArmSpec, monkeypatch) -> tuple[list[list[int]], Engine, int, int]:
     """Tokens, the engine, write_kv calls and fused rope+store launches of one generate()."""
     with monkeypatch.context() as m:
         writes = _counting(m, attn, "write_kv")
@@ -235,12 +236,12 @@ def test_engine_flag_on_equals_off_and_takes_fused_path(ouro_gqa_bf16, monkeypat
     arm's also as torch's)."""
     model = ouro_gqa_bf16
     planes = model.config.num_kv_planes
-    sel = ROPE_ONLY if arm == "exact" else OpSelection(norm="off", rope="approx", act="off", scope="all")
+    sel = ROPE_ONLY if arm == "exact" else ArmSpec(norm="off", rope="approx", act="off", scope="all")
     set_fuse(monkeypatch, True)
     tok_on, eng_on, writes_on, fused_on = _engine_run(model, sel, monkeypatch)
     set_fuse(monkeypatch, False)
     tok_off, eng_off, writes_off, fused_off = _engine_run(model, sel, monkeypatch)
-    tok_ref, eng_ref, _, _ = _engine_run(model, OpSelection.torch(), monkeypatch)
+    tok_ref, eng_ref, _, _ = _engine_run(model, ArmSpec.torch(), monkeypatch)
     s_on, s_off = eng_on.stats(), eng_off.stats()
     steps = s_on["prefill_steps"] + s_on["decode_steps"]
     assert s_on["prefill_steps"] >= 2 and s_on["decode_steps"] >= 3
@@ -294,7 +295,7 @@ def test_gpu_fused_store_in_cuda_graph_ouro_1p4b(tokens: int, arm: str, monkeypa
         attn.write_kv(kv[1, 0], kv[1, 1], k_rot, v, slots)
         return q_rot
 
-    make_sel = OpSelection.exact if arm == "exact" else OpSelection.approx
+    make_sel = ArmSpec.exact if arm == "exact" else ArmSpec.approx
     graph_ops = make_ops(make_sel())  # scope graph: the kernels run only while capturing
     warm = make_ops(make_sel(scope="all"))
     graphs, outs = {}, {}

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from rltbench.commands.gsm8k.backends import EngineBackend, Generation, completions_url, cut_at_stop
-from rltbench.commands.gsm8k.cli import parse_arm_urls, parse_arms, validate_numbers
+from rltbench.backends.base import Timeouts, parse_servers
+from rltbench.backends.engine import EngineBackend
+from rltbench.commands.gsm8k.cli import arm_names, validate_numbers
+from rltbench.commands.gsm8k.generation import Generation, QuestionCodec, cut_at_stop
 from rltbench.errors import UsageError
 from rltbench.textcodec import TextCodec, train_fallback_tokenizer
 
@@ -30,8 +32,14 @@ class FakeEngine:
         self.added: list[tuple[str, list[int], object]] = []
         self.aborted: list[str] = []
 
+    def set_arm(self, name) -> None:
+        assert not self.live
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
     def add_request(self, rid, ids, params) -> None:
-        idx = int(rid.rsplit("-", 1)[1])
+        idx = int(rid.rsplit("/", 1)[1])
         self.added.append((rid, list(ids), params))
         self.live[rid] = (self.script[idx], 0, params)
 
@@ -75,19 +83,22 @@ def test_engine_backend_stops_truncates_and_counts(codec: TextCodec) -> None:
     eos = 7
     script = {0: answer, 1: plain, 2: codec.encode(" 12") + [eos] + codec.encode(" tail")}
     eng = FakeEngine(script)
-    be = EngineBackend(eng, codec, "torch", model_eos=(eos,), max_context=64)
+    be = EngineBackend(eng, ["torch"], codec)
+    questions = QuestionCodec(codec, model_eos=(eos,), max_context=64)
     long_prompt = "Q: how many apples? " * 40
-    gens = be.generate(["Q: a\nA:", long_prompt, "Q: c\nA:"], [["Q:"], ["Q:"], ["Q:"]], [40, 5, 40])
+    until = [["Q:"], ["Q:"], ["Q:"]]
+    reqs, truncated = questions.requests(["Q: a\nA:", long_prompt, "Q: c\nA:"], until, [40, 5, 40])
+    recs = be.run_cell("torch", "chunk0", reqs, Timeouts(float("inf"), float("inf")), timed=False)
+    gens = questions.generations("torch", reqs, truncated, recs, until)
     assert gens[0].text == " The answer is 12.\n\n" and gens[0].finish_reason == "stop_str"
-    assert "torch-0" in eng.aborted  # aborted as soon as the stop string appeared, not run to the end
+    assert "torch/chunk0/0" in eng.aborted  # aborted as soon as the stop string appeared, not run to the end
     assert gens[0].num_tokens < len(answer)
     assert gens[1].num_tokens == 5 and gens[1].finish_reason == "length"
     assert gens[1].truncated_prompt and gens[1].prompt_tokens == 64 - 5
     assert eng.added[1][1] == codec.encode(long_prompt)[-(64 - 5) :]  # left truncation keeps the end
     assert gens[2].finish_reason == "stop" and gens[2].token_ids[-1] == eos and gens[2].text == " 12"
     assert all(eos in p.stop_token_ids for _, _, p in eng.added)
-    assert be.stats.requests == 3 and be.stats.truncated_prompts == 1
-    assert be.stats.generated_tokens == sum(g.num_tokens for g in gens)
+    assert sum(g.truncated_prompt for g in gens) == 1
 
 
 def test_lm_records_by_doc_id() -> None:
@@ -115,29 +126,32 @@ def test_lm_records_by_doc_id() -> None:
 
 
 def test_flag_parsing() -> None:
-    assert parse_arms("exact,torch", "engine", {}) == ["torch", "exact"]
-    assert parse_arms(None, "engine", {}) == ["torch", "exact", "approx"]
-    urls = parse_arm_urls(["torch=http://a:1", "approx=http://b:2/v1"])
-    assert parse_arms(None, "openai", urls) == ["torch", "approx"]
+    assert list(arm_names("exact,torch", "engine", {})) == ["torch", "exact"]
+    assert list(arm_names(None, "engine", {})) == ["torch", "exact", "approx"]
+    urls = parse_servers(["torch=http://a:1", "approx=http://b:2/v1"])
+    assert urls == {"torch": "http://a:1", "approx": "http://b:2"}
+    assert parse_servers(["x=https://h/v1/completions/"]) == {"x": "https://h"}
+    assert list(arm_names(None, "openai", urls)) == ["torch", "approx"]
     # the reference named twice is the A/A arm (the throughput noise floor)
-    assert parse_arms("torch,exact,torch", "engine", {}) == ["torch", "exact", "torch#2"]
+    assert list(arm_names("torch,exact,torch", "engine", {})) == ["torch", "exact", "torch#2"]
+    assert arm_names("torch,x=norm:exact", "engine", {}, {"scope": "all"})["x"].norm == "exact"
     for bad in (
-        lambda: parse_arms("exact", "engine", {}),
-        lambda: parse_arms("torch,torch,torch", "engine", {}),
-        lambda: parse_arms("torch,exact,exact", "engine", {}),
-        lambda: parse_arms(None, "openai", {}),
-        lambda: parse_arm_urls(["nourl"]),
-        lambda: parse_arms("torch,exact", "openai", urls),
-        lambda: parse_arms(None, "engine", urls),
+        lambda: arm_names("exact", "engine", {}),
+        lambda: arm_names("torch,torch,torch", "engine", {}),
+        lambda: arm_names("torch,exact,exact", "engine", {}),
+        lambda: arm_names(None, "openai", {}),
+        lambda: parse_servers(["nourl"]),
+        lambda: parse_servers(["a=localhost:8000"]),
+        lambda: parse_servers(["a=http://h:1", "a=http://h:2"]),
+        lambda: arm_names("torch,exact", "openai", urls),
+        lambda: arm_names(None, "engine", urls),
         lambda: validate_numbers(1.0, 0, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
         lambda: validate_numbers(-1, None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
         lambda: validate_numbers(float("nan"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
         lambda: validate_numbers(float("inf"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
         lambda: validate_numbers(1.0, None, 1, 1, None, "mmlu", "engine", "strict-match"),
-        lambda: completions_url("localhost:8000"),
     ):
         with pytest.raises(UsageError):
             bad()
-    assert completions_url("http://h:8/") == "http://h:8/v1/completions"
-    assert completions_url("http://h:8/v1") == "http://h:8/v1/completions"
-    assert completions_url("http://h:8/v1/completions") == "http://h:8/v1/completions"
+    assert parse_servers(["a=http://h:8/", "b=http://h:9/v1", "c=http://h:7/v1/completions"]) == {
+        "a": "http://h:8", "b": "http://h:9", "c": "http://h:7"}

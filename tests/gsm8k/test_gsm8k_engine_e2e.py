@@ -13,7 +13,7 @@ from rltbench.commands.gsm8k.cli import gsm8k_command  # noqa: E402
 from rltbench.textcodec import train_fallback_tokenizer  # noqa: E402
 
 
-def _run(tmp_path, arms: str, device: str):
+def _run(tmp_path, arms: str, device: str, *extra: str):
     texts = [
         "Q: Janet has 16 eggs and eats 3. How many are left?\nA: 16 - 3 = 13. The answer is 13.\n\n"
     ] * 20
@@ -47,21 +47,17 @@ def _run(tmp_path, arms: str, device: str):
             str(tok_path),
             "--result-dir",
             str(out),
+            *extra,
         ],
     )
     return res, out
 
 
-def test_tiny_model_two_arms(tmp_path, monkeypatch) -> None:
+def test_tiny_model_two_arms(tmp_path) -> None:
     """torch vs exact with the exact kernels really running: on CPU the default scope 'graph' would
-    run torch's ops in both arms (no capture), so the exact arm is switched to scope 'all' here and
-    its norms and RoPE run through the Triton interpreter (fp32 SiLU on CPU is routed to torch)."""
-    import dataclasses
-
-    from rltbench.kernels import ARMS
-
-    monkeypatch.setitem(ARMS, "exact", dataclasses.replace(ARMS["exact"], scope="all"))
-    res, out = _run(tmp_path, "torch,exact", "cpu")
+    run torch's ops in both arms (no capture), so the exact arm runs with --scope all here and its
+    norms and RoPE run through the Triton interpreter (fp32 SiLU on CPU is routed to torch)."""
+    res, out = _run(tmp_path, "torch,exact", "cpu", "--scope", "all")
     assert res.exit_code == 0, res.output
     assert "RANDOM WEIGHTS" in res.output
     summary = json.loads((out / "summary.json").read_text())

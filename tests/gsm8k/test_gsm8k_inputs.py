@@ -49,10 +49,10 @@ def _checkpoint_dir(tmp_path: Path, *, config: bool, tokenizer: bool) -> Path:
     [
         ("unknown model", "unknown model preset 'nope'"),
         ("missing --tokenizer file", "tokenizer file not found"),
-        ("checkpoint without config.json", "config file not found"),
+        ("checkpoint without config.json", "no config.json there"),
         ("checkpoint without tokenizer.json", "no tokenizer.json in"),
         ("tokenizer larger than the model vocab", "exceeds the model's vocab"),
-        ("no cuda", "no CUDA device available"),
+        ("no cuda", "CUDA is not available"),
     ],
 )
 def test_bad_model_inputs_leave_no_run_directory(case: str, needle: str, tmp_path: Path, capsys) -> None:

@@ -29,20 +29,25 @@ WRONG = {"good": set(), "wrong_all": set(range(N_QUESTIONS)), "wrong0": {0}, "wr
 
 
 def _app() -> web.Application:
-    async def completions(request: web.Request) -> web.Response:
+    async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         mode = request.match_info["mode"]
         question = body["prompt"].rsplit("Q: ", 1)[1].rsplit("\nA:", 1)[0]
         idx = ORDER.index(question)
         answer = TARGETS[question] if idx not in WRONG[mode] else "-1"
-        assert body["temperature"] == 0.0 and "Q:" in body["stop"]
+        assert body["temperature"] == 0.0 and "Q:" in body["stop"] and body["stream"] is True
         text = f" So it is {answer}. The answer is {answer}."
-        return web.json_response(
-            {
-                "choices": [{"text": text, "finish_reason": "stop"}],
-                "usage": {"completion_tokens": 9, "prompt_tokens": 50},
-            }
-        )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunks = [
+            {"choices": [{"text": text[:8], "finish_reason": None}]},
+            {"choices": [{"text": text[8:], "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"completion_tokens": 9, "prompt_tokens": 50}},
+        ]
+        for chunk in chunks:
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "fake-model"}]})

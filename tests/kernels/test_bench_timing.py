@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from rltbench.bench import timing
 
@@ -30,32 +27,6 @@ def test_interleave_order_balances_slots_and_mean_position():
     k = len(names)
     means = {n: sum(i % k for i, x in enumerate(order) if x == n) / 6 for n in names}
     assert len({round(v, 9) for v in means.values()}) == 1
-
-
-def test_summarize_matches_numpy_quantiles():
-    np = pytest.importorskip("numpy")
-    rng = random.Random(5)
-    xs = [rng.lognormvariate(1.0, 0.5) for _ in range(101)]
-    s = timing.summarize(xs)
-    assert s.n == 101
-    assert s.median == pytest.approx(float(np.median(xs)))
-    assert s.p10 == pytest.approx(float(np.quantile(xs, 0.1)))
-    assert s.p90 == pytest.approx(float(np.quantile(xs, 0.9)))
-    assert s.q1 == pytest.approx(float(np.quantile(xs, 0.25)))
-    assert s.iqr == pytest.approx(float(np.quantile(xs, 0.75) - np.quantile(xs, 0.25)))
-    assert s.min == min(xs) and s.max == max(xs)
-    assert s.mean == pytest.approx(sum(xs) / len(xs))
-
-
-def test_summarize_small_and_invalid_samples():
-    s = timing.summarize([3.0])
-    assert (s.median, s.p10, s.p90, s.n) == (3.0, 3.0, 3.0, 1)
-    s = timing.summarize([1.0, float("nan"), 3.0, float("inf")])
-    assert s.n == 2 and s.median == 2.0
-    e = timing.summarize([])
-    assert e.n == 0 and math.isnan(e.median) and math.isnan(e.p90)
-    d = e.to_dict("graph_us_")
-    assert set(d) >= {"graph_us_median", "graph_us_p10", "graph_us_p90", "graph_us_n"}
 
 
 def test_is_tie_uses_spread():
@@ -91,33 +62,6 @@ def test_gbps():
     assert timing.gbps(2e9, 1.0) == pytest.approx(2.0)
     assert math.isnan(timing.gbps(1e9, float("nan")))
     assert math.isnan(timing.gbps(1e9, 0.0))
-
-
-def test_warm_check_counts_compiles_and_captures(monkeypatch):
-    """A compile (Triton's post-compile hook fired) or a capture inside the region marks it cold;
-    the previous hook is chained and restored; CPU has no pool to grow (None)."""
-    import types
-
-    runtime = types.SimpleNamespace(jit_post_compile_hook=None)
-    seen = []
-    runtime.jit_post_compile_hook = lambda *a, **k: seen.append(k.get("key"))
-    monkeypatch.setattr(timing, "_triton_runtime_knobs", lambda: runtime)
-    previous = runtime.jit_post_compile_hook
-    captures = [3]
-    with timing.WarmCheck(lambda: captures[0], torch.device("cpu")) as warm:
-        pass
-    assert warm.to_dict() == {"compiles": 0, "captures": 0, "pool_growth_bytes": None, "warm": True}
-    with timing.WarmCheck(lambda: captures[0], torch.device("cpu")) as cold:
-        runtime.jit_post_compile_hook(key="k1")
-        captures[0] += 1
-    assert (cold.compiles, cold.captures, cold.warm) == (1, 1, False)
-    assert seen == ["k1"] and runtime.jit_post_compile_hook is previous
-    assert timing.cold_cells([{"arm": "a", **warm.to_dict()}, {"arm": "b", **cold.to_dict()}]) == [
-        {"arm": "b", **cold.to_dict()}]
-    monkeypatch.setattr(timing, "_triton_runtime_knobs", lambda: None)  # Triton without the hook
-    with timing.WarmCheck() as unknown:
-        pass
-    assert unknown.to_dict() == {"compiles": None, "captures": None, "pool_growth_bytes": None, "warm": True}
 
 
 def test_profiler_count_is_none_without_cuda():
@@ -160,27 +104,3 @@ def test_profiler_counts_eager_and_graph_kernels():
     assert timing.count_kernels_profiler(g.replay, k) == pytest.approx(2.0)  # kernels inside a graph replay
 
 
-@triton.jit
-def _fill(out_ptr, VALUE: tl.constexpr):
-    tl.store(out_ptr + tl.arange(0, 16), tl.full((16,), VALUE, tl.float32))
-
-
-@pytest.mark.gpu
-def test_warm_check_sees_a_real_triton_compile_and_pool_growth():
-    """On the GPU the hook really fires: a kernel specialised for a new constexpr compiles (or loads
-    from the disk cache) inside the first region, not inside the second; a new allocation grows the
-    reserved pool."""
-    out = torch.empty(16, device="cuda")
-    dev = torch.device("cuda")
-    value = float(torch.randint(1, 10**6, ()).item())  # a specialisation this process has not built
-    with timing.WarmCheck(device=dev) as first:
-        _fill[(1,)](out, VALUE=value)
-    with timing.WarmCheck(device=dev) as second:
-        _fill[(1,)](out, VALUE=value)
-    assert first.compiles == 1 and not first.warm
-    assert second.compiles == 0 and second.pool_growth_bytes == 0 and second.warm
-    torch.cuda.empty_cache()  # no cached block may serve the allocation below
-    with timing.WarmCheck(device=dev) as grows:
-        big = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
-    assert grows.pool_growth_bytes > 0 and not grows.warm
-    del big

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rltbench.bench import timing
+from rltbench.bench import timing, warmth
 from rltbench.commands.kernels import report
 from rltbench.commands.kernels import sweep as bench
 from rltbench.results import RunDir
@@ -33,7 +33,10 @@ class FakeGraph:
         self.outputs = [self.call(i) for i in range(self.k)]
 
 
-def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before_sample=None):
+COLD_INSIDE: list[int] = []  # compiles to pretend happened inside the next timed window
+
+
+def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before_sample=None, window=None):
     order = timing.interleave_order(list(runners), rounds)
     assert all(order.count(n) == rounds for n in runners)
     out = {}
@@ -41,6 +44,9 @@ def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before
         runners[name]()  # the runner must be callable as the timer would call it
         base = MEDIANS[name]
         out[name] = [base * (0.9 + 0.2 * i / (rounds * reps - 1)) for i in range(rounds * reps)]
+    assert window is not None  # every timed mode is checked for cold work
+    with window:
+        warmth.TRITON_COMPILES.count += COLD_INSIDE.pop() if COLD_INSIDE else 0
     return out
 
 
@@ -96,6 +102,8 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
         assert r["graph_kernels_per_call"] == 3.0 and r["eager_kernels_per_call"] == 2.0
     assert by_arm["exact"]["graph_mismatches"] == 0 and by_arm["torch"]["graph_mismatches"] == 0
     assert {(s["arm"], s["mode"]) for s in samples} == {(a, m) for a in MEDIANS for m in ("graph", "eager")}
+    assert all(r["graph_warm"] and r["eager_warm"] for r in rows)
+    assert report.cold_rows(report.pd.DataFrame(rows)) == 0
 
     run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
     for r in rows:
@@ -250,3 +258,18 @@ def test_pdl_columns_hidden_without_pdl_timings(fake_cuda):
     df = pd.DataFrame(rows)
     assert "PDL" not in report.markdown_table(df, {}, {})
     assert "PDL us" not in [c.header for c in report.rich_table(df).columns]
+
+
+def test_cold_work_inside_a_timed_mode_is_flagged(fake_cuda, monkeypatch, tmp_path):
+    monkeypatch.setattr(warmth.TRITON_COMPILES, "available", True)
+    COLD_INSIDE[:] = [0, 1]  # popped from the end: the graph window compiles once, eager does not
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph", "eager"], repeats=4)
+    rows, samples = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                                    _ctx(1024))
+    assert all(not r["graph_warm"] and r["eager_warm"] for r in rows)
+    assert {s["mode"]: s["cold_work"]["compiles"] for s in samples} == {"graph": 1, "eager": 0}
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    run.extend_jsonl(report.ROWS, rows)
+    report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
+    assert "**2 row(s) timed with cold work" in (tmp_path / "run" / "table.md").read_text()

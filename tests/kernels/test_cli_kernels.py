@@ -149,8 +149,9 @@ class _Corrupting:
 def test_injected_exact_mismatch_exit_1(invoke, tmp_path, monkeypatch):
     real = bench.make_arm_ops
 
-    def corrupt_exact(arm, scope):
-        return _Corrupting(real(arm, scope)) if arm == "exact" else real(arm, scope)
+    def corrupt_exact(arm, scope, specs=None):
+        ops = real(arm, scope, specs)
+        return _Corrupting(ops) if arm == "exact" else ops
 
     monkeypatch.setattr(bench, "make_arm_ops", corrupt_exact)
     out = tmp_path / "bad"
@@ -175,23 +176,3 @@ def test_failing_case_is_a_row_and_exit_1(invoke, tmp_path, monkeypatch):
     assert res.exit_code == 1, res.output
     rows = _rows(out)
     assert rows and all(r["status"] == "error" and "kernel exploded" in r["note"] for r in rows)
-
-
-def test_ctrl_c_keeps_finished_cases(invoke, tmp_path, monkeypatch):
-    real = bench.case_rows
-    calls = {"n": 0}
-
-    def interrupting(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(bench, "case_rows", interrupting)
-    out = tmp_path / "int"
-    res = invoke("--ops", "silu_mul", "--tokens", "1,2,3", "--widths", "8", "--result-dir", str(out))
-    assert res.exit_code == 130, res.output
-    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
-    rows = _rows(out)
-    assert {r["tokens"] for r in rows} == {1} and len(rows) == 3
-    assert "silu_mul" in (out / "table.md").read_text()

@@ -92,7 +92,9 @@ def test_interrupted_manifest_counts_finished_cases(invoke, tmp_path, monkeypatc
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert manifest["result"] == {"rows": 6, "failing_rows": 0, "cases_done": 2, "cases_planned": 4}
-    assert len(_rows(out)) == 6
+    rows = _rows(out)
+    assert len(rows) == 6 and {r["tokens"] for r in rows} == {1, 2}  # the finished cases, whole
+    assert "silu_mul" in (out / "table.md").read_text()  # rendered from what finished
 
 
 def test_report_of_a_damaged_run_is_one_line(tmp_path):

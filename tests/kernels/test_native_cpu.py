@@ -257,11 +257,9 @@ def test_cpu_tensors_are_not_cuda_for_the_native_kernels(monkeypatch: pytest.Mon
 def test_selection_names_and_bitwise_arms() -> None:
     from rltbench.arms import is_exact, parse_arms
     from rltbench.commands.kernels import sweep as bench
-    from rltbench.kernels import parse_selection
 
     assert ARMS["cuda"] == OpSelection("cuda", "cuda", "cuda", "graph") and ARMS["cuda"].name == "cuda"
-    assert parse_selection("cuda", env={}) == OpSelection.cuda()
-    assert parse_selection("norm=cuda,act=exact", env={}).name == "norm=cuda,rope=off,act=exact"
+    assert OpSelection(norm="cuda", act="exact").name == "norm:cuda/rope:off/act:exact"
     assert bench.bitwise_arm("cuda") and bench.bitwise_arm("exact") and not bench.bitwise_arm("approx")
     assert not bench.bitwise_arm("torch") and bench.fused_arm("cuda") and not bench.fused_arm("liger")
     assert is_exact(OpSelection.cuda()) and is_exact(OpSelection(norm="cuda", act="exact"))

@@ -1,4 +1,4 @@
-"""Routing: selection parsing and env vars, scope graph vs all, fallbacks counted per op and reason,
+"""Routing: scope graph vs all, fallbacks counted per op and reason,
 the op cases used by the benchmark."""
 
 from __future__ import annotations
@@ -8,42 +8,12 @@ import torch
 
 from rltbench import tuned
 from rltbench.errors import UsageError
-from rltbench.kernels import ARMS, OPS, OpSelection, make_ops, norm, op_case, parse_selection
+from rltbench.kernels import ARMS, OPS, OpSelection, make_ops, norm, op_case
 from rltbench.kernels import reference as ref
 from rltbench.kernels.norm import onelaunch
 from rltbench.kernels.norm.config import ExactNormRouting
 from rltbench.kernels.ops import Ops
 from tests.kernels._util import assert_bitwise
-
-
-def test_selection_parsing_and_env() -> None:
-    assert ARMS["exact"] == OpSelection("exact", "exact", "exact", "graph")
-    assert parse_selection("approx", env={}) == OpSelection.approx()
-    assert parse_selection("norm=exact,rope=approx,scope=all", env={}) == OpSelection(
-        "exact", "approx", "off", "all"
-    )
-    assert parse_selection("all=exact", act="torch", env={}) == OpSelection("exact", "exact", "off", "graph")
-    env = {"RLTBENCH_NORM": "approx", "RLTBENCH_SCOPE": "all", "RLTBENCH_ACT": ""}
-    assert parse_selection(None, env=env) == OpSelection("approx", "off", "off", "all")
-    assert parse_selection("rope=exact", norm="exact", env=env) == OpSelection("exact", "exact", "off", "all")
-    assert OpSelection.exact().to_dict() == {
-        "norm": "exact",
-        "rope": "exact",
-        "act": "exact",
-        "scope": "graph",
-        "name": "exact",
-    }
-    assert OpSelection("exact", "off", "approx").name == "norm=exact,rope=off,act=approx"
-    for bad in ("fast", "norm=quick", "color=red", "norm"):
-        with pytest.raises(UsageError):
-            parse_selection(bad, env={})
-    with pytest.raises(UsageError):
-        parse_selection(None, env={"RLTBENCH_SCOPE": "sometimes"})
-
-
-def test_env_vars_read_from_os_environ(monkeypatch) -> None:
-    monkeypatch.setenv("RLTBENCH_ROPE", "exact")
-    assert parse_selection().rope == "exact"
 
 
 def _norm_inputs(dtype=torch.bfloat16):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from models_testutil import random_prompt, run_prefill
 
+from rltbench.arms import ArmSpec
 from rltbench.models import build_model
 
 kernels = pytest.importorskip("rltbench.kernels")
@@ -32,9 +33,9 @@ def test_exact_arm_bitwise_equals_torch_arm(name, dtype):
     overrides = {"mean_recurrence": 1} if name.startswith("huginn") else {"num_loops": 2}
     model = build_model(name, dtype=dtype, seed=31, **overrides)
     prompts = [random_prompt(4, seed=31), random_prompt(2, seed=32)]
-    torch_ops = kernels.make_ops(kernels.OpSelection.torch())
+    torch_ops = kernels.make_ops(ArmSpec.torch())
     act = "exact" if dtype == torch.bfloat16 else "off"
-    exact_ops = kernels.make_ops(kernels.OpSelection(norm="exact", rope="exact", act=act, scope="all"))
+    exact_ops = kernels.make_ops(ArmSpec(norm="exact", rope="exact", act=act, scope="all"))
     h_ref, l_ref = _forward(model, torch_ops, prompts)
     h_ex, l_ex = _forward(model, exact_ops, prompts)
     stats = exact_ops.stats
@@ -51,6 +52,6 @@ def test_exact_arm_bitwise_equals_torch_arm(name, dtype):
 def test_approx_arm_runs_and_is_close():
     model = build_model("ouro-tiny", dtype=torch.bfloat16, seed=33, num_loops=1)
     prompts = [random_prompt(4, seed=33)]
-    h_ref, _ = _forward(model, kernels.make_ops(kernels.OpSelection.torch()), prompts)
-    h_ap, _ = _forward(model, kernels.make_ops(kernels.OpSelection.approx(scope="all")), prompts)
+    h_ref, _ = _forward(model, kernels.make_ops(ArmSpec.torch()), prompts)
+    h_ap, _ = _forward(model, kernels.make_ops(ArmSpec.approx(scope="all")), prompts)
     torch.testing.assert_close(h_ap, h_ref, atol=0.1, rtol=0.05)

@@ -24,10 +24,11 @@ def _captured_outputs(model, ops, ids, positions, seq_ids, rows_are_seqs):
 
 
 def _check_exact(model, fused_ops):
-    from rltbench.kernels import OpSelection, make_ops
+    from rltbench.arms import ArmSpec
+    from rltbench.kernels import make_ops
 
     dev = model.device
-    torch_ops, exact_ops = make_ops(OpSelection.torch()), make_ops(OpSelection.exact())
+    torch_ops, exact_ops = make_ops(ArmSpec.torch()), make_ops(ArmSpec.exact())
     cases = [  # a batched decode step, then an 8-token prefill chunk of one sequence
         (torch.tensor([11, 12], device=dev), torch.tensor([40, 47], device=dev), torch.arange(2, device=dev),
          True),

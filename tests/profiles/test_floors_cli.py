@@ -43,7 +43,7 @@ def test_weight_bytes_count_loop_reuse() -> None:
 
 
 def _app() -> typer.Typer:
-    """The lead's app when it imports, else a wrapper with the same UsageError -> exit 2 rule."""
+    """The CLI's app when it imports, else a wrapper with the same UsageError -> exit 2 rule."""
     try:
         from rltbench.cli import app
 
@@ -62,7 +62,7 @@ def test_no_gpu_is_a_usage_error(tmp_path: Path) -> None:
         pytest.skip("this machine has a GPU")
     res = CliRunner().invoke(_app(), ["profile", "--model", "ouro-tiny", "--result-dir", str(tmp_path / "r")])
     assert res.exit_code == 2
-    assert "--cpu" in res.output and "Traceback" not in res.output
+    assert "--device cpu" in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.parametrize(
@@ -72,10 +72,13 @@ def test_no_gpu_is_a_usage_error(tmp_path: Path) -> None:
         (["--batch", "0"], "--batch"),
         (["--dtype", "int8"], "dtype"),
         (["--model", "nope"], "nope"),
+        (["--weights", "/nonexistent/ckpt"], "not a checkpoint directory"),
+        (["--cpu", "--device", "cuda:1"], "--cpu is --device cpu"),
     ],
 )
 def test_bad_flags_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
-    res = CliRunner().invoke(_app(), ["profile", "--cpu", *args, "--result-dir", str(tmp_path / "r")])
+    args = ["profile", "--device", "cpu", *args, "--result-dir", str(tmp_path / "r")]
+    res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 2, res.output
     assert needle in res.output
 

@@ -1,5 +1,5 @@
-"""CPU: `rltbench profile --cpu` must measure real decode steps (regression: every arm showed 0 ops/step
-and a 0 ms median because the engine capped the request at max_model_len before the timed and
+"""CPU: `rltbench profile --device cpu` must measure real decode steps (regression: every arm showed
+0 ops/step and a 0 ms median because the engine capped the request at max_model_len before the timed and
 profiled steps ran, so they were no-ops)."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from rltbench import runtime
+from rltbench.arms import parse_arms
 from rltbench.commands.profile.collect import (
     ProfileSpec,
     _decode_step,
     _start_decode,
     build_engine,
-    build_model,
     decode_tokens,
     run_profile,
 )
@@ -38,18 +39,21 @@ def one_thread() -> Iterator[None]:
 
 def _spec(arms: list[str], iters: int = ITERS, cpu: bool = True) -> ProfileSpec:
     return ProfileSpec(
-        model="ouro-tiny",
-        weights=None,
+        source=runtime.ModelSource("ouro-tiny"),
+        device="cpu" if cpu else "cuda",
         dtype=torch.float32,
         batch=1,
         context=32,
-        arms=arms,
+        arms=parse_arms(",".join(arms)),
         iters=iters,
         rounds=1,
         replays=1,
         steps=STEPS,
-        cpu=cpu,
     )
+
+
+def build_model(spec: ProfileSpec, device: str):
+    return runtime.load(spec.source, device, spec.dtype)[0]
 
 
 def test_cpu_profile_counts_ops_and_times_steps(one_thread: None) -> None:

@@ -8,20 +8,21 @@ import torch
 
 @pytest.mark.gpu
 def test_profile_ouro_tiny_counts_agree() -> None:
+    from rltbench import runtime
+    from rltbench.arms import parse_arms
     from rltbench.commands.profile.collect import ProfileSpec, run_profile
 
     spec = ProfileSpec(
-        model="ouro-tiny",
-        weights=None,
+        source=runtime.ModelSource("ouro-tiny"),
+        device="cuda",
         dtype=torch.bfloat16,
         batch=1,
         context=64,
-        arms=["torch", "exact", "approx"],
+        arms=parse_arms("torch,exact,approx"),
         iters=20,
         rounds=2,
         replays=2,
         steps=2,
-        cpu=False,
     )
     out = run_profile(spec, log=lambda m: None)
     counts = {}
@@ -36,5 +37,6 @@ def test_profile_ouro_tiny_counts_agree() -> None:
     assert counts["exact"] < counts["torch"] and counts["approx"] < counts["exact"]
     facts = out["decode_step"]  # the decode table's figure: serving class, every timed cell warm
     assert facts["len_class"] == 256 and facts["bucket"] == 1
-    assert len(facts["warm"]) == 3 * 2 and all(w["warm"] and w["captures"] == 0 for w in facts["warm"])
+    assert len(facts["warm"]) == 3 * 2
+    assert all(w["warm"] and w["cold_work"]["graph_captures"] == 0 for w in facts["warm"])
     assert out["weight_floor_ms"] > 0

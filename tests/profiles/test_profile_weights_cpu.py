@@ -1,4 +1,4 @@
-"""`rltbench profile --cpu --weights DIR`: a checkpoint without tokenizer.json (the profile feeds token
+"""`rltbench profile --device cpu --weights DIR`: a checkpoint without tokenizer.json (the profile feeds token
 ids, never text) must load, and the manifest must name the checkpoint's model, not the default preset."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from rltbench.models import build_model, save_hf_checkpoint
 
 
 def _profile(*args: str):
-    return CliRunner().invoke(app, ["profile", "--cpu", "--context", "4", "--iters", "1", "--steps", "1",
-                                       "--arms", "torch", *args])
+    base = "profile --device cpu --context 4 --iters 1 --steps 1 --arms torch".split()
+    return CliRunner().invoke(app, [*base, *args])
 
 
 def test_weights_without_tokenizer(tmp_path: Path) -> None:

@@ -2,22 +2,24 @@
 
 Flag names follow vLLM where the meaning is the same (--input-len, --output-len, --max-num-seqs,
 --max-num-batched-tokens, --block-size, --enforce-eager, --result-dir, --seed, --dtype,
---served-model-name). The metric contract is /work/shared/specs/e2e.md (printed in table.md).
+--served-model-name). The metric definitions are docs/contracts/e2e.md's (printed in table.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from rltbench import arms as armspec
+from rltbench import runtime
+from rltbench.backends.base import Timeouts, parse_servers
+from rltbench.commands.e2e.job import BURST, SESSION, E2ESpec, run
+from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
-
-BURST = "burst"
-SESSION = "session"
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -40,47 +42,14 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
-def _device_dtype(device: str | None, dtype: str | None) -> tuple[str, Any]:
-    import torch
-
-    from rltbench.models.configs import dtype_from_name
-
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {dev}: CUDA is not available on this machine")
-    try:
-        dt = dtype_from_name(dtype or ("bfloat16" if dev.startswith("cuda") else "float32"))
-    except (KeyError, ValueError) as exc:
-        raise UsageError(f"--dtype {dtype}: {exc}") from None
-    return dev, dt
-
-
 def e2e_command(
-    model: Annotated[
-        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
-    ] = "ouro-1.4b",
-    weights: Annotated[
-        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
-    ] = "random",
-    arms: Annotated[
-        str,
-        typer.Option(
-            help="Comma list: torch,exact,approx,cuda or NAME=norm:exact/rope:off/scope:all; "
-            "a repeated name is an A/A arm (torch,torch -> torch#2)."
-        ),
-    ] = "torch,exact,approx",
-    norm: Annotated[
-        str | None, typer.Option(help="Override norm (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    rope: Annotated[
-        str | None, typer.Option(help="Override rope (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    act: Annotated[
-        str | None, typer.Option(help="Override act (exact|approx|cuda|off) on named non-torch arms.")
-    ] = None,
-    scope: Annotated[
-        str | None, typer.Option(help="Override scope (graph|all) on named non-torch arms.")
-    ] = None,
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
+    arms: armspec.ArmsOption = "torch,exact,approx",
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
     workload: Annotated[
         str, typer.Option(help="burst (C requests at once) or session (trace replay).")
     ] = BURST,
@@ -91,10 +60,10 @@ def e2e_command(
         int | None,
         typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, trace blocks and random weights.")] = 0,
+    seed: runtime.SeedOption = 0,
     trace: Annotated[
         str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
-    ] = ("mooncake"),
+    ] = "mooncake",
     trace_time_scale: Annotated[
         float | None, typer.Option(help="Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).")
     ] = None,
@@ -102,33 +71,19 @@ def e2e_command(
         float | None, typer.Option(help="Multiply trace lengths and the 512-token hash block.")
     ] = None,
     max_requests: Annotated[int | None, typer.Option(help="Replay only the first N trace records.")] = None,
-    kv_cache_gib: Annotated[
-        float | None, typer.Option(help="KV pool size (default: from free GPU memory).")
-    ] = None,
+    kv_cache_gib: runtime.KvCacheGibOption = None,
     max_num_seqs: Annotated[
         int | None, typer.Option(help="Engine batch limit (default: max C; session 128).")
     ] = None,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
-    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
-    enforce_eager: Annotated[
-        bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
-    ] = False,
-    prefill_graphs: Annotated[
-        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
-    ] = True,
-    dtype: Annotated[
-        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda | cpu (default: cuda if available).")] = None,
-    result_dir: Annotated[
-        Path | None, typer.Option(help="Output directory (default results/e2e-<time>).")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="engine (in process) or openai (servers given by --arm).")
-    ] = "engine",
-    arm: Annotated[
-        list[str] | None, typer.Option(help="openai backend: NAME=URL, one per arm/server.")
-    ] = None,
+    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
+    block_size: runtime.BlockSizeOption = 16,
+    enforce_eager: runtime.EnforceEagerOption = False,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
+    dtype: runtime.DtypeOption = None,
+    device: runtime.DeviceOption = None,
+    result_dir: runtime.ResultDirOption = None,
+    backend: runtime.BackendOption = "engine",
+    arm: runtime.ServersOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="openai backend: model field (default: first of /v1/models).")
     ] = None,
@@ -139,8 +94,6 @@ def e2e_command(
     live: Annotated[bool, typer.Option(help="Rich live table (off when not a terminal).")] = True,
 ) -> None:
     """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
-    from rltbench.commands.e2e.job import build_and_run
-
     t_start = time.perf_counter()
     if workload not in (BURST, SESSION):
         raise UsageError(f"--workload must be burst or session, not {workload!r}")
@@ -156,51 +109,42 @@ def e2e_command(
         raise UsageError("--ttft-timeout/--stall-timeout must be > 0 and --deadline >= 0")
     if warmup_requests < 0:
         raise UsageError("--warmup-requests must be >= 0")
-    if block_size < 1 or max_num_batched_tokens < 1 or (max_num_seqs is not None and max_num_seqs < 1):
-        raise UsageError("--block-size, --max-num-batched-tokens and --max-num-seqs must be >= 1")
-    if kv_cache_gib is not None and kv_cache_gib <= 0:
-        raise UsageError("--kv-cache-gib must be > 0")
+    engine = EngineConfig(kv_cache_gib=kv_cache_gib, block_size=block_size,
+                          max_num_batched_tokens=max_num_batched_tokens, use_cuda_graph=not enforce_eager,
+                          prefill_graphs=prefill_graphs)
+    seqs = 1 if max_num_seqs is None else max_num_seqs  # None: sized to the load later
+    runtime.check_engine_flags(dataclasses.replace(engine, max_num_seqs=seqs))
     if max_requests is not None and max_requests < 1:
         raise UsageError("--max-requests must be >= 1")
     if backend == "engine" and arm:
         raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
-    path, mismatch = build_and_run(
-        dict(
-            model=model,
-            weights=weights,
-            arms=arms,
-            overrides={"norm": norm, "rope": rope, "act": act, "scope": scope},
-            workload=workload,
-            concurrency=parse_concurrency(concurrency),
-            input_len=input_len,
-            output_len=output_len,
-            repeats=repeats,
-            seed=seed,
-            trace=trace,
-            trace_time_scale=trace_time_scale,
-            trace_length_scale=trace_length_scale,
-            max_requests=max_requests,
-            kv_cache_gib=kv_cache_gib,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            enforce_eager=enforce_eager,
-            prefill_graphs=prefill_graphs,
-            dtype=dtype,
-            device=device,
-            result_dir=result_dir,
-            backend=backend,
-            arm_urls=list(arm or []),
-            served_model_name=served_model_name,
-            warmup_requests=warmup_requests,
-            ttft_timeout=ttft_timeout,
-            stall_timeout=stall_timeout,
-            deadline=(t_start + deadline) if deadline > 0 else None,
-            live=live,
-            argv=list(sys.argv),
-        )
+    spec = E2ESpec(
+        source=runtime.ModelSource(model, weights, seed),
+        arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
+              if backend == "engine" else {}),
+        servers=parse_servers(arm or []),
+        workload=workload,
+        concurrency=parse_concurrency(concurrency),
+        input_len=input_len,
+        output_len=output_len,
+        repeats=repeats,
+        trace=trace,
+        trace_time_scale=trace_time_scale,
+        trace_length_scale=trace_length_scale,
+        max_requests=max_requests,
+        engine=engine,
+        max_num_seqs=max_num_seqs,
+        dtype=dtype,
+        device=device,
+        result_dir=result_dir,
+        served_model_name=served_model_name,
+        warmup_requests=warmup_requests,
+        timeouts=Timeouts(ttft_timeout, stall_timeout, (t_start + deadline) if deadline > 0 else None),
+        live=live,
+        argv=list(sys.argv),
     )
+    _path, mismatch = run(spec)
     if mismatch:
         raise typer.Exit(code=1)  # an exact arm changed tokens on the reference's own batches

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from rltbench.commands.e2e.metrics import request_metrics
 from rltbench.engine.schedule import first_divergence
+from rltbench.results.serving import request_metrics
 
 BOOTSTRAP = 2000
 INTERVAL_METHOD = "95% two-stage percentile bootstrap (repetitions, then requests), 2000 resamples"

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from rltbench.commands.e2e.engine_backend import CellProgress
+from rltbench.backends.base import CellProgress
 
 MAX_ROWS = 24
 

@@ -1,30 +1,24 @@
-"""Glue of `rltbench e2e`: validated options -> model/engine or servers -> plan -> run dir -> report.
+"""Glue of `rltbench e2e`: a validated E2ESpec -> model/engine or servers -> plan -> run dir -> report.
 
-Kept apart from cli.py so tests and scripts can call `build_and_run(opts)` or `make_plan(...)`
+Kept apart from cli.py (flags -> spec) so tests and scripts can call `run(spec)` or `make_plan(...)`
 directly, with a fake or real backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from rltbench.arms import (
-    eager_kernel_arms,
-    eager_reference_arms,
-    is_exact,
-    parse_arms,
-    reference_arm,
-    selection_dict,
-)
-from rltbench.commands.e2e import report
-from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.engine_backend import EngineBackend, Timeouts
-from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Cell, Plan, run_plan
-from rltbench.commands.e2e.workload import (
+from rltbench import runtime
+from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_exact, reference_arm
+from rltbench.backends.base import Request, Timeouts
+from rltbench.backends.engine import EngineBackend
+from rltbench.backends.openai import OpenAIBackend
+from rltbench.bench.workload import (
     SessionTrace,
     burst_prompts,
     load_trace,
@@ -33,21 +27,68 @@ from rltbench.commands.e2e.workload import (
     theoretical_prefix_hit_rate,
     warmup_prompts,
 )
+from rltbench.commands.e2e import report
+from rltbench.commands.e2e.display import RunDisplay
+from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Cell, Plan, run_plan
+from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
+from rltbench.results import RunDir
+
+BURST = "burst"
+SESSION = "session"
 
 
-def load_session(config: Any, opts: dict[str, Any], max_model_len: int | None) -> tuple[SessionTrace, dict]:
+@dataclass
+class E2ESpec:
+    """Everything one e2e run needs, validated by the command (`cli.e2e_command`)."""
+
+    source: runtime.ModelSource = field(default_factory=runtime.ModelSource)
+    arms: dict[str, ArmSpec] = field(default_factory=dict)  # engine backend
+    servers: dict[str, str] = field(default_factory=dict)  # openai backend: arm -> server root
+    workload: str = BURST
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 128])
+    input_len: int = 512
+    output_len: int = 128
+    repeats: int = 2
+    trace: str = "mooncake"
+    trace_time_scale: float | None = None
+    trace_length_scale: float | None = None
+    max_requests: int | None = None
+    # the engine flags (pool size, block size, token budget, graphs); the load sets the rest
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    max_num_seqs: int | None = None  # None: the largest burst (C), or 128 for a session
+    dtype: str | None = None
+    device: str | None = None
+    result_dir: Path | None = None
+    served_model_name: str | None = None
+    warmup_requests: int = 4
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    live: bool = True
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+
+    @property
+    def backend(self) -> str:
+        return "openai" if self.servers else "engine"
+
+    @property
+    def arm_names(self) -> list[str]:
+        return list(self.servers or self.arms)
+
+    @property
+    def seed(self) -> int:
+        """Seed of the prompts, the trace blocks and the random weights."""
+        return self.source.seed
+
+
+def load_session(config: Any, spec: E2ESpec, max_model_len: int | None) -> tuple[SessionTrace, dict]:
     """Resolve --trace (path or preset), apply scales (flags override the preset) and materialize."""
-    path, preset = resolve_trace(opts["trace"])
-    ts = opts.get("trace_time_scale")
-    ls = opts.get("trace_length_scale")
-    mr = opts.get("max_requests")
-    ts = preset.get("time_scale", 1.0) if ts is None else ts
-    ls = preset.get("length_scale", 1.0) if ls is None else ls
-    mr = preset.get("max_requests") if mr is None else mr
+    path, preset = resolve_trace(spec.trace)
+    ts = preset.get("time_scale", 1.0) if spec.trace_time_scale is None else spec.trace_time_scale
+    ls = preset.get("length_scale", 1.0) if spec.trace_length_scale is None else spec.trace_length_scale
+    mr = preset.get("max_requests") if spec.max_requests is None else spec.max_requests
     recs = load_trace(path, mr)
     sess = materialize_session(
-        config, recs, opts["seed"], time_scale=ts, length_scale=ls, max_model_len=max_model_len
+        config, recs, spec.seed, time_scale=ts, length_scale=ls, max_model_len=max_model_len
     )
     info = {
         "trace": str(path),
@@ -69,192 +110,137 @@ def load_session(config: Any, opts: dict[str, Any], max_model_len: int | None) -
 
 def make_plan(
     config: Any,
-    opts: dict[str, Any],
-    arm_names: list[str],
+    spec: E2ESpec,
     exact_arms: set[str],
     session: SessionTrace | None,
     eager_kernel_arms: set[str] | None = None,
 ) -> Plan:
-    """The cells and prompts of the run (pure: same options, same prompts). `eager_kernel_arms`: arms
+    """The cells and prompts of the run (pure: same spec, same prompts). `eager_kernel_arms`: arms
     whose eager steps run their own kernels (scope all), each of which gets a session warm-up pass."""
-    timeouts = Timeouts(opts["ttft_timeout"], opts["stall_timeout"], opts.get("deadline"))
+    arm_names = spec.arm_names
     ref = reference_arm(arm_names)
     if session is None:
-        cells = [Cell(f"C={c}", c) for c in opts["concurrency"]]
-        cache: dict[tuple[int, int], list] = {}
+        cells = [Cell(f"C={c}", c) for c in spec.concurrency]
+        cache: dict[tuple[int, int], list[Request]] = {}
 
-        def prompts(cell: Cell, rep: int) -> list:
+        def prompts(cell: Cell, rep: int) -> list[Request]:
             key = (cell.C, rep)
             if key not in cache:
                 cache.clear()  # one cell-repetition at a time: keep memory flat at C=128
                 cache[key] = burst_prompts(
-                    config, cell.C, opts["input_len"], opts["output_len"], opts["seed"], rep, cell.C
+                    config, cell.C, spec.input_len, spec.output_len, spec.seed, rep, cell.C
                 )
             return cache[key]
 
-        n_warm = min(opts["warmup_requests"], max(opts["concurrency"]))
-        warm = warmup_prompts(config, n_warm, opts["input_len"], min(opts["output_len"], 4), opts["seed"])
-        return Plan("burst", arm_names, ref, opts["repeats"], cells, prompts, warm, timeouts, exact_arms)
+        n_warm = min(spec.warmup_requests, max(spec.concurrency))
+        warm = warmup_prompts(config, n_warm, spec.input_len, min(spec.output_len, 4), spec.seed)
+        return Plan(BURST, arm_names, ref, spec.repeats, cells, prompts, warm, spec.timeouts, exact_arms)
     reqs = session.requests
     warm = [
-        type(r)(index=i, prompt=r.prompt, output_len=min(r.output_len, 4))
-        for i, r in enumerate(reqs[: opts["warmup_requests"]])
+        Request(index=i, prompt=r.prompt, output_len=min(r.output_len, 4))
+        for i, r in enumerate(reqs[: spec.warmup_requests])
     ]
     return Plan(
-        "session",
+        SESSION,
         arm_names,
         ref,
-        opts["repeats"],
-        [Cell("session", 0)],
+        spec.repeats,
+        [Cell(SESSION, 0)],
         lambda cell, rep: reqs,
         warm,
-        timeouts,
+        spec.timeouts,
         exact_arms,
         session,
         warmup_pass_arms={arm_names[0], *(eager_kernel_arms or ())},
     )
 
 
-def _build_model(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The model for the engine backend and the facts for the manifest (device, dtype, random weights)."""
-    from rltbench.commands.e2e.cli import _device_dtype
-    from rltbench.models import build_model, cpu_size_note, load_model
-
-    dev, dt = _device_dtype(opts["device"], opts["dtype"])
-    if opts["weights"] == "random":
-        model = build_model(opts["model"], device=dev, dtype=dt, seed=opts["seed"])
-    else:
-        model, _tok = load_model(opts["weights"], device=dev, dtype=dt, tokenizer=False)
-    model.eval()
-    note = cpu_size_note(model)
-    if note:
-        Console(stderr=True).print(f"[yellow]{note}[/]", highlight=False)
-    return model, {
-        "device": dev,
-        "dtype": str(dt).replace("torch.", ""),
-        "random_weights": bool(getattr(model, "random_weights", opts["weights"] == "random")),
-    }
-
-
-def _check_before_build(opts: dict[str, Any]) -> None:
-    """Validate the trace and lengths against the preset's (or checkpoint's) config, without weights."""
-    from pathlib import Path
-
-    from rltbench.commands.e2e.cli import _device_dtype
-    from rltbench.models import config_from_hf, get_config
-
-    _device_dtype(opts["device"], opts["dtype"])
-    if opts["weights"] == "random":
-        config = get_config(opts["model"])
-    else:
-        cfg_file = Path(opts["weights"]) / "config.json"
-        if not cfg_file.is_file():
-            raise UsageError(f"--weights {opts['weights']}: no config.json there (or use --weights random)")
-        config = config_from_hf(cfg_file)
-    max_len = int(config.max_position_embeddings)
-    if opts["workload"] == "session":
-        load_session(config, opts, max_len)
-    elif opts["input_len"] + opts["output_len"] > max_len:
+def _check_context(spec: E2ESpec, config: Any) -> None:
+    """A burst must fit the model's context (sessions drop their too-long records, counted)."""
+    max_len = int(getattr(config, "max_position_embeddings", 1 << 30))
+    if spec.workload == BURST and spec.input_len + spec.output_len > max_len:
         raise UsageError(
-            f"--input-len + --output-len = {opts['input_len'] + opts['output_len']} exceeds the "
+            f"--input-len + --output-len = {spec.input_len + spec.output_len} exceeds the "
             f"model context {max_len}"
         )
 
 
-def build_and_run(opts: dict[str, Any]) -> tuple[Any, bool]:
-    """Everything after flag parsing: returns the RunDir path and whether an exact arm mismatched
-    (under schedule replay; the command then exits 1)."""
-    from rltbench.results import RunDir
-
-    sessionwl = opts["workload"] == "session"
-    if opts["backend"] == "openai":
-        from rltbench.commands.e2e.openai_backend import OpenAIBackend, parse_arm_urls
-        from rltbench.models import config_from_hf, get_config
-
-        urls = parse_arm_urls(opts["arm_urls"])
-        config = (
-            get_config(opts["model"])
-            if opts["weights"] == "random"
-            else config_from_hf(f"{opts['weights']}/config.json")
-        )
-        backend: Any = OpenAIBackend(urls, opts.get("served_model_name"))
-        arm_names = list(urls)
-        arm_specs = dict(urls)
-        exact_arms = {a for a in arm_names if a.split("#")[0] == "exact"}
-        facts = {"device": "remote", "dtype": "server", "random_weights": opts["weights"] == "random"}
-        session, sess_info = (
-            load_session(config, opts, config.max_position_embeddings) if sessionwl else (None, None)
-        )
+def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -> tuple[EngineConfig, int]:
+    """The engine for the load and the KV blocks it needs at once: max_num_seqs >= max C and a pool
+    that holds every burst (C is never shrunk); a session needs its longest request."""
+    bs = spec.engine.block_size
+    if session is None:
+        cmax = max(spec.concurrency)
+        seqs = spec.max_num_seqs or cmax
+        if seqs < cmax:
+            raise UsageError(f"--max-num-seqs {seqs} < max concurrency {cmax}: C would be shrunk silently")
+        per_req = spec.input_len + spec.output_len
+        need_blocks = cmax * math.ceil(per_req / bs)
     else:
-        selections = parse_arms(opts["arms"], opts["overrides"])
-        arm_names = list(selections)
-        arm_specs = {n: selection_dict(s) for n, s in selections.items()}
-        exact_arms = {n for n, s in selections.items() if is_exact(s)}
-        _check_before_build(opts)  # bad flags fail before a 1.4B model is built
-        model, facts = _build_model(opts)
-        config = model.config
-        session, sess_info = (
-            load_session(config, opts, int(config.max_position_embeddings)) if sessionwl else (None, None)
-        )
-        engine = _make_engine(model, selections, opts, session)
-        from rltbench.engine import SamplingParams
+        seqs = spec.max_num_seqs or 128
+        per_req = max(len(r.prompt) + r.output_len for r in session.requests)
+        need_blocks = math.ceil(per_req / bs)
+    cfg = dataclasses.replace(spec.engine, max_num_seqs=seqs, enable_prefix_caching=session is not None,
+                              max_model_len=min(per_req, model_len))
+    return cfg, need_blocks
 
-        backend = EngineBackend(engine, SamplingParams, arm_names)
-    if opts["workload"] == "burst":
-        max_len = int(getattr(config, "max_position_embeddings", 1 << 30))
-        if opts["input_len"] + opts["output_len"] > max_len:
-            raise UsageError(
-                f"--input-len + --output-len = {opts['input_len'] + opts['output_len']} exceeds the "
-                f"model context {max_len}"
-            )
-    own_eager = eager_kernel_arms(selections) if opts["backend"] == "engine" else set()
-    plan = make_plan(config, opts, arm_names, exact_arms, session, own_eager)
-    workload_note = (
-        f"burst: C in {opts['concurrency']}, {opts['input_len']} in / {opts['output_len']} out, "
-        "random ids (no special ids), fresh prompts per repetition, same for every arm"
-        if not sessionwl
-        else f"session replay of {sess_info['trace']}: {sess_info['requests']} requests "
-        f"(dropped {sess_info['dropped_too_long']} too long), time x{sess_info['time_scale']}, "
-        f"length x{sess_info['length_scale']} (block {sess_info['block_size']} tokens), prefix cache "
-        f"on, reset per arm-repetition after warm-up, history fixed by the trace; theoretical "
-        f"prefix-hit rate {sess_info['theoretical_prefix_hit_rate']:.1%}"
-    )
-    if sessionwl and opts["backend"] == "openai":
-        workload_note += "; server prefix caches cannot be reset between arm-repetitions via the API"
-    model_label = opts["model"] if opts["weights"] == "random" else f"{opts['weights']} (checkpoint)"
-    cfg = {
-        "model": model_label,
-        "weights": opts["weights"],
-        "backend": opts["backend"],
-        "hosting": backend.hosting,
-        "arm_names": arm_names,
-        "arm_specs": arm_specs,
-        "reference_arm": plan.ref,
-        "exact_arms": sorted(exact_arms),
-        "workload": opts["workload"],
-        "concurrency": opts["concurrency"],
-        "input_len": opts["input_len"],
-        "output_len": opts["output_len"],
-        "repeats": opts["repeats"],
-        "seed": opts["seed"],
-        "session": sess_info,
-        "schedule_note": SCHEDULE_NOTE,
-        "workload_note": workload_note,
-        "timeouts": {
-            "ttft_s": opts["ttft_timeout"],
-            "stall_s": opts["stall_timeout"],
-            "deadline": opts.get("deadline") is not None,
-        },
-        **facts,
+
+def _engine_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace | None, dict | None]:
+    """(backend, model config, facts for the manifest, session, session info) of the engine backend.
+    Everything that can fail without weights (device, dtype, preset or checkpoint, trace, lengths)
+    fails before a 1.4B model is built."""
+    dev, dt, config = runtime.check(spec.source, spec.device, spec.dtype)
+    max_len = int(config.max_position_embeddings)
+    if spec.workload == SESSION:
+        load_session(config, spec, max_len)
+    _check_context(spec, config)
+    model, _tok = runtime.load(spec.source, dev, dt)
+    config = model.config
+    session, sess_info = load_session(config, spec, max_len) if spec.workload == SESSION else (None, None)
+    ecfg, need_blocks = engine_config(spec, max_len, session)
+    engine = runtime.build_engine(model, spec.arms, ecfg, need_blocks)
+    facts = {
+        "device": dev,
+        "dtype": runtime.dtype_name(dt),
+        "random_weights": bool(getattr(model, "random_weights", spec.source.random)),
     }
+    return EngineBackend(engine, spec.arm_names), config, facts, session, sess_info
+
+
+def _server_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace | None, dict | None]:
+    """The same for the openai backend: the model config (for prompt ids) comes from the preset or
+    the checkpoint's config.json; the servers hold the weights."""
+    config = spec.source.config()
+    max_len = int(config.max_position_embeddings)
+    session, sess_info = load_session(config, spec, max_len) if spec.workload == SESSION else (None, None)
+    _check_context(spec, config)
+    facts = {"device": "remote", "dtype": "server", "random_weights": spec.source.random}
+    return OpenAIBackend(spec.servers, spec.served_model_name), config, facts, session, sess_info
+
+
+def run(spec: E2ESpec) -> tuple[Path, bool]:
+    """Everything after flag parsing: returns the run directory and whether an exact arm mismatched
+    (under schedule replay; the command then exits 1)."""
+    engine_side = spec.backend == "engine"
+    backend, config, facts, session, sess_info = (_engine_side if engine_side else _server_side)(spec)
+    arm_names = spec.arm_names
+    if engine_side:
+        arm_specs: dict[str, Any] = {n: s.settings() for n, s in spec.arms.items()}
+        exact_arms = {n for n, s in spec.arms.items() if is_exact(s)}
+    else:
+        arm_specs = dict(spec.servers)
+        exact_arms = {a for a in arm_names if a.split("#")[0] == "exact"}
+    own_eager = eager_kernel_arms(spec.arms) if engine_side else set()
+    plan = make_plan(config, spec, exact_arms, session, own_eager)
+    cfg = _manifest_config(spec, backend, plan, arm_specs, exact_arms, sess_info, facts)
     notes: list[str] = []
-    if opts["backend"] == "engine":
+    if engine_side:
         eng = backend.engine
-        same = eager_reference_arms(selections, bool(eng.use_graphs))
+        same = eager_reference_arms(spec.arms, bool(eng.use_graphs))
         if same:
             notes.append(
-                f"no CUDA graphs ({'--enforce-eager' if opts['enforce_eager'] else 'not on a GPU'}): the "
-                f"scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
+                f"no CUDA graphs ({'not on a GPU' if spec.engine.use_cuda_graph else '--enforce-eager'}): "
+                f"the scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
                 "nothing of the fused kernels; use --scope all to run the kernels eagerly"
             )
         cfg["engine"] = {
@@ -267,116 +253,88 @@ def build_and_run(opts: dict[str, Any]) -> tuple[Any, bool]:
             "cuda_graphs": eng.use_graphs,
         }
     cfg["notes"] = notes
-    run = RunDir.create("e2e", result_dir=opts["result_dir"], argv=opts.get("argv"), config=cfg)
+    run_dir = RunDir.create("e2e", result_dir=spec.result_dir, argv=spec.argv, config=cfg)
     status = "failed"
-    with RunDisplay(live=opts.get("live", True)) as display:
-        display.note(f"results: {run.path}  ({backend.hosting})")
+    with RunDisplay(live=spec.live) as display:
+        display.note(f"results: {run_dir.path}  ({backend.hosting})")
         for note in notes:
             display.console.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
         try:
-            status = run_plan(plan, backend, run, display)
+            status = run_plan(plan, backend, run_dir, display)
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
             extra: dict[str, Any] = {}
-            if opts["backend"] == "openai":
-                extra["servers"] = backend.notes
-            else:
+            if engine_side:
                 extra["engine_stats"] = _arm_stats(backend.engine, arm_names)
+            else:
+                extra["servers"] = backend.notes
             if status == "deadline":  # the results schema knows running/complete/interrupted/failed
                 status, extra["interrupted_by"] = "interrupted", "global deadline (--deadline)"
-            run.update_manifest(status=status, **extra)
+            run_dir.update_manifest(status=status, **extra)
             try:
-                a = report.render(run.path)
+                a = report.render(run_dir.path)
             except Exception as exc:  # a report failure must not hide the measured data
                 display.note(f"[red]report failed: {exc}[/]")
                 a = None
             if status == "interrupted" and "interrupted_by" not in extra:
                 done = sum(1 for c in (a or {}).get("cells", []) if not c.get("interrupted"))
                 display.console.print(
-                    f"[yellow]interrupted: {done} finished cells kept in {run.path} "
-                    f"(table.md rendered; `rltbench report {run.path}` re-renders)[/]",
+                    f"[yellow]interrupted: {done} finished cells kept in {run_dir.path} "
+                    f"(table.md rendered; `rltbench report {run_dir.path}` re-renders)[/]",
                     highlight=False,
                     soft_wrap=True,
                 )
     if a is not None:
-        _print_summary(display, a, run.path)
-    return run.path, bool(a and a["summary"]["exact_arm_mismatch"])
+        _print_summary(display, a, run_dir.path)
+    return run_dir.path, bool(a and a["summary"]["exact_arm_mismatch"])
 
 
-def _make_engine(
-    model: Any, selections: dict[str, Any], opts: dict[str, Any], session: SessionTrace | None
-) -> Any:
-    """Engine sized for the load: max_num_seqs >= max C and a pool that holds every burst (never shrink C)."""
-    from rltbench.engine import Engine, EngineConfig
-
-    bs = opts["block_size"]
-    if session is None:
-        cmax = max(opts["concurrency"])
-        seqs = opts["max_num_seqs"] or cmax
-        if seqs < cmax:
-            raise UsageError(f"--max-num-seqs {seqs} < max concurrency {cmax}: C would be shrunk silently")
-        per_req = opts["input_len"] + opts["output_len"]
-        need_blocks = cmax * math.ceil(per_req / bs)
-        max_len = per_req
+def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[str, Any], exact_arms: set[str],
+                     sess_info: dict | None, facts: dict[str, Any]) -> dict[str, Any]:
+    """The run's configuration as manifest.json stores it (what the report reads back)."""
+    if spec.workload == BURST:
+        workload_note = (
+            f"burst: C in {spec.concurrency}, {spec.input_len} in / {spec.output_len} out, "
+            "random ids (no special ids), fresh prompts per repetition, same for every arm"
+        )
     else:
-        seqs = opts["max_num_seqs"] or 128
-        per_req = max(len(r.prompt) + r.output_len for r in session.requests)
-        need_blocks = math.ceil(per_req / bs)
-        max_len = per_req
-    model_len = int(model.config.max_position_embeddings)
-    kw: dict[str, Any] = {}
-    if opts["kv_cache_gib"] is None and next(model.parameters()).device.type == "cpu":
-        kw["num_blocks"] = max(need_blocks, 64)  # CPU: exactly what the load needs (tests, dry runs)
-        _check_cpu_memory(model, kw["num_blocks"], bs)
-    ecfg = EngineConfig(
-        kv_cache_gib=opts["kv_cache_gib"],
-        block_size=bs,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=opts["max_num_batched_tokens"],
-        enable_prefix_caching=session is not None,
-        use_cuda_graph=not opts["enforce_eager"],
-        max_model_len=min(max_len, model_len),
-        prefill_graphs=opts.get("prefill_graphs", True),
-        **kw,
-    )
-    try:
-        eng = Engine(model, arms=selections, config=ecfg)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"engine: {exc}") from None
-    if eng.num_blocks < need_blocks:
-        raise UsageError(
-            f"KV pool holds {eng.num_blocks} blocks of {bs} tokens but the load needs {need_blocks}: "
-            "raise --kv-cache-gib or lower --concurrency (C is never shrunk silently)"
+        assert sess_info is not None
+        workload_note = (
+            f"session replay of {sess_info['trace']}: {sess_info['requests']} requests "
+            f"(dropped {sess_info['dropped_too_long']} too long), time x{sess_info['time_scale']}, "
+            f"length x{sess_info['length_scale']} (block {sess_info['block_size']} tokens), prefix cache "
+            f"on, reset per arm-repetition after warm-up, history fixed by the trace; theoretical "
+            f"prefix-hit rate {sess_info['theoretical_prefix_hit_rate']:.1%}"
         )
-    return eng
-
-
-def _available_memory_bytes() -> int | None:
-    """Memory the OS can give this process now (Linux), None where it cannot be read."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _check_cpu_memory(model: Any, num_blocks: int, block_size: int) -> None:
-    """Refuse, in one line, a CPU KV pool that cannot fit in memory (instead of an allocator error)."""
-    from rltbench.engine.paged_context import kv_bytes_per_block
-
-    mc = model.config
-    dtype = next(model.parameters()).dtype
-    need = num_blocks * kv_bytes_per_block(
-        int(mc.num_kv_planes), block_size, int(mc.num_kv_heads), int(mc.head_dim), dtype
-    )
-    avail = _available_memory_bytes()
-    if avail is not None and need > 0.8 * avail:
-        raise UsageError(
-            f"the load needs {need / 2**30:.1f} GiB of KV cache ({num_blocks} blocks of {block_size} tokens, "
-            f"{int(mc.num_kv_planes)} KV planes) but this machine has {avail / 2**30:.1f} GiB free: lower "
-            "--concurrency / --input-len / --output-len, or use a tiny preset (--model ouro-tiny) on CPU"
-        )
+        if spec.backend == "openai":
+            workload_note += "; server prefix caches cannot be reset between arm-repetitions via the API"
+    return {
+        "model": spec.source.label,
+        "weights": spec.source.weights,
+        "backend": spec.backend,
+        "hosting": backend.hosting,
+        "arm_names": spec.arm_names,
+        "arm_specs": arm_specs,
+        "reference_arm": plan.ref,
+        "exact_arms": sorted(exact_arms),
+        "workload": spec.workload,
+        "concurrency": spec.concurrency,
+        "input_len": spec.input_len,
+        "output_len": spec.output_len,
+        "repeats": spec.repeats,
+        "seed": spec.seed,
+        "session": sess_info,
+        "schedule_note": SCHEDULE_NOTE,
+        "workload_note": workload_note,
+        "timeouts": {
+            "ttft_s": spec.timeouts.first_token,
+            "stall_s": spec.timeouts.stall,
+            "deadline": spec.timeouts.deadline is not None,
+        },
+        **facts,
+    }
 
 
 def _arm_stats(engine: Any, arms: list[str]) -> dict[str, Any]:

@@ -15,16 +15,18 @@ from typing import Any
 
 import pandas as pd
 
+from rltbench.bench.warmth import is_cold
 from rltbench.commands.e2e import compare
-from rltbench.commands.e2e.metrics import (
+from rltbench.results import RunDir
+from rltbench.results.plotting import arm_color, figure, log_axis
+from rltbench.results.serving import (
     METRIC_DEFINITIONS,
     cell_summary,
     fmt_ms,
     percentiles,
     request_metrics,
 )
-from rltbench.engine.coldwork import is_cold
-from rltbench.results import RunDir
+from rltbench.results.tables import table
 
 CELL_KEYS = ("arm", "cell", "C", "rep")
 REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition), written by the runner
@@ -274,51 +276,40 @@ def table_markdown(a: dict[str, Any]) -> str:
     cells = a["cells"]
     comp = {(r["arm"], r["cell"], r["metric"]): r for r in a["comparison"]}
     cell_names = list(dict.fromkeys(c["cell"] for c in cells))
-    L += [
-        "## Output throughput (median over valid repetitions) and speedup vs " + ref,
-        "",
-        "| cell | arm | tok/s | steady tok/s | speedup (95% CI) | steady speedup (95% CI) | A/A spread "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
     pooled = {(p["arm"], p["cell"]): p for p in a["pooled"]}
+
+    def ci(row: dict[str, Any]) -> str:
+        if not row or row.get("delta") is None:
+            return "-"
+        s = _speed(row["delta"])
+        if row.get("ci_lo") is not None:
+            s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
+        return s
+
+    speed_rows = []
     for cell in cell_names:
         for arm in arms:
             p = pooled.get((arm, cell), {})
-            tps, st = p.get("output_tok_s_median"), p.get("steady_tok_s_median")
             r, rs = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
-
-            def ci(row: dict[str, Any]) -> str:
-                if not row or row.get("delta") is None:
-                    return "-"
-                s = _speed(row["delta"])
-                if row.get("ci_lo") is not None:
-                    s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
-                return s
-
-            L.append(f"| {cell} | {arm} | {_num(tps)} | {_num(st)} | ")
-            L[-1] += (
-                f"{'(ref)' if arm == ref else ci(r)} | {'(ref)' if arm == ref else ci(rs)} | "
-                f"{_pct(r.get('aa_spread'))} | {r.get('verdict') or '-'} |"
-            )
+            speed_rows.append([
+                cell, arm, _num(p.get("output_tok_s_median")), _num(p.get("steady_tok_s_median")),
+                "(ref)" if arm == ref else ci(r), "(ref)" if arm == ref else ci(rs), _pct(r.get("aa_spread")),
+                r.get("verdict") or "-",
+            ])
+    L += ["## Output throughput (median over valid repetitions) and speedup vs " + ref, ""]
+    L += table(["cell", "arm", "tok/s", "steady tok/s", "speedup (95% CI)", "steady speedup (95% CI)",
+                "A/A spread", "verdict"], speed_rows)
     L += [
         "",
         "## Latency (ms, pooled over valid repetitions: p50 / p90 / p99, n = samples; * = p99 from < 100 "
         "samples)",
         "",
-        "| cell | arm | TTFT | n | TPOT | n | ITL | n | E2E | n |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cell in cell_names:
-        for arm in arms:
-            p = pooled.get((arm, cell))
-            if not p:
-                continue
-            L.append(
-                f"| {cell} | {arm} | "
-                + " | ".join(f"{_p3(p, m)} | {p[m + '_n']}" for m in ("ttft", "tpot", "itl", "e2e"))
-                + " |"
-            )
+    latency = [
+        [cell, arm, *(v for m in ("ttft", "tpot", "itl", "e2e") for v in (_p3(p, m), p[m + "_n"]))]
+        for cell in cell_names for arm in arms if (p := pooled.get((arm, cell)))
+    ]
+    L += table(["cell", "arm", "TTFT", "n", "TPOT", "n", "ITL", "n", "E2E", "n"], latency)
     L += _replay_section(a)
     replayed = a["summary"].get("identity_method") == "schedule replay"
     L += [
@@ -335,9 +326,8 @@ def table_markdown(a: dict[str, Any]) -> str:
             else "Without replay an exact-arm divergence is flagged only when it exceeds the A/A one."
         ),
         "",
-        "| cell | arm | identical / compared | first divergence (min, median) | note |",
-        "|---|---|---|---|---|",
     ]
+    free_rows = []
     for r in a["identity"]:
         note = (
             "A/A"
@@ -363,22 +353,17 @@ def table_markdown(a: dict[str, Any]) -> str:
             if r["first_divergence_min"] is None
             else f"{r['first_divergence_min']}, {r['first_divergence_median']:.0f}"
         )
-        L.append(f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {fd} | {note} |")
+        free_rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", fd, note])
+    L += table(["cell", "arm", "identical / compared", "first divergence (min, median)", "note"], free_rows)
     sess = [c for c in cells if c.get("theoretical_prefix_hit_rate") is not None]
     if sess:
-        L += [
-            "",
-            "## Session prefix cache",
-            "",
-            "| arm | rep | theoretical hit rate | measured hit rate |",
-            "|---|---|---|---|",
-        ]
+        L += ["", "## Session prefix cache", ""]
+        hit_rows = []
         for c in sess:
             mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
-            L.append(
-                f"| {c['arm']} | {c['rep']} | {c['theoretical_prefix_hit_rate']:.1%} | "
-                f"{'-' if mh is None else f'{mh:.1%}'} |"
-            )
+            hit_rows.append([c["arm"], c["rep"], f"{c['theoretical_prefix_hit_rate']:.1%}",
+                             "-" if mh is None else f"{mh:.1%}"])
+        L += table(["arm", "rep", "theoretical hit rate", "measured hit rate"], hit_rows)
         L += [
             "",
             "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
@@ -387,19 +372,10 @@ def table_markdown(a: dict[str, Any]) -> str:
     L += _cold_section(cells)
     bad = [c for c in cells if not c["valid"]]
     if bad:
-        L += [
-            "",
-            "## Invalid cells (excluded from paired statistics)",
-            "",
-            "| cell | arm | rep | ok | error | timeout | length_mismatch | note |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for c in bad:
-            L.append(
-                f"| {c['cell']} | {c['arm']} | {c['rep']} | {c['n_ok']} | {c['n_error']} | "
-                f"{c['n_timeout']} | "
-                f"{c['n_length_mismatch']} | {'interrupted' if c.get('interrupted') else c.get('note', '')} |"
-            )
+        L += ["", "## Invalid cells (excluded from paired statistics)", ""]
+        L += table(["cell", "arm", "rep", "ok", "error", "timeout", "length_mismatch", "note"], [
+            [c["cell"], c["arm"], c["rep"], c["n_ok"], c["n_error"], c["n_timeout"], c["n_length_mismatch"],
+             "interrupted" if c.get("interrupted") else c.get("note", "")] for c in bad])
     if a["comparison"]:
         L += [
             "",
@@ -471,10 +447,8 @@ def _replay_section(a: dict[str, Any]) -> list[str]:
         "chunks and decode rows per step; eager steps with the arm's kernels on), so a divergence is a "
         "property of the kernels, not of timing. Exact arms must be 100% identical.",
         "",
-        "| cell | arm | identical / compared | reps | first divergence (rep, request, step, token) | "
-        "free-running batches equal | note |",
-        "|---|---|---|---|---|---|---|",
     ]
+    replay_rows = []
     for r in rows:
         fd = r["first_divergence"]
         fdt = "-" if fd is None else f"{fd['rep']}, {fd['request']}, {fd['step']}, {fd['token_index']}"
@@ -485,11 +459,11 @@ def _replay_section(a: dict[str, Any]) -> list[str]:
         )
         if r["skipped"]:
             note += ("; " if note else "") + "; ".join(r["skipped"])
-        L.append(
-            f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {r['reps']} | {fdt} | "
-            f"{r['same_schedule_free_running']}/{r['reps'] + len(r['skipped'])} | {note} |"
-        )
-    return L
+        replay_rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", r["reps"], fdt,
+                            f"{r['same_schedule_free_running']}/{r['reps'] + len(r['skipped'])}", note])
+    return L + table(["cell", "arm", "identical / compared", "reps",
+                      "first divergence (rep, request, step, token)", "free-running batches equal", "note"],
+                     replay_rows)
 
 
 def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
@@ -509,21 +483,15 @@ def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
             + ")."
         )
         return L
-    L += ["| cell | arm | rep | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
-    for c in cold:
-        vals = [c["cold_work"].get(k) for k in keys]
-        L.append(
-            f"| {c['cell']} | {c['arm']} | {c['rep']} | "
-            + " | ".join("n/a" if v is None else str(v) for v in vals)
-            + " |"
-        )
-    return L
+    def count(v: Any) -> Any:
+        return "n/a" if v is None else v
+
+    rows = [[c["cell"], c["arm"], c["rep"], *(count(c["cold_work"].get(k)) for k in keys)] for c in cold]
+    return L + table(["cell", "arm", "rep", *keys], rows)
 
 
 def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:
     """One line per arm in run order; A/A arms (torch#2) dashed in their base arm's colour."""
-    from rltbench.results.plotting import arm_color
-
     for arm in arms:
         g = df[df["arm"] == arm].dropna(subset=[ycol])
         if not g.empty:
@@ -544,19 +512,11 @@ def _legend(ax: Any) -> None:
 
 
 def _c_axis(ax: Any, cs: list[int]) -> None:
-    from matplotlib.ticker import NullFormatter
-
-    ax.set_xscale("log")
-    ax.set_xticks(cs)
-    ax.set_xticklabels([str(c) for c in cs])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("concurrency C")
+    log_axis(ax, cs, "concurrency C")
 
 
 def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
-    from rltbench.results.plotting import arm_color, figure
-
     pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
     if not pooled:
         return

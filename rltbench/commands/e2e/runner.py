@@ -17,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
+from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
+from rltbench.bench.workload import SessionTrace, theoretical_prefix_hit_rate
 from rltbench.commands.e2e import compare
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts
-from rltbench.commands.e2e.metrics import cell_summary
 from rltbench.commands.e2e.report import REPLAY_FILE, compute_cells
-from rltbench.commands.e2e.workload import Request, SessionTrace, theoretical_prefix_hit_rate
+from rltbench.results.serving import cell_summary
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
@@ -222,8 +224,6 @@ def _replay_block(
 
 def _write_cells_so_far(run: Any) -> None:
     """cells.csv/json after every cell, so a run cut short still has its cell table (render redoes it)."""
-    import pandas as pd
-
     cells = compute_cells(run.read_jsonl("requests.jsonl"), run.read_jsonl("cell_meta.jsonl"))
     if cells:
         run.write_table("cells", pd.DataFrame(cells))

@@ -7,7 +7,7 @@ inconclusive (2 = usage error, from the CLI). With random weights the run still 
 and sequence identity) but accuracies mean nothing: an arm that is not identical to torch is
 "inconclusive: random weights", and that is printed on the console, in table.md and in the manifest.
 
-Every input is checked before the run directory is made (`validate_numbers`, `parse_arms`,
+Every input is checked before the run directory is made (`validate_numbers`, `arm_names`,
 `check_model_inputs`): a bad flag, model, tokenizer or checkpoint leaves no run directory behind.
 """
 
@@ -25,63 +25,58 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from rltbench import textcodec
+from rltbench import arms as armspec
+from rltbench import runtime, textcodec
+from rltbench.arms import ArmSpec
+from rltbench.backends.base import Timeouts, parse_servers
+from rltbench.backends.engine import EngineBackend
+from rltbench.backends.openai import OpenAIBackend
 from rltbench.commands.gsm8k import report
+from rltbench.commands.gsm8k.generation import QuestionCodec
+from rltbench.commands.gsm8k.interleave import CachedArmBackend, InterleavedGenerator
 from rltbench.commands.gsm8k.stats import NEEDED_N_CAP, verdict_label
-from rltbench.commands.gsm8k.tasks import DATA_DIR, FILTERS, TASKS, lm_eval_version, set_offline_env
+from rltbench.commands.gsm8k.tasks import (
+    DATA_DIR,
+    FILTERS,
+    TASKS,
+    build_task,
+    lm_eval_version,
+    set_offline_env,
+)
+from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
+from rltbench.results import RunDir
 
 console = Console()
 GSM8K_TEST_SIZE = 1319
 DEFAULT_ARMS = "torch,exact,approx"
 DEFAULT_MODEL = "ouro-1.4b"
 ENGINE_CONTEXT_CAP = 4096  # GSM8K 8-shot prompts are ~1k tokens; caps the decode graphs' block tables
+SERVER_TIMEOUT_S = 600.0  # per request, first token and between tokens: a server that says nothing
 
 
-def parse_arm_urls(items: list[str]) -> dict[str, str]:
-    """`--arm NAME=URL` (repeatable) -> {name: url} in order."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, url = item.partition("=")
-        if not sep or not name.strip() or not url.strip():
-            raise UsageError(f"--arm expects NAME=URL, got {item!r}")
-        if name.strip() in out:
-            raise UsageError(f"--arm {name.strip()} given twice")
-        out[name.strip()] = url.strip()
-    return out
-
-
-def parse_arms(arms: str | None, backend: str, arm_urls: dict[str, str]) -> list[str]:
-    """The arms to run, reference `torch` first. Engine: names of rltbench.kernels.ARMS."""
+def arm_names(arms: str | None, backend: str, servers: dict[str, str],
+              overrides: dict[str, str | None] | None = None) -> dict[str, ArmSpec | None]:
+    """The arms to run, the reference `torch` first: {name: ArmSpec} on the engine (`--arms`, the
+    A/A arm `torch#2` allowed once), {name: None} for servers (the `--arm NAME=URL` names)."""
+    ref = report.REFERENCE_ARM
     if backend == "openai":
-        if not arm_urls:
+        if not servers:
             raise UsageError("--backend openai needs --arm NAME=URL for each arm (torch included)")
-        names = [a.strip() for a in arms.split(",") if a.strip()] if arms else list(arm_urls)
-        missing = [a for a in names if a not in arm_urls]
-        if missing:
-            raise UsageError(f"no --arm NAME=URL for arm(s): {', '.join(missing)}")
+        if arms is not None:
+            raise UsageError("with --backend openai the arms are the --arm NAME=URL servers: drop --arms")
+        specs: dict[str, ArmSpec | None] = dict.fromkeys(servers)
     else:
-        if arm_urls:
+        if servers:
             raise UsageError("--arm NAME=URL is for --backend openai")
-        names = [a.strip() for a in (arms or DEFAULT_ARMS).split(",") if a.strip()]
-        from rltbench.kernels import ARMS
-
-        unknown = [a for a in names if a not in ARMS]
-        if unknown:  # before any model or tokenizer work
-            raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
-        if names.count(report.REFERENCE_ARM) == 2:  # torch,exact,torch: the A/A noise-floor arm
-            second = len(names) - 1 - names[::-1].index(report.REFERENCE_ARM)
-            names[second] = f"{report.REFERENCE_ARM}#2"
-        from rltbench import native
-
-        # builds the native kernels now, or says why not
-        native.require([ARMS[a.split("#", 1)[0]] for a in names])
-    if len(set(names)) != len(names):
-        raise UsageError(f"--arms lists an arm twice: {','.join(names)} (only {report.REFERENCE_ARM} may "
-                         "repeat, once: the A/A arm)")
-    if report.REFERENCE_ARM not in names:
-        raise UsageError(f"--arms must include the reference arm '{report.REFERENCE_ARM}'")
-    return [report.REFERENCE_ARM] + [a for a in names if a != report.REFERENCE_ARM]
+        specs = dict(armspec.parse_arms(arms or DEFAULT_ARMS, overrides))
+        extra = [a for a in specs if "#" in a and a != f"{ref}#2"]
+        if extra:
+            raise UsageError(f"--arms lists an arm twice: {', '.join(extra)} (only {ref} may repeat, once: "
+                             "the A/A arm)")
+    if ref not in specs:
+        raise UsageError(f"--arms must include the reference arm '{ref}'")
+    return {ref: specs[ref], **{a: s for a, s in specs.items() if a != ref}}
 
 
 def validate_numbers(
@@ -125,87 +120,48 @@ def model_label(model: str | None, weights: str, backend: str) -> str:
     return f"{Path(weights).resolve().name} (checkpoint)"
 
 
-def _device_and_dtype(device: str, dtype: str) -> tuple[str, Any]:
-    import torch
-
-    from rltbench.models.configs import dtype_from_name
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: no CUDA device available")
-    if dtype == "auto":
-        return device, (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    return device, dtype_from_name(dtype)
-
-
 def _check_vocab(vocab: int | None, model_vocab: int) -> None:
     if vocab is not None and vocab > model_vocab:
         raise UsageError(f"tokenizer vocab {vocab} exceeds the model's vocab {model_vocab}")
 
 
-def check_model_inputs(
-    model_name: str, weights: str, tokenizer: str | None, device: str, dtype: str, backend: str
-) -> None:
+def check_model_inputs(source: runtime.ModelSource, tokenizer: str | None, device: str, dtype: str) -> None:
     """What `build_engine_side` would reject, found without building the model, so that a bad
     preset, checkpoint, tokenizer, device or dtype is one line before any run directory exists."""
-    if backend != "engine":
-        return
-    from rltbench.models import config_from_hf, get_config  # imports torch: only where a model is used
-
-    _device_and_dtype(device, dtype)
-    if weights == "random":
-        model_cfg = get_config(model_name)  # lists the presets for an unknown name
-    else:
-        model_cfg = config_from_hf(Path(weights) / "config.json")
-        if tokenizer is None and not (Path(weights) / "tokenizer.json").is_file():
-            raise UsageError(f"no tokenizer.json in {weights}: add it or pass --tokenizer PATH")
+    _dev, _dt, model_cfg = runtime.check(source, device, dtype)
+    if not source.random and tokenizer is None and not (Path(source.weights) / "tokenizer.json").is_file():
+        raise UsageError(f"no tokenizer.json in {source.weights}: add it or pass --tokenizer PATH")
     if tokenizer is not None:
         _check_vocab(textcodec.load_tokenizer_file(tokenizer).vocab_size(), model_cfg.vocab_size)
 
 
 def build_engine_side(
-    model_name: str, weights: str, tokenizer: str | None, device: str, dtype: str, seed: int, run_dir: Path
+    source: runtime.ModelSource, tokenizer: str | None, device: str, dtype: str, run_dir: Path
 ) -> tuple[Any, Any, bool]:
     """(model, codec, random_weights): a preset with random weights or a checkpoint, and its text codec."""
-    from rltbench.models import build_model, cpu_size_note, get_config, load_model
-
-    dev, dt = _device_and_dtype(device, dtype)
-    if weights == "random":
-        get_config(model_name)  # UsageError listing the presets for an unknown name
-        model = build_model(model_name, device=dev, dtype=dt, seed=seed)
-        tok = None
-    else:
-        model, tok = load_model(weights, device=dev, dtype=dt, tokenizer=tokenizer is None)
-    note = cpu_size_note(model)
-    if note:
-        console.print(f"[yellow]{note}[/]", highlight=False)
+    dev = runtime.resolve_device(device)
+    model, tok = runtime.load(source, dev, runtime.resolve_dtype(dtype, dev), tokenizer=tokenizer is None)
     if tokenizer is not None:
         codec = textcodec.load_tokenizer_file(tokenizer)
     elif tok is not None:
-        codec = textcodec.wrap(tok, f"checkpoint:{Path(weights) / 'tokenizer.json'}")
+        codec = textcodec.wrap(tok, f"checkpoint:{Path(source.weights) / 'tokenizer.json'}")
     else:
-        codec = textcodec.fallback_codec(DATA_DIR, model.config.vocab_size)
+        codec = textcodec.fallback_codec(model.config.vocab_size)
         codec.tok.save(str(run_dir / "fallback_tokenizer.json"))
         console.print(
             f"[yellow]no tokenizer given: using a {codec.source} (saved as fallback_tokenizer.json)[/]"
         )
     _check_vocab(codec.vocab_size(), model.config.vocab_size)
-    return model, codec, bool(getattr(model, "random_weights", weights == "random"))
+    return model, codec, bool(getattr(model, "random_weights", source.random))
 
 
-def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) -> Any:
-    from rltbench.engine import Engine, EngineConfig
-    from rltbench.kernels import ARMS
-
-    unknown = [a for a in arms if a.split("#", 1)[0] not in ARMS]
-    if unknown:
-        raise UsageError(f"unknown arm(s) {', '.join(unknown)}; the engine knows: {', '.join(ARMS)}")
+def make_engine(model: Any, arms: dict[str, ArmSpec], batch_size: int, max_context: int) -> Any:
+    """The engine of the gate. Its KV pool is what this workload can use: batch_size sequences of
+    max_context tokens, plus one sequence's worth so the shared few-shot prefix can stay cached (sized
+    from free memory it took 129 GiB of an H200 for a 4 x 2k-token run, starving the processes that
+    shared the GPU)."""
     on_cuda = next(model.parameters()).device.type == "cuda"
     prefix_ok = model.config.family != "huginn" or bool(getattr(model, "prefix_cache_safe", False))
-    # the KV pool this workload can use: batch_size sequences of max_context tokens, plus one
-    # sequence's worth so the shared few-shot prefix can stay cached; sized from free memory it took
-    # 129 GiB of an H200 for a 4 x 2k-token run (and starved the processes sharing the GPU)
     block = EngineConfig.block_size
     blocks_per_seq = -(-max_context // block)
     cfg = EngineConfig(
@@ -216,7 +172,7 @@ def make_engine(model: Any, arms: list[str], batch_size: int, max_context: int) 
         max_model_len=max_context,
         num_blocks=(batch_size + 1) * blocks_per_seq,
     )
-    return Engine(model, arms={a: ARMS[a.split("#", 1)[0]] for a in arms}, config=cfg)
+    return runtime.build_engine(model, arms, cfg)
 
 
 VERDICT_COLORS = {"identical": "green", "pass": "green", "fail": "red", "inconclusive": "yellow"}
@@ -307,11 +263,14 @@ def gsm8k_command(
     ] = "random",
     arms: Annotated[
         str | None,
-        typer.Option(
-            help="Comma-separated arms; torch is the reference. "
-            "Default torch,exact,approx (engine) or every --arm."
-        ),
+        typer.Option(help="Engine arms (default torch,exact,approx); torch is the reference. "
+                     "torch, exact, approx, cuda or NAME=norm:exact/rope:off/scope:all; torch named twice "
+                     "is the A/A arm. With --backend openai the arms are the --arm servers."),
     ] = None,
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
     gate: Annotated[
         float,
         typer.Option(
@@ -334,24 +293,16 @@ def gsm8k_command(
     gate_filter: Annotated[
         str, typer.Option("--filter", help="Which lm-eval extraction decides correctness.")
     ] = "strict-match",
-    result_dir: Annotated[
-        str | None, typer.Option(help="Run directory (default results/gsm8k-<time>).")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="engine (in-process) or openai (a server per arm).")
-    ] = "engine",
-    arm: Annotated[
-        list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible server (repeatable).")
-    ] = None,
-    dtype: Annotated[
-        str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16, float32.")
-    ] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cuda, cuda:N or cpu.")] = "auto",
+    result_dir: runtime.ResultDirOption = None,
+    backend: runtime.BackendOption = "engine",
+    arm: runtime.ServersOption = None,
+    dtype: runtime.DtypeOption = "auto",
+    device: runtime.DeviceOption = "auto",
     tokenizer: Annotated[
         str | None,
         typer.Option(help="tokenizer.json (or its directory); needed for real text with random weights."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of random weights.")] = 0,
+    seed: runtime.SeedOption = 0,
 ) -> None:
     """GSM8K quality gate: paired accuracy of each arm vs torch.
     Exit 0 identical or pass, 1 fail, 3 inconclusive."""
@@ -362,24 +313,18 @@ def gsm8k_command(
             f"--gate-mode {gate_mode} was removed: the gate has one rule, exact 95% bounds (pass: "
             "identical sequences or an upper bound of the drop <= --gate); drop --gate-mode"
         )
-    arm_urls = parse_arm_urls(arm or [])
+    servers = parse_servers(arm or [])
     validate_numbers(gate, limit, batch_size, max_gen_toks, num_fewshot, task, backend, gate_filter)
-    arm_names = parse_arms(arms, backend, arm_urls)
-    if backend == "engine" and weights != "random" and not Path(weights).is_dir():
-        raise UsageError(
-            f"--weights must be a checkpoint directory or 'random': {weights} is not a directory"
-        )
+    specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope))
     label = model_label(model, weights, backend)
-    check_model_inputs(label, weights, tokenizer, device, dtype, backend)
-    from rltbench.commands.gsm8k.tasks import build_task
-
+    source = runtime.ModelSource(label if weights == "random" else DEFAULT_MODEL, weights, seed)
+    if backend == "engine":
+        check_model_inputs(source, tokenizer, device, dtype)
     build_task(task)  # fail fast (lm-eval missing, data missing) before any model work
-    from rltbench.results import RunDir
-
     config: dict[str, Any] = {
         "model": label,
         "weights": weights,
-        "arms": arm_names,
+        "arms": list(specs),
         "gate": gate,
         "gate_rule": report.GATE_RULE,
         "gate_filter": gate_filter,
@@ -389,7 +334,7 @@ def gsm8k_command(
         "batch_size": batch_size,
         "max_gen_toks": max_gen_toks,
         "backend": backend,
-        "arm_urls": arm_urls,
+        "arm_urls": servers,
         "dtype": dtype,
         "device": device,
         "tokenizer": tokenizer,
@@ -398,9 +343,11 @@ def gsm8k_command(
         "lm_eval_version": lm_eval_version(),
         "data_dir": str(DATA_DIR),
     }
+    if backend == "engine":
+        config["arm_specs"] = {n: s.settings() for n, s in specs.items() if s is not None}
     run = RunDir.create("gsm8k", result_dir=result_dir, argv=sys.argv, config=config)
     try:
-        summary = _run(run, config, arm_names, arm_urls)
+        summary = _run(run, config, source, specs, servers)
     except KeyboardInterrupt:
         run.update_manifest(status="interrupted")
         done = ""
@@ -420,70 +367,51 @@ def gsm8k_command(
     raise typer.Exit(code=summary["exit_code"])
 
 
-def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[str, str]) -> dict[str, Any]:
-    from rltbench.arms import eager_reference_arms
-    from rltbench.commands.gsm8k.backends import EngineBackend, OpenAIBackend
-    from rltbench.commands.gsm8k.evaluate import run_arm
-    from rltbench.commands.gsm8k.interleave import CachedArmBackend, InterleavedGenerator
-    from rltbench.commands.gsm8k.lm import RltbenchLM
-    from rltbench.kernels import ARMS
-
-    engine = codec = model = None
-    if config["backend"] == "engine":
-        model, codec, random_w = build_engine_side(
-            config["model"],
-            config["weights"],
-            config["tokenizer"],
-            config["device"],
-            config["dtype"],
-            config["seed"],
-            run.path,
-        )
-        config["random_weights"] = random_w
-        config["tokenizer_source"] = codec.source
-        config["engine_device"] = next(model.parameters()).device.type
-        if config["weights"] != "random":
-            config["model_family"] = model.config.family
-        max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
-        config["max_context"] = max_context
-        engine = make_engine(model, arm_names, config["batch_size"], max_context)
-        same = eager_reference_arms({a: ARMS[a.split("#", 1)[0]] for a in arm_names}, bool(engine.use_graphs))
-        if same:
-            config["notes"] = [
-                f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
-                "reference ops, so this gate compares torch with itself"
-            ]
-            console.print(f"[yellow]note: {config['notes'][0]}[/]", highlight=False, soft_wrap=True)
-    else:
+def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: dict[str, Any],
+               servers: dict[str, str]) -> InterleavedGenerator:
+    """The model (engine) or the servers behind every arm, as one interleaved generator."""
+    arms = list(specs)
+    common = dict(arms=arms, ref=report.REFERENCE_ARM, chunk=config["batch_size"], write=run.append_jsonl,
+                  note=lambda text: console.print(text, highlight=False))
+    if config["backend"] != "engine":
         config["tokenizer_source"] = "server"
+        return InterleavedGenerator(OpenAIBackend(servers), questions=QuestionCodec(),
+                                    timeouts=Timeouts(SERVER_TIMEOUT_S, SERVER_TIMEOUT_S), **common)
+    model, codec, random_w = build_engine_side(source, config["tokenizer"], config["device"], config["dtype"],
+                                               run.path)
+    config["random_weights"] = random_w
+    config["tokenizer_source"] = codec.source
+    config["engine_device"] = next(model.parameters()).device.type
+    if config["weights"] != "random":
+        config["model_family"] = model.config.family
+    max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
+    config["max_context"] = max_context
+    engine = make_engine(model, specs, config["batch_size"], max_context)
+    same = armspec.eager_reference_arms(specs, bool(engine.use_graphs))
+    if same:
+        config["notes"] = [
+            f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
+            "reference ops, so this gate compares torch with itself"
+        ]
+        console.print(f"[yellow]note: {config['notes'][0]}[/]", highlight=False, soft_wrap=True)
+    questions = QuestionCodec(codec, tuple(model.config.eos_token_ids), max_context)
+    return InterleavedGenerator(EngineBackend(engine, arms, codec), questions=questions, **common)
+
+
+def _run(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: dict[str, Any],
+         servers: dict[str, str]) -> dict[str, Any]:
+    # lm-eval is an optional dependency: it loads when a gate runs, not at `rltbench --help`
+    from rltbench.commands.gsm8k.evaluate import RltbenchLM, run_arm
+
+    generator = _generator(run, config, source, specs, servers)
     run.update_manifest(config=config, random_weights=config["random_weights"])
     if config["random_weights"]:
         _banner_random()
-
-    if engine is not None:
-        backends: dict[str, Any] = {
-            name: EngineBackend(engine, codec, name, tuple(model.config.eos_token_ids), config["max_context"])
-            for name in arm_names
-        }
-        for name in arm_names:  # every arm warm before any timed chunk (decode graphs, largest prefill)
-            console.print(f"[bold]arm {name}[/]: warming up (graph capture) ...")
-            engine.set_arm(name)
-            engine.warmup()
-            engine.warmup_eager_prefill()
-    else:
-        backends = {n: OpenAIBackend(n, arm_urls[n], None, config["batch_size"]) for n in arm_names}
-    generator = InterleavedGenerator(
-        backends,
-        ref=report.REFERENCE_ARM,
-        chunk=config["batch_size"],
-        engine=engine,
-        write=run.append_jsonl,
-        note=lambda text: console.print(text, highlight=False),
-    )
+    engine = getattr(generator.backend, "engine", None)
     rows: dict[int, dict[str, Any]] = {}
     arm_info: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rltbench-gsm8k-ds-") as cache_dir:
-        for name in arm_names:
+        for name in generator.arms:
             lm = RltbenchLM(CachedArmBackend(generator, name), max_gen_toks=config["max_gen_toks"])
             if generator.key is None:
                 console.print(f"generating: every arm, chunks of {config['batch_size']} questions, arms ABBA")
@@ -491,7 +419,7 @@ def _run(run: Any, config: dict[str, Any], arm_names: list[str], arm_urls: dict[
                 name, lm, config["task"], config["limit"], config["num_fewshot"], cache_dir=Path(cache_dir)
             )
             config["num_fewshot_used"] = res.extra.get("n_shot")
-            stats = backends[name].stats
+            stats = generator.stats[name]
             info: dict[str, Any] = {
                 "seconds": stats.seconds,
                 "truncated_prompts": stats.truncated_prompts,

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lm_eval import evaluator
+from lm_eval.tasks import TaskManager
+
 from rltbench.commands.gsm8k.lm import RltbenchLM
 from rltbench.commands.gsm8k.tasks import FILTERS, build_task
 
@@ -39,8 +42,6 @@ def _first(x: Any) -> Any:
 def _empty_task_manager(empty_dir: str) -> Any:
     """A TaskManager that indexes no YAML: we pass a ready Task object, and indexing lm-eval's
     thousands of bundled task files costs ~30 s per call on a small CPU."""
-    from lm_eval.tasks import TaskManager
-
     try:
         return TaskManager(include_path=empty_dir, include_defaults=False)
     except TypeError:  # an lm-eval without include_defaults: the slow default still works
@@ -57,8 +58,6 @@ def run_arm(
     data_dir: Path | None = None,
 ) -> ArmRun:
     """Evaluate `task` (first `limit` test questions) with `lm`; returns per-question rows."""
-    from lm_eval import evaluator
-
     for name in ("lm-eval", "lm_eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
     task_obj = build_task(task, data_dir=data_dir, cache_dir=cache_dir)

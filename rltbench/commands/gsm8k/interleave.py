@@ -15,12 +15,13 @@ cached generations (`CachedArmBackend`), so scoring never runs inside a timed wi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rltbench.commands.gsm8k.backends import BackendStats, Generation
-from rltbench.engine.coldwork import ColdWorkProbe
+from rltbench.backends.base import Request, Timeouts
+from rltbench.commands.gsm8k.generation import BackendStats, Generation, QuestionCodec
 from rltbench.engine.schedule import first_divergence
 from rltbench.results.stats import abba_order
 
@@ -32,18 +33,40 @@ REPLAY_FILE = "replay.jsonl"  # one identity row per (chunk, non-reference arm)
 class InterleavedGenerator:
     """Generates every arm's answers for one request list, chunk-interleaved (see module doc).
 
-    `backends` maps arm -> a generation backend (gsm8k.backends); `engine` is the shared in-process
-    engine when the backends are engine backends (None for servers: then only timing is
-    interleaved, and identity is the served text)."""
+    `backend` serves every arm (rltbench.backends: the in-process engine, or one server per arm);
+    `questions` turns questions into its requests. Only the engine replays schedules: with servers
+    only timing is interleaved, and identity is the served text."""
 
-    backends: dict[str, Any]
+    backend: Any
+    arms: list[str]
+    questions: QuestionCodec
     ref: str
     chunk: int
-    engine: Any = None
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(float("inf"), float("inf")))
     write: Callable[[str, dict[str, Any]], None] = lambda name, row: None
     note: Callable[[str], None] = lambda text: None
     results: dict[str, list[Generation]] = field(default_factory=dict)
+    stats: dict[str, BackendStats] = field(default_factory=dict)
     key: tuple | None = None
+
+    def __post_init__(self) -> None:
+        self.stats = {a: BackendStats() for a in self.arms}
+
+    @property
+    def replays(self) -> bool:
+        return bool(getattr(self.backend, "supports_replay", False))
+
+    def warmup(self, prompts: list[str], until: list[list[str]], max_new: list[int]) -> None:
+        """Every arm warm before any timed chunk: on the engine its decode graphs and largest eager
+        prefill; on a server the model name, the accepted fields and one short question."""
+        probe: list[Request] = []
+        if not self.replays and prompts:
+            reqs, _ = self.questions.requests(prompts[:1], until[:1], [min(2, max_new[0])])
+            probe = reqs
+        for arm in self.arms:
+            what = " (graph capture)" if self.replays else ""
+            self.note(f"[bold]arm {arm}[/]: warming up{what} ...")
+            self.backend.warmup(arm, probe, self.timeouts)
 
     def generate(
         self, prompts: list[str], until: list[list[str]], max_new: list[int]
@@ -53,86 +76,72 @@ class InterleavedGenerator:
         key = (tuple(prompts), tuple(map(tuple, until)), tuple(max_new))
         if self.key == key:
             return self.results
-        arms = list(self.backends)
-        out: dict[str, list[Generation]] = {a: [] for a in arms}
+        out: dict[str, list[Generation]] = {a: [] for a in self.arms}
         n_chunks = -(-len(prompts) // self.chunk)
         for c in range(n_chunks):
             lo, hi = c * self.chunk, min(len(prompts), (c + 1) * self.chunk)
-            order = abba_order(arms, c + 1)[-len(arms):]
+            order = abba_order(self.arms, c + 1)[-len(self.arms):]
             runs: dict[str, Any] = {}
             for pos, arm in enumerate(order):
                 self.note(f"chunk {c + 1}/{n_chunks}: {arm} ({hi - lo} questions)")
-                gens, row, run = self._timed(arm, prompts[lo:hi], until[lo:hi], max_new[lo:hi])
+                gens, row = self._timed(arm, c, prompts[lo:hi], until[lo:hi], max_new[lo:hi])
                 row.update(chunk=c, order=pos, first_question=lo)
                 self.write(CHUNKS_FILE, row)
                 out[arm].extend(gens)
-                runs[arm] = (gens, run)
-            if self.engine is not None:
+                runs[arm] = (gens, self.backend.last_schedule, dict(self.backend.last_requests)) \
+                    if self.replays else (gens, None, {})
+            if self.replays:
                 self._replay_chunk(c, lo, runs)
         self.key, self.results = key, out
         return out
 
     def _timed(
-        self, arm: str, prompts: list[str], until: list[list[str]], max_new: list[int]
-    ) -> tuple[list[Generation], dict[str, Any], Any]:
-        """One arm's timed chunk: frozen engine, cold work counted, schedule recorded."""
-        backend, eng = self.backends[arm], self.engine
-        probe = None
-        if eng is not None:
-            eng.set_arm(arm)  # also empties the prefix cache: every chunk starts alike
-            eng.freeze(True)
-            probe = ColdWorkProbe(eng)
-            probe.start()
-            eng.start_recording()
-        seconds_before = backend.stats.seconds
-        try:
-            gens = backend.generate(prompts, until, max_new)
-        finally:
-            schedule = eng.stop_recording() if eng is not None else None
-            if eng is not None:
-                eng.freeze(False)
+        self, arm: str, c: int, prompts: list[str], until: list[list[str]], max_new: list[int]
+    ) -> tuple[list[Generation], dict[str, Any]]:
+        """One arm's timed chunk (on the engine: frozen, cold work counted, schedule recorded)."""
+        reqs, truncated = self.questions.requests(prompts, until, max_new)
+        t0 = time.perf_counter()
+        recs = self.backend.run_cell(arm, f"chunk{c}", reqs, self.timeouts, timed=True)
+        seconds = time.perf_counter() - t0
+        gens = self.questions.generations(arm, reqs, truncated, recs, until)
+        self.stats[arm].account(gens, seconds)
         row: dict[str, Any] = {
             "arm": arm,
             "questions": len(prompts),
-            "seconds": backend.stats.seconds - seconds_before,
+            "seconds": seconds,
             "generated_tokens": sum(g.num_tokens for g in gens),
         }
-        if probe is not None:
-            row["cold_work"] = probe.delta()
-        return gens, row, (schedule, dict(getattr(backend, "last_requests", {})))
+        if self.replays:
+            row["cold_work"] = dict(self.backend.last_cold_work)
+        return gens, row
 
     def _replay_chunk(self, c: int, lo: int, runs: dict[str, Any]) -> None:
         """Replay the reference's schedule of chunk `c` on every other arm (untimed) and compare."""
-        eng = self.engine
-        ref_gens, (sched, requests) = runs[self.ref]
+        ref_gens, sched, requests = runs[self.ref]
         if sched is None or not requests:
             return
-        prompts = {rid: ids for rid, (ids, _) in requests.items()}
-        max_tokens = {rid: m for rid, (_, m) in requests.items()}
-        order = list(requests)  # rids in question order
+        rid_of = {r.index: rid for rid, r in requests.items()}
         for arm in runs:
             if arm == self.ref:
                 continue
-            eng.set_arm(arm)
-            fused = eng.fused_ops if eng.device.type == "cuda" else None
-            got = eng.replay(sched, prompts, max_tokens, eager_ops=fused)
+            got = self.backend.replay(arm, sched, requests)
             divergences = []
-            for i, rid in enumerate(order):
+            for i in range(len(rid_of)):
                 want = ref_gens[i].token_ids or []
-                d = first_divergence(got.get(rid, []), want)
+                d = first_divergence(got.get(i, []), want)
                 if d is not None:
                     divergences.append(
-                        {"question": lo + i, "token_index": d, "step": sched.step_of_token(rid, d)}
+                        {"question": lo + i, "token_index": d, "step": sched.step_of_token(rid_of[i], d)}
                     )
             self.write(
                 REPLAY_FILE,
                 {
                     "arm": arm,
                     "chunk": c,
-                    "compared": len(order),
-                    "identical": len(order) - len(divergences),
+                    "compared": len(rid_of),
+                    "identical": len(rid_of) - len(divergences),
                     "divergences": divergences,
-                    "kernels_in_eager_steps": fused is not None,
+                    "kernels_in_eager_steps": self.backend.engine.device.type == "cuda",
                 },
             )
 
@@ -143,10 +152,12 @@ class CachedArmBackend:
 
     generator: InterleavedGenerator
     arm: str
-    stats: BackendStats = field(default_factory=BackendStats)
+
+    @property
+    def stats(self) -> BackendStats:
+        return self.generator.stats[self.arm]
 
     def generate(self, prompts: list[str], until: list[list[str]], max_new: list[int]) -> list[Generation]:
-        gens = self.generator.generate(prompts, until, max_new)[self.arm]
-        inner = self.generator.backends[self.arm].stats
-        self.stats = inner
-        return gens
+        if self.generator.key is None:
+            self.generator.warmup(prompts, until, max_new)
+        return self.generator.generate(prompts, until, max_new)[self.arm]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rltbench.commands.gsm8k.backends import Backend, Generation
+from rltbench.commands.gsm8k.generation import Generation, GenerationSource
 from rltbench.commands.gsm8k.tasks import import_lm_eval
 
 import_lm_eval()
@@ -26,7 +26,7 @@ class RltbenchLM(LM):
     latter defaulting to the command's --max-gen-toks.
     """
 
-    def __init__(self, backend: Backend, max_gen_toks: int = 256, tokenizer_name: str = "rltbench"):
+    def __init__(self, backend: GenerationSource, max_gen_toks: int = 256, tokenizer_name: str = "rltbench"):
         super().__init__()
         self.backend = backend
         self.max_gen_toks = int(max_gen_toks)

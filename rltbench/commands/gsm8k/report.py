@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rltbench.bench.warmth import is_cold
 from rltbench.commands.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
 from rltbench.commands.gsm8k.stats import (
     check_gate,
@@ -30,10 +31,11 @@ from rltbench.commands.gsm8k.stats import (
     paired_stats,
     verdict_label,
 )
-from rltbench.engine.coldwork import is_cold
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results.plotting import figure
 from rltbench.results.stats import aa_name, compare_to_reference, format_interval, format_spread
+from rltbench.results.tables import table
 
 REFERENCE_ARM = "torch"
 QUESTIONS_FILE = "questions.jsonl"
@@ -192,18 +194,17 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
         "",
         f"## Throughput, arms interleaved (ABBA over {tp['chunks']} chunks of one batch each)",
         "",
-        "| arm | questions/s | speedup vs " + ref + " (interval) | A/A spread | label | cold chunks |",
-        "|---|---:|---|---|---|---|",
     ]
     sp = {r["arm"]: r for r in tp["speedups"]}
+    rows = []
     for arm, a in tp["arms"].items():
         r = sp.get(arm)
-        lines.append(
-            f"| {arm} | {_fmt(a['questions_per_s'], 3)} | "
-            f"{'(ref)' if arm == ref else format_interval(r and r['speedup'])} | "
-            f"{format_spread(r and r['aa_spread']) if r else '-'} | {r['label'] if r else '-'} | "
-            f"{', '.join(map(str, a['cold_chunks'])) or 'none'} |"
-        )
+        speedup = "(ref)" if arm == ref else format_interval(r and r["speedup"])
+        spread = format_spread(r and r["aa_spread"]) if r else "-"
+        rows.append([arm, _fmt(a["questions_per_s"], 3), speedup, spread, r["label"] if r else "-",
+                     ", ".join(map(str, a["cold_chunks"])) or "none"])
+    header = ["arm", "questions/s", f"speedup vs {ref} (interval)", "A/A spread", "label", "cold chunks"]
+    lines += table(header, rows, ["", "r", "", "", "", ""])
     lines += [
         "",
         "Speedup: median over chunks of (reference seconds / arm seconds), order-statistic interval; "
@@ -224,15 +225,14 @@ def _replay_lines(summary: dict[str, Any]) -> list[str]:
         f"## Identity under schedule replay (each arm on {summary['reference']}'s batches, kernels on "
         "in every step, prefill included)",
         "",
-        "| arm | identical / compared | first divergence (question, token, step) |",
-        "|---|---|---|",
     ]
+    rows = []
     for arm, r in rp.items():
         fd = r["first"]
         fdt = "-" if fd is None else f"{fd['question']}, {fd['token_index']}, {fd['step']}"
         bad = " **MISMATCH: must match (kernel bug)**" if arm in summary.get("exact_mismatch", []) else ""
-        lines.append(f"| {arm} | {r['identical']} / {r['compared']}{bad} | {fdt} |")
-    return lines
+        rows.append([arm, f"{r['identical']} / {r['compared']}{bad}", fdt])
+    return lines + table(["arm", "identical / compared", "first divergence (question, token, step)"], rows)
 
 
 def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
@@ -259,34 +259,23 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
             f"{', '.join(summary['missing_arms'])}; the verdict covers only the arms below**",
             "",
         ]
-    lines += [
-        "## Arms",
-        "",
-        "| arm | strict acc % | flexible acc % | gen tokens | seconds | questions/s | tokens/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for arm, a in summary["arms"].items():
-        lines.append(
-            f"| {arm} | {_fmt(a['strict_acc'])} | {_fmt(a['flexible_acc'])} | {a['generated_tokens']} | "
-            f"{_fmt(a['seconds'], 1)} | {_fmt(a['questions_per_s'], 3)} | {_fmt(a['tokens_per_s'], 1)} |"
-        )
-    lines += [
-        "",
-        f"## Paired comparison vs {summary['reference']} (points; drop = ref - variant)",
-        "",
-        "| arm | ref acc | arm acc | drop | LCB95 | UCB95 | SE | n10 | n01 | McNemar p | seqs differ "
-        "| verdict | n needed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
-    for c in summary["comparisons"]:
-        lines.append(
-            f"| {c['arm']} | {_fmt(c['ref_acc'])} | {_fmt(c['var_acc'])} | {_fmt(c['drop'])} | "
-            f"{_fmt(c['lcb95'])} | {_fmt(c['ucb95'])} | {_fmt(c['se'])} | {c['n10']} | {c['n01']} | "
-            f"{_p(c['mcnemar_p'])} | {c['sequences_differ']}/{c['n']} | "
-            f"**{verdict_label(c['verdict'], c['verdict_reason'])}** | {needed_cell(c)} |"
-        )
-    if not summary["comparisons"]:
-        lines.append("| (no variant arm) | | | | | | | | | | | | |")
+    lines += ["## Arms", ""]
+    header = ["arm", "strict acc %", "flexible acc %", "gen tokens", "seconds", "questions/s", "tokens/s"]
+    lines += table(header, [
+        [arm, _fmt(a["strict_acc"]), _fmt(a["flexible_acc"]), a["generated_tokens"], _fmt(a["seconds"], 1),
+         _fmt(a["questions_per_s"], 3), _fmt(a["tokens_per_s"], 1)] for arm, a in summary["arms"].items()
+    ], ["", *"rrrrrr"])
+    lines += ["", f"## Paired comparison vs {summary['reference']} (points; drop = ref - variant)", ""]
+    header = ["arm", "ref acc", "arm acc", "drop", "LCB95", "UCB95", "SE", "n10", "n01", "McNemar p",
+              "seqs differ", "verdict", "n needed"]
+    rows = [
+        [c["arm"], _fmt(c["ref_acc"]), _fmt(c["var_acc"]), _fmt(c["drop"]), _fmt(c["lcb95"]),
+         _fmt(c["ucb95"]), _fmt(c["se"]), c["n10"], c["n01"], _p(c["mcnemar_p"]),
+         f"{c['sequences_differ']}/{c['n']}",
+         f"**{verdict_label(c['verdict'], c['verdict_reason'])}**", needed_cell(c)]
+        for c in summary["comparisons"]
+    ] or [["(no variant arm)", *[""] * 12]]
+    lines += table(header, rows, ["", *"r" * 10, "", "r"])
     overall = (
         f"**Overall: {verdict_label(summary['overall'], summary['overall_reason'])}** (exit code "
         f"{summary['exit_code']}: 0 identical or pass, 1 fail, 3 inconclusive, 2 usage error)"
@@ -308,11 +297,7 @@ def needed_cell(c: dict[str, Any]) -> str:
 def accuracy_figure(summary: dict[str, Any]) -> Any:
     """Left: per-arm gate accuracy with exact (Clopper-Pearson) 95% intervals, which stay open at 0%
     and 100% where a normal interval has width 0. Right: discordant pairs per variant."""
-    import matplotlib.pyplot as plt
-
-    import rltbench.results.plotting  # noqa: F401  (Agg backend)
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = figure(10, 4, 1, 2)
     arms = list(summary["arms"])
     n = max(summary["n"], 1)
     accs = [summary["arms"][a]["gate_acc"] for a in arms]

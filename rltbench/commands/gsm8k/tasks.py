@@ -3,7 +3,7 @@
 Why this way: scoring must be lm-eval's (prompts, exemplars, stop sequences, strict/flexible
 filters), but nothing may be downloaded at run time. We read the task YAML that ships *inside the
 installed lm-eval package* (so prompts and filters are exactly that version's), replace only the
-data source (`dataset_path: json` + `data_files` -> rltbench/commands/gsm8k/data/{test,train}.jsonl) and
+data source (`dataset_path: json` + `data_files` -> rltbench/data/gsm8k/{test,train}.jsonl) and
 build a `ConfigurableTask` from it; `simple_evaluate` accepts the Task object directly. The hub is
 switched off (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and the datasets cache goes to a caller-chosen
 directory, so a read-only home or a machine with no network still works.
@@ -12,12 +12,14 @@ directory, so a read-only home or a machine with no network still works.
 from __future__ import annotations
 
 import os
+import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from rltbench.errors import UsageError
+from rltbench.textcodec import GSM8K_DATA_DIR as DATA_DIR
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
 TASK_YAML = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k-cot.yaml"}
 TASKS = tuple(TASK_YAML)
 STRICT, FLEXIBLE = "strict-match", "flexible-extract"
@@ -32,8 +34,6 @@ def set_offline_env() -> None:
         os.environ[key] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        import sys
-
         cfg = sys.modules.get("datasets.config")
         if cfg is not None:
             cfg.HF_DATASETS_OFFLINE = True
@@ -47,7 +47,7 @@ def import_lm_eval() -> Any:
     """Import lm_eval (offline) or raise a UsageError that says how to install it."""
     set_offline_env()
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval  # noqa: F401  (optional dependency: checked here, with the install line)
         from lm_eval.api.task import ConfigurableTask  # noqa: F401
     except ImportError as exc:
         raise UsageError(
@@ -58,8 +58,6 @@ def import_lm_eval() -> Any:
 
 def lm_eval_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("lm_eval")
     except Exception:
         return "unknown"
@@ -77,7 +75,7 @@ def task_yaml_path(task: str) -> Path:
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     """The task YAML, with a top-level `include:` merged in (older lm-eval layouts use one)."""
-    import yaml
+    import yaml  # lm-eval's dependency, not ours: present whenever lm-eval is
 
     cfg = yaml.safe_load(path.read_text())
     include = cfg.pop("include", None)
@@ -109,7 +107,7 @@ def build_task(task: str, data_dir: Path | None = None, cache_dir: Path | None =
     """A ready lm-eval `ConfigurableTask` (loads the local json files through `datasets`, offline)."""
     cfg = task_config(task, data_dir=data_dir, cache_dir=cache_dir)
     import_lm_eval()
-    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.api.task import ConfigurableTask  # optional dependency, checked just above
 
     return ConfigurableTask(config=cfg)
 
@@ -126,7 +124,7 @@ def apply_filters(task_obj: Any, responses: list[str], doc: dict[str, Any]) -> d
 
     Used by tests to check extraction on known answers through lm-eval's code, not a private regex.
     """
-    from lm_eval.api.instance import Instance
+    from lm_eval.api.instance import Instance  # optional dependency (tests call this with it)
 
     out: dict[str, str] = {}
     for ensemble in task_obj._filters:

@@ -7,6 +7,7 @@ failed case, 2 bad input (UsageError), 130 Ctrl-C (finished cases stay on disk).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,10 +17,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rltbench import arms as armspec
+from rltbench import native, runtime
+from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.commands.kernels import report
 from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
-from rltbench.kernels import OPS
+from rltbench.kernels import OPS, op_case
+from rltbench.results import RunDir
 
 # Triton decides interpreter vs GPU when a kernel is *defined* (import time), so TRITON_INTERPRET
 # cannot be switched on here: rltbench.kernels is already imported. Without a GPU and without the
@@ -37,32 +42,28 @@ def _split(text: str, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def parse_tokens(text: str) -> list[int]:
+def _positive_ints(text: str, flag: str, what: str, hint: str) -> list[int]:
     out = []
-    for item in _split(text, "--tokens"):
+    for item in _split(text, flag):
         try:
             val = int(item)
         except ValueError:
-            raise UsageError(f"--tokens: {item!r} is not an integer (e.g. --tokens 1,8,128)") from None
+            raise UsageError(f"{flag}: {item!r} is not an integer ({hint})") from None
         if val <= 0:
-            raise UsageError(f"--tokens: token counts must be positive, got {val}")
+            raise UsageError(f"{flag}: {what} must be positive, got {val}")
         out.append(val)
     return out
+
+
+def parse_tokens(text: str) -> list[int]:
+    return _positive_ints(text, "--tokens", "token counts", "e.g. --tokens 1,8,128")
 
 
 def parse_widths(text: str) -> list[int] | None:
+    """None for 'model' (each op's model widths)."""
     if str(text).strip().lower() == "model":
         return None
-    out = []
-    for item in _split(text, "--widths"):
-        try:
-            val = int(item)
-        except ValueError:
-            raise UsageError(f"--widths: {item!r} is not an integer (or use --widths model)") from None
-        if val <= 0:
-            raise UsageError(f"--widths: widths must be positive, got {val}")
-        out.append(val)
-    return out
+    return _positive_ints(text, "--widths", "widths", "or use --widths model")
 
 
 def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str] | None = None) -> list[str]:
@@ -77,12 +78,32 @@ def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str]
     return list(dict.fromkeys(out))
 
 
-def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, repeats: int, mode: str,
-                 scope: str, seed: int, peer: bool) -> tuple[bench.BenchConfig, list[str]]:
-    """Parse and validate every flag (UsageError on bad input); returns the config and notes."""
-    from rltbench.kernels import ARMS, OPS
-
+def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict[str, ArmSpec], list[str]]:
+    """The arms of `--arms` (rltbench.arms grammar, or 'all': every named arm) and notes. torch is
+    always there: it is the reference. The native arm is built here, before any case runs: named and
+    unavailable, a UsageError with the reason; included by 'all' and unavailable, dropped with a note."""
     notes: list[str] = []
+    text = str(arms).strip()
+    if text.lower() == "all":
+        names = list(ARMS)
+        try:
+            native.load()
+        except native.NativeUnavailable as exc:
+            names.remove(native.NATIVE_IMPL)
+            notes.append(f"native arm unavailable: {exc}")
+        text = ",".join(names)
+    specs = armspec.parse_arms(text, overrides)
+    if REFERENCE not in specs:
+        specs = {REFERENCE: ARMS[REFERENCE], **specs}
+        notes.append("torch arm added: it is the reference for correctness and speedup")
+    return specs, notes
+
+
+def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, repeats: int, mode: str,
+                 scope: str, seed: int, peer: bool,
+                 overrides: dict[str, str | None] | None = None) -> tuple[bench.BenchConfig, list[str]]:
+    """Parse and validate every flag (UsageError on bad input); returns the config and notes. `scope`
+    is the scope of the fused arms while timing (correctness always runs them with scope all)."""
     mode_key = str(mode).strip().lower()
     if mode_key not in MODE_CHOICES:
         raise UsageError(f"--mode: unknown value {mode!r} (known: {', '.join(MODE_CHOICES)})")
@@ -91,49 +112,25 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
         raise UsageError(f"--scope: unknown value {scope!r} (known: {', '.join(bench.SCOPES)})")
     if repeats <= 0:
         raise UsageError(f"--repeats: must be a positive integer, got {repeats}")
-    arm_list = parse_choice(arms, "--arms", list(ARMS))
-    notes += native_arm_notes(arm_list, explicit=str(arms).strip().lower() != "all")
-    if "torch" not in arm_list:
-        arm_list.insert(0, "torch")
-        notes.append("torch arm added: it is the reference for correctness and speedup")
+    specs, notes = parse_kernel_arms(arms, {**(overrides or {}), "scope": scope_key})
     cfg = bench.BenchConfig(
         ops=parse_choice(ops, "--ops", list(OPS)),
         tokens=parse_tokens(tokens),
         dtypes=parse_choice(dtypes, "--dtypes", list(bench.DTYPES), bench.DTYPE_ALIASES),
         widths=parse_widths(widths),
-        arms=arm_list,
+        arms=list(specs),
         modes=MODE_CHOICES[mode_key],
         repeats=int(repeats),
         scope=scope_key,
         seed=int(seed),
         peer=bool(peer),
+        specs=specs,
     )
     return cfg, notes
 
 
-def native_arm_notes(arm_list: list[str], explicit: bool) -> list[str]:
-    """The native arm is built here, before any case runs. Named in --arms and unavailable: a
-    UsageError with the reason; included by 'all' and unavailable: dropped from `arm_list` (in
-    place) with a note saying why."""
-    from rltbench import native
-
-    if native.NATIVE_IMPL not in arm_list:
-        return []
-    if explicit:
-        native.require(what="--arms cuda: the native arm")
-        return []
-    try:
-        native.load()
-    except native.NativeUnavailable as exc:
-        arm_list.remove(native.NATIVE_IMPL)
-        return [f"native arm unavailable: {exc}"]
-    return []
-
-
 def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
     """Each (op, width) must be buildable (e.g. RoPE widths are multiples of the head dim)."""
-    from rltbench.kernels import op_case
-
     seen = set()
     for case in cases:
         if (case.op, case.width) in seen:
@@ -162,10 +159,14 @@ def kernels_command(
                                         "heads x head dim: multiples of 128 (rope_neox) / 96 "
                                         f"(rope_interleaved). Capped at {bench.CPU_MAX_WIDTH} without "
                                         "a GPU.")] = "model",
-    arms: Annotated[str, typer.Option(help="Comma-separated arms: torch, exact, approx, cuda (native CUDA "
-                                      "C++), or 'all' (torch is always added: it is the reference; "
-                                      "'all' leaves cuda out, with a note, where it cannot be built).")
+    arms: Annotated[str, typer.Option(help="Arms: torch, exact, approx, cuda (native CUDA C++) or "
+                                      "NAME=norm:exact/rope:off/act:approx, comma-separated, or 'all' "
+                                      "(torch is always added: it is the reference; 'all' leaves cuda out, "
+                                      "with a note, where it cannot be built).")
                     ] = "all",
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
     repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
                                          "only).")] = 100,
     mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "
@@ -175,8 +176,7 @@ def kernels_command(
     scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
                                        "too) or 'graph' (fused only under graph capture, as models "
                                        "run by default).")] = "all",
-    result_dir: Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
-                                                     "(default results/kernels-<UTC time>/).")] = None,
+    result_dir: runtime.ResultDirOption = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
 ) -> None:
@@ -184,7 +184,8 @@ def kernels_command(
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough for the table, no folding
         console = Console(width=max(console.width, 160))
-    cfg, notes = build_config(tokens, ops, dtypes, widths, arms, repeats, mode, scope, seed, peer)
+    cfg, notes = build_config(tokens, ops, dtypes, widths, arms, repeats, mode, scope, seed, peer,
+                              {"norm": norm, "rope": rope, "act": act})
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     plan = bench.plan_cases(cfg, on_gpu)
@@ -226,7 +227,8 @@ def kernels_command(
             for case in plan.cases:
                 progress.update(task, description=f"{case.op} {case.dtype} w={case.width} T={case.tokens}")
                 arms_here = cfg.arms + ([bench.PEER_ARM] if peer_on and case.op in bench.PEER_OPS else [])
-                rows, samples = bench.case_rows(case, arms_here, device, cfg, ctx, bench.make_arm_ops)
+                ops_factory = functools.partial(bench.make_arm_ops, specs=cfg.specs)
+                rows, samples = bench.case_rows(case, arms_here, device, cfg, ctx, ops_factory)
                 run.extend_jsonl(report.SAMPLES, samples)
                 run.extend_jsonl(report.ROWS, rows)  # one write: a case's arms are stored together
                 failed += sum(int(bench.failing(r)) for r in rows)
@@ -265,14 +267,9 @@ def _result(df, failed: int, planned: int) -> dict[str, int]:
             "cases_planned": int(planned)}
 
 
-def bench_run_dir(cfg: bench.BenchConfig, result_dir: Path | None, notes: list[str]):
+def bench_run_dir(cfg: bench.BenchConfig, result_dir: Path | None, notes: list[str]) -> RunDir:
     """The run directory; its manifest records the config, the notes and each arm's selection."""
-    import dataclasses
-
-    from rltbench.kernels import ARMS
-    from rltbench.results import RunDir
-
-    selections = {a: dataclasses.replace(ARMS[a], scope=cfg.scope).to_dict() for a in cfg.arms if a in ARMS}
+    selections = {a: s.replace(scope=cfg.scope).to_dict() for a, s in cfg.specs.items()}
     return RunDir.create("kernels", result_dir=result_dir, argv=list(sys.argv),
                          config={**cfg.to_dict(), "notes": notes, "arm_selections": selections,
                                  "correctness_scope": "all"})

@@ -15,6 +15,8 @@ import pandas as pd
 from rich.table import Table
 
 from rltbench.results import RunDir
+from rltbench.results.plotting import arm_color, figure
+from rltbench.results.tables import table
 
 ROWS = "rows.jsonl"
 SAMPLES = "samples.jsonl"
@@ -132,6 +134,12 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             _fmt(row.get("graph_pdl_pct_copy"), 1)]
 
 
+def cold_rows(df: pd.DataFrame) -> int:
+    """Rows whose timed samples saw cold work in some mode (runs older than this check: 0)."""
+    cols = [c for c in df.columns if c.endswith("_warm")]
+    return int((df[cols] == False).any(axis=1).sum()) if cols else 0  # noqa: E712 (NaN: not measured)
+
+
 def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The human summary: contract, device facts, notes, then one line per case x arm."""
     lines = ["# rltbench kernels", ""]
@@ -166,12 +174,13 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     bad = df[df["arm"].isin(BITWISE_ARMS) & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
     if len(bad):
         lines += [f"**FAIL: {len(bad)} bitwise-arm case(s) differ from torch.**", ""]
+    cold = cold_rows(df)
+    if cold:
+        lines += [f"**{cold} row(s) timed with cold work among the timed samples (a Triton compile, graph "
+                  "capture or device malloc: `cold_work` in samples.jsonl); their times include it.**", ""]
     keep = _shown(df, len(COLUMNS))
-    lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")
-    lines.append("|" + "---|" * len(keep))
-    for _, row in _sorted(df).iterrows():
-        cells = _cells(row, markdown=True)
-        lines.append("| " + " | ".join(cells[i] for i in keep) + " |")
+    rows = [_cells(row, markdown=True) for _, row in _sorted(df).iterrows()]
+    lines += table([COLUMNS[i] for i in keep], [[cells[i] for i in keep] for cells in rows])
     notes_rows = [(r["op"], r["dtype"], r["width"], r["tokens"], r["arm"], r.get("note"))
                   for _, r in _sorted(df).iterrows() if isinstance(r.get("note"), str) and r.get("note")]
     if notes_rows:
@@ -213,11 +222,9 @@ def _panels(df: pd.DataFrame) -> list[tuple[str, int]]:
 
 
 def _grid(n: int):
-    from rltbench.results.plotting import plt
-
     cols = min(3, max(1, n))
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = figure(4.2 * cols, 3.4 * rows, rows, cols, squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat)
@@ -225,8 +232,6 @@ def _grid(n: int):
 
 def latency_figure(df: pd.DataFrame, mode: str, dtype: str):
     """Latency vs tokens, one panel per (op, width), one line per arm, log-log axes."""
-    from rltbench.results.plotting import arm_color
-
     sub = df[df["dtype"] == dtype].copy()
     sub["t"] = pd.to_numeric(sub.get(f"{mode}_us_median"), errors="coerce")
     sub = sub[sub["t"].notna()]
@@ -257,8 +262,6 @@ def latency_figure(df: pd.DataFrame, mode: str, dtype: str):
 
 def speedup_figure(df: pd.DataFrame, mode: str, dtype: str):
     """Speedup over torch, bars per (op, width, tokens), one bar per non-torch arm."""
-    from rltbench.results.plotting import arm_color, figure
-
     sub = df[(df["dtype"] == dtype) & (df["arm"] != "torch")].copy()
     sub["s"] = pd.to_numeric(sub.get(f"{mode}_speedup"), errors="coerce")
     sub = sub[sub["s"].notna()]
@@ -287,8 +290,6 @@ def speedup_figure(df: pd.DataFrame, mode: str, dtype: str):
 
 def accuracy_figure(df: pd.DataFrame, dtype: str):
     """Max ULP vs the fp64 oracle per op and arm (log scale; 0.5 = correctly rounded)."""
-    from rltbench.results.plotting import arm_color, figure
-
     sub = df[df["dtype"] == dtype].copy()
     sub["u"] = pd.to_numeric(sub.get("max_ulp_vs_oracle"), errors="coerce")
     sub = sub[sub["u"].notna()]

@@ -26,14 +26,18 @@ import dataclasses
 import hashlib
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rltbench.arms import ARMS, ArmSpec, is_exact
 from rltbench.bench import timing
-from rltbench.kernels import pdl
+from rltbench.bench.warmth import ColdWork
+from rltbench.kernels import make_ops, op_case, pdl
+from rltbench.kernels.oracle import bound_ratio
+from rltbench.kernels.oracle import ulp_distance as oracle_ulp
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -43,7 +47,7 @@ SCOPES = ("graph", "all")
 PEER_ARM = "liger"
 PEER_OPS = ("rmsnorm", "rope_neox", "silu_mul")
 # Model widths per op: Ouro-1.4B hidden 2048 / inter 5632 / 16x128 heads; Huginn-0125 hidden 5280 /
-# inter 17920 / 55x96 heads (see /work/shared/specs/models.md).
+# inter 17920 / 55x96 heads (rltbench/models/configs.py).
 MODEL_WIDTHS: dict[str, tuple[int, ...]] = {
     "rmsnorm": (2048,),
     "rmsnorm_residual": (2048,),
@@ -80,9 +84,14 @@ class BenchConfig:
     # calls per captured graph, cycling over the rotation sets (> 3x L2, so still cold): a replay's
     # fixed launch cost is spread over this many calls instead of inflating few big ones
     min_graph_calls: int = 32
+    # each arm's settings (rltbench.arms); an arm missing here is the named arm of that name
+    specs: dict[str, ArmSpec] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """For the manifest (the arms' settings are stored beside it, as arm_selections)."""
+        d = dataclasses.asdict(self)
+        d.pop("specs")
+        return d
 
 
 @dataclass(frozen=True)
@@ -147,18 +156,23 @@ def plan_cases(cfg: BenchConfig, on_gpu: bool) -> Plan:
 # ----------------------------------------------------------------------------------------------
 # arms
 # ----------------------------------------------------------------------------------------------
-def make_arm_ops(arm: str, scope: str) -> Any:
-    """The Ops object of an arm (torch / exact / approx) with the given scope, or the Liger peer."""
+def arm_spec(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> ArmSpec | None:
+    """The settings of `arm` (from `specs`, else the named arm), None for the peer."""
+    return (specs or {}).get(arm) or ARMS.get(arm)
+
+
+def make_arm_ops(arm: str, scope: str, specs: Mapping[str, ArmSpec] | None = None) -> Any:
+    """The Ops object of an arm with the given scope, or the Liger peer."""
     if arm == PEER_ARM:
         return LigerOps()
-    from rltbench.kernels import ARMS, make_ops
-
-    return make_ops(dataclasses.replace(ARMS[arm], scope=scope))
+    spec = arm_spec(arm, specs)
+    assert spec is not None, arm
+    return make_ops(spec.replace(scope=scope))
 
 
 def liger_available() -> bool:
     try:
-        import liger_kernel  # noqa: F401
+        import liger_kernel  # noqa: F401  (an optional peer, never a dependency)
     except Exception:  # noqa: BLE001 - an optional peer may fail to import in many ways
         return False
     return True
@@ -167,7 +181,8 @@ def liger_available() -> bool:
 class LigerOps:
     """Liger-Kernel's RMSNorm / RoPE / SiLU*up behind the Ops method names (optional peer column).
 
-    Liger is not a dependency: only built when `liger_kernel` imports. Its RoPE works in place on
+    Liger is not a dependency: only built when `liger_kernel` imports (hence the imports inside the
+    methods). Its RoPE works in place on
     [B, H, T, D] views; the [T, H, D] tensors are viewed (no copy) and the results viewed back.
     """
 
@@ -267,9 +282,6 @@ def oracle_ulps(outs: Any, oracles: Any, terms: Any = None) -> dict[str, float]:
     (oracle.ulp_distance: fractional, 0.5 = correctly rounded at best) and, with the terms'
     magnitudes, the max ratio of the error to the approx arm's stated bound (oracle.bound_ratio:
     <= 1 within it; the ULP figure alone blows up where an output cancels)."""
-    from rltbench.kernels.oracle import bound_ratio
-    from rltbench.kernels.oracle import ulp_distance as oracle_ulp
-
     mx, total, n, ratio = 0.0, 0.0, 0, 0.0
     outs_t, ys = _tensors(outs), _tensors(oracles)
     ts = _tensors(terms) if terms is not None else [None] * len(ys)
@@ -316,8 +328,6 @@ def _stats_dict(stats: Any) -> Any:
 # one case
 # ----------------------------------------------------------------------------------------------
 def make_inputs(case: Case, device: torch.device, seed: int, index: int = 0) -> Any:
-    from rltbench.kernels import op_case
-
     gen = torch.Generator(device=device)
     gen.manual_seed(case.seed(seed) + 7919 * index)
     return op_case(case.op).make_inputs(case.tokens, case.width, DTYPES[case.dtype], device, gen)
@@ -326,8 +336,6 @@ def make_inputs(case: Case, device: torch.device, seed: int, index: int = 0) -> 
 def check_case(case: Case, arms: Iterable[str], device: torch.device, seed: int,
                ops_factory: Callable[[str, str], Any] = make_arm_ops) -> dict[str, dict[str, Any]]:
     """Correctness of every arm on one fresh random input set: vs torch and vs the fp64 oracle."""
-    from rltbench.kernels import op_case
-
     oc = op_case(case.op)
     inputs = make_inputs(case, device, seed)
     ref = oc.run(ops_factory("torch", "all"), clone_tree(inputs))
@@ -390,8 +398,6 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
 
     Returns (per-arm timing fields, sample records). Arms are interleaved; warm-up is excluded.
     """
-    from rltbench.kernels import op_case
-
     oc = op_case(case.op)
     first = make_inputs(case, ctx.device, cfg.seed, 0)
     plan = timing.rotation_sets(int(oc.bytes_moved(first)), ctx.l2_bytes, max_sets=cfg.max_sets)
@@ -423,11 +429,13 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         runners = {a: g.replay for a, g in graphs.items()}
         pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
         runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
-        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before)
+        cold = ColdWork(device=ctx.device)
+        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
+                                        window=cold)
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
             f = fields[arm]
-            f.update(stats.to_dict("graph_us_"))
+            f.update(stats.to_dict("graph_us_"), graph_warm=cold.warm)
             if g.kernel_nodes is not None:  # graph nodes: exact, and no profiler session needed
                 f["graph_kernels_per_call"] = g.kernel_nodes / k
             else:
@@ -436,7 +444,8 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                 g.replay()
                 torch.cuda.synchronize()
                 f["graph_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
-            samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm],
+                            "cold_work": cold.counts})
         for arm, g in pdl_graphs.items():
             f = fields[arm]
             f.update(timing.summarize(times[f"{arm}{PDL_SUFFIX}"]).to_dict("graph_pdl_us_"))
@@ -445,7 +454,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             torch.cuda.synchronize()
             f["graph_pdl_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
             samples.append({**case.key, "arm": arm, "mode": "graph-pdl",
-                            "samples_us": times[f"{arm}{PDL_SUFFIX}"]})
+                            "samples_us": times[f"{arm}{PDL_SUFFIX}"], "cold_work": cold.counts})
         del graphs, pdl_graphs
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
@@ -458,30 +467,34 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             with pdl.plain_launches():
                 graphs[arm] = timing.GraphCalls(lambda i, ops=ops, s0=arm_sets[arm][0]: oc.run(ops, s0),
                                                 k_hot, keep_outputs=1)
+        cold = ColdWork(device=ctx.device)
         times = timing.time_interleaved({a: g.replay for a, g in graphs.items()}, calls=k_hot, rounds=rounds,
-                                        reps=reps)
+                                        reps=reps, window=cold)
         for arm, g in graphs.items():
             f = fields[arm]
-            f.update(timing.summarize(times[arm]).to_dict("hot_us_"))
+            f.update(timing.summarize(times[arm]).to_dict("hot_us_"), hot_warm=cold.warm)
             f["hot_kernels_per_call"] = g.kernel_nodes / k_hot if g.kernel_nodes is not None \
                 else timing.count_kernels_profiler(g.replay, k_hot)
-            samples.append({**case.key, "arm": arm, "mode": "hot", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "hot", "samples_us": times[arm],
+                            "cold_work": cold.counts})
         del graphs
     if "eager" in cfg.modes:
         runners = {}
         for arm in arms:
             ops = ops_factory(arm, cfg.scope)
             runners[arm] = lambda ops=ops, ss=arm_sets[arm]: [oc.run(ops, s) for s in ss]
+        cold = ColdWork(device=ctx.device)
         with pdl.plain_launches():  # eager launches choose their mode at every call
             times = timing.time_interleaved(runners, calls=plan.sets, rounds=rounds, reps=reps,
-                                            before_sample=before)
+                                            before_sample=before, window=cold)
         for arm in runners:
             stats = timing.summarize(times[arm])
-            fields[arm].update(stats.to_dict("eager_us_"))
+            fields[arm].update(stats.to_dict("eager_us_"), eager_warm=cold.warm)
             ops, s0 = ops_factory(arm, cfg.scope), arm_sets[arm][0]
             count = timing.count_kernels_profiler(lambda o=ops, s=s0: oc.run(o, s))
             fields[arm]["eager_kernels_per_call"] = count
-            samples.append({**case.key, "arm": arm, "mode": "eager", "samples_us": times[arm]})
+            samples.append({**case.key, "arm": arm, "mode": "eager", "samples_us": times[arm],
+                            "cold_work": cold.counts})
     nbytes = int(oc.bytes_moved(first))
     copy_gbps = ctx.copy.get("gbps", float("nan"))
     for arm in arms:
@@ -526,9 +539,9 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
     for arm, chk in checks.items():
         rows[arm].update(chk)
         r = rows[arm]
-        if bitwise_arm(arm) and r["mismatches"] != 0:
+        if bitwise_arm(arm, cfg.specs) and r["mismatches"] != 0:
             r["status"] = "MISMATCH"
-        elif fused_arm(arm) and r.get("fused_calls") == 0:
+        elif fused_arm(arm, cfg.specs) and r.get("fused_calls") == 0:
             r["status"] = "fallback"
             why = fallback_reasons(r.get("ops_stats"))
             r["note"] = ("no fused call ran (torch fallback" + (f": {why}" if why else "")
@@ -545,7 +558,8 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
             return list(rows.values()), samples
         for arm, f in fields.items():
             rows[arm].update(f)
-            if bitwise_arm(arm) and (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
+            failed = (f.get("graph_mismatches") or 0) != 0 and rows[arm]["status"] == "ok"
+            if bitwise_arm(arm, cfg.specs) and failed:
                 rows[arm]["status"] = "MISMATCH"
                 rows[arm]["note"] = "graph-captured outputs differ from torch"
             if arm == "exact" and (f.get("graph_pdl_mismatches") or 0) != 0 and rows[arm]["status"] == "ok":
@@ -553,23 +567,21 @@ def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfi
                 rows[arm]["note"] = "graph-captured outputs with PDL differ from torch"
     if ctx is not None and cfg.scope == "graph" and "eager" in cfg.modes:
         for a, r in rows.items():
-            if fused_arm(a):
+            if fused_arm(a, cfg.specs):
                 r["note"] = _join_note(r["note"], "scope graph: eager timing runs torch")
     return list(rows.values()), samples
 
 
-def bitwise_arm(arm: str) -> bool:
+def bitwise_arm(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> bool:
     """A project arm that must equal torch bit for bit (exact, cuda): any mismatch fails its row."""
-    from rltbench.kernels import ARMS
+    spec = arm_spec(arm, specs)
+    return spec is not None and is_exact(spec)
 
-    return arm in ARMS and ARMS[arm].fused and ARMS[arm].bitwise
 
-
-def fused_arm(arm: str) -> bool:
+def fused_arm(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> bool:
     """A project arm that runs kernels (not the torch reference, not the peer)."""
-    from rltbench.kernels import ARMS
-
-    return arm in ARMS and ARMS[arm].fused
+    spec = arm_spec(arm, specs)
+    return spec is not None and spec.fused
 
 
 def _join_note(note: str, more: str) -> str:

@@ -5,8 +5,3 @@ counts, breakdown, graph-vs-profiler verdict), graph_nodes (CUDA-graph node cens
 (torch.profiler differences), floors (GEMM and weight-bytes floors), collect (the measurements),
 report (`render` for `rltbench report`), cli (`profile_command`).
 """
-
-from rltbench.commands.profile.cli import profile_command
-from rltbench.commands.profile.report import render
-
-__all__ = ["profile_command", "render"]

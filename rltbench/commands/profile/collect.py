@@ -9,7 +9,7 @@ GPU order, chosen so the profiler cannot disturb the timings:
    annotated phases: `rltbench.replays` (R replays of the benchmark graph: cross-check of the
    count, class breakdown, one replay kept as trace-<arm>.json.gz) and `rltbench.engine_steps`
    (K real engine decode steps at the same batch: device work launched outside the graph).
-CPU (`--cpu`): the engine runs eagerly (no graphs exist on CPU); counts are CPU `aten::` leaf ops
+CPU (`--device cpu`): the engine runs eagerly (no graphs exist on CPU); counts are CPU `aten::` leaf ops
 per decode step and times are host wall-clock - no GPU claim is made.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -25,12 +24,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
+from rltbench import runtime
+from rltbench.arms import ARMS, REFERENCE, ArmSpec
+from rltbench.bench.decode import decode_engine_config, decode_step_cells
+from rltbench.bench.decode_benchmark import DecodeBenchmark
+from rltbench.bench.timing import measure_copy_bandwidth
 from rltbench.commands.profile import counting, floors
 from rltbench.commands.profile.classify import CLASSES, classify_sequence
+from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
 from rltbench.commands.profile.graph_nodes import graph_census
 from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
-from rltbench.errors import UsageError
+from rltbench.engine.engine import Engine
+from rltbench.engine.types import SamplingParams
+from rltbench.kernels import make_ops
+from rltbench.results.quantiles import summarize
 
 PHASE_REPLAYS = "rltbench.replays"
 PHASE_STEPS = "rltbench.engine_steps"
@@ -39,30 +48,26 @@ TOP_KERNELS = 40
 
 @dataclass
 class ProfileSpec:
-    model: str
-    weights: str | None
+    """What one profile run measures: the model, its decode batch and context, the arms, the samples."""
+
+    source: runtime.ModelSource
+    device: str
     dtype: torch.dtype
     batch: int
     context: int
-    arms: list[str]
+    arms: dict[str, ArmSpec]
     iters: int
     rounds: int
     replays: int
     steps: int
-    cpu: bool
-    seed: int = 0
 
+    @property
+    def cpu(self) -> bool:
+        return self.device == "cpu"
 
-def build_model(spec: ProfileSpec, device: str) -> Any:
-    from rltbench import models
-
-    if spec.weights:
-        # the profile feeds token ids, never text: a checkpoint without tokenizer.json is fine
-        model, _tok = models.load_model(spec.weights, device=device, dtype=spec.dtype, tokenizer=False)
-    else:
-        model = models.build_model(spec.model, device=device, dtype=spec.dtype, seed=spec.seed)
-    model.eval()
-    return model
+    @property
+    def seed(self) -> int:
+        return self.source.seed
 
 
 def decode_tokens(spec: ProfileSpec) -> int:
@@ -75,21 +80,17 @@ def decode_tokens(spec: ProfileSpec) -> int:
     return spec.steps + (spec.iters if spec.cpu else 0)
 
 
-def build_engine(model: Any, spec: ProfileSpec) -> Any:
+def build_engine(model: Any, spec: ProfileSpec) -> Engine:
     """The engine of the decode-step figure (rltbench.bench.decode.decode_engine_config, shared with
     the engine's decode table): the serving context class and graph bucket for (batch, context) and,
     on a GPU, the serving KV pool; on CPU a pool just big enough for the profiled requests."""
-    from rltbench.bench.decode import decode_engine_config
-    from rltbench.engine import Engine
-    from rltbench.kernels import ARMS
-
     extra = max(64, decode_tokens(spec) + 16)
     cfg = decode_engine_config(spec.batch, spec.context, extra_tokens=extra, use_cuda_graph=not spec.cpu,
                                model_max_len=int(model.config.max_position_embeddings))
     if spec.cpu:
         blocks_per_seq = -(-cfg.max_model_len // cfg.block_size)
         cfg.num_blocks = spec.batch * blocks_per_seq + 8
-    return Engine(model, arms={a: ARMS[a] for a in spec.arms}, config=cfg)
+    return runtime.build_engine(model, spec.arms, cfg)
 
 
 def _prompts(spec: ProfileSpec, vocab: int) -> list[list[int]]:
@@ -100,8 +101,6 @@ def _prompts(spec: ProfileSpec, vocab: int) -> list[list[int]]:
 
 def _start_decode(eng: Any, spec: ProfileSpec, vocab: int, extra_steps: int) -> list[str]:
     """Add `batch` requests of `context` tokens and step until all of them are decoding."""
-    from rltbench.engine import SamplingParams
-
     ids = [f"profile-{i}" for i in range(spec.batch)]
     params = SamplingParams(max_tokens=extra_steps + 8, ignore_eos=True)
     for rid, prompt in zip(ids, _prompts(spec, vocab), strict=False):
@@ -147,11 +146,10 @@ def time_arms_gpu(eng: Any, spec: ProfileSpec) -> tuple[dict[str, list[float]], 
     """Per-replay microseconds per arm and the cells' facts (context class, bucket, warm checks):
     the engine's decode-step timing (rltbench.bench.decode.decode_step_cells), arms ABBA over
     `rounds` repetitions of iters / rounds replays each."""
-    from rltbench.bench.decode import decode_step_cells
-
     per_slot = max(1, spec.iters // max(1, spec.rounds))
-    cells = decode_step_cells(eng, spec.arms, [spec.batch], spec.context, reps=spec.rounds, iters=per_slot)
-    samples = {a: [ms * 1e3 for ms in cells.pooled(a, spec.batch)] for a in spec.arms}
+    arms = list(spec.arms)
+    cells = decode_step_cells(eng, arms, [spec.batch], spec.context, reps=spec.rounds, iters=per_slot)
+    samples = {a: [ms * 1e3 for ms in cells.pooled(a, spec.batch)] for a in arms}
     facts = {"len_class": cells.len_class[spec.batch], "bucket": cells.bucket[spec.batch],
              "num_blocks": eng.num_blocks, "order": cells.order, "warm": cells.warm}
     return samples, facts
@@ -159,10 +157,8 @@ def time_arms_gpu(eng: Any, spec: ProfileSpec) -> tuple[dict[str, list[float]], 
 
 def profile_arm_gpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> tuple[dict[str, Any], dict]:
     """Census + profiler phases for one arm; returns (result, one-replay chrome trace)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     eng.set_arm(arm)
-    bench = eng.decode_benchmark(spec.batch, spec.context)
+    bench = DecodeBenchmark(eng, spec.batch, spec.context)
     census, census_note = graph_census(bench.graph)
     ids: list[str] = []
     try:
@@ -236,10 +232,6 @@ def summarize_trace(
 # ---------------------------------------------------------------------------------------------
 def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[str, Any]:
     """Eager CPU decode steps: aten leaf ops per step (classified) and host wall-clock per step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
-
     eng.set_arm(arm)
     ids = _start_decode(eng, spec, vocab, decode_tokens(spec))
     try:
@@ -277,12 +269,7 @@ def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[s
 
 def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
     """Everything the command measures, as one JSON-able dict (+ traces under key `_traces`)."""
-    device = "cpu" if spec.cpu else "cuda"
-    if not spec.cpu and not torch.cuda.is_available():
-        raise UsageError(
-            "rltbench profile needs a CUDA GPU (none found); use --cpu for a labelled CPU profile"
-        )
-    model = build_model(spec, device)
+    model, _tok = runtime.load(spec.source, spec.device, spec.dtype)
     vocab = int(model.config.vocab_size)
     eng = build_engine(model, spec)
     out: dict[str, Any] = {
@@ -292,18 +279,14 @@ def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
         "arms": {},
         "_traces": {},
     }
-    from rltbench.kernels import ARMS, make_ops
-
     log("counting weight bytes of one eager token")
-    wb = floors.count_weight_bytes(model, floors.one_token_forward(model, make_ops(ARMS["torch"])))
+    wb = floors.count_weight_bytes(model, floors.one_token_forward(model, make_ops(ARMS[REFERENCE])))
     out["weight_bytes"] = wb
     if spec.cpu:
         for arm in spec.arms:
             log(f"profiling arm {arm} on CPU")
             out["arms"][arm] = profile_arm_cpu(eng, spec, arm, vocab)
         return out
-    from rltbench.bench.timing import measure_copy_bandwidth, summarize
-
     out["device_name"] = torch.cuda.get_device_name()
     log("measuring device-to-device copy bandwidth")
     bw = measure_copy_bandwidth()
@@ -320,8 +303,3 @@ def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
         out["arms"][arm] = res
         out["_traces"][arm] = small
     return out
-
-
-def median_or_nan(vals: Sequence[float]) -> float:
-    vals = [v for v in vals if v == v]
-    return statistics.median(vals) if vals else float("nan")

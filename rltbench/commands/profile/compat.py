@@ -5,7 +5,7 @@
   `time_range` in every version, which is what we use first.
 - `prof.events()` lists device events (device_type CUDA) next to CPU ops in 2.x; older builds
   only attached kernels to CPU ops. We count device events from the chrome trace instead (see
-  trace.py) and use `FunctionEvent`s only for CPU-op counts in `--cpu` mode.
+  trace.py) and use `FunctionEvent`s only for CPU-op counts in CPU mode (`--device cpu`).
 - `_ExperimentalConfig`/`acc_events` and other knobs changed between versions: we use none.
 """
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rltbench.models.dense_kv import DenseKVCache
+
 _ROW_OPS = {"embedding", "index_select", "embedding_dense"}
 
 
@@ -82,8 +84,6 @@ def count_weight_bytes(model: torch.nn.Module, run: Callable[[], Any]) -> dict[s
 
 def one_token_forward(model: Any, ops: Any) -> Callable[[], Any]:
     """A closure running one decode-like forward (1 token at position 0) + the LM head, eagerly."""
-    from rltbench.models.dense_kv import DenseKVCache
-
     cfg = model.config
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype

@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from rltbench.commands.profile.classify import CLASSES
+from rltbench.errors import UsageError
+from rltbench.results import RunDir
+from rltbench.results.plotting import colormap, figure
+from rltbench.results.quantiles import summarize
+from rltbench.results.tables import table
 
 SUMMARY = "summary.json"
 GAP = "launch gaps/idle"
@@ -30,8 +35,6 @@ def _step_ms(arm: dict[str, Any], mode: str) -> tuple[float, float, float]:
         return tuple(
             (s.get(k) if s.get(k) is not None else float("nan")) / 1e3 for k in ("median", "p10", "p90")
         )
-    from rltbench.bench.timing import summarize
-
     st = summarize(arm.get("wall_us") or [])
     return st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3
 
@@ -75,20 +78,17 @@ def table_markdown(s: dict[str, Any]) -> str:
         unit, tunit = "kernels", "GPU ms"
         lines += _decode_step_facts(s.get("decode_step"))
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
-    lines.append(
-        f"| arm | {unit}/step | {unit}/token | graph nodes = profiler | {tunit}/step (p10-p90) | "
-        f"{tunit}/token | vs torch |"
-    )
-    lines.append("|---|---|---|---|---|---|---|")
+    rows = []
     for name, a in arms.items():
         k = a.get("kernels_per_step")
         med, p10, p90 = _step_ms(a, mode)
         ratio = ref / med if med and math.isfinite(med) and math.isfinite(ref) else float("nan")
         agree = {True: "yes", False: "**NO**", None: "n/a"}[a.get("agree")]
-        lines.append(
-            f"| {name} | {_f(k, '.0f')} | {_f(k / batch if k is not None else None, '.1f')} | {agree} | "
-            f"{_f(med)} ({_f(p10)}-{_f(p90)}) | {_f(med / batch)} | {_f(ratio, '.2f')}x |"
-        )
+        rows.append([name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"), agree,
+                     f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch), f"{_f(ratio, '.2f')}x"])
+    header = ["arm", f"{unit}/step", f"{unit}/token", "graph nodes = profiler", f"{tunit}/step (p10-p90)",
+              f"{tunit}/token", "vs torch"]
+    lines += table(header, rows)
     lines.append("")
     wb = s.get("weight_bytes") or {}
     if mode == "gpu":
@@ -127,18 +127,12 @@ def table_markdown(s: dict[str, Any]) -> str:
             f"{_f(wb.get('bytes', float('nan')) / 1e6)} MB.",
             "",
         ]
-    lines += [
-        "## Breakdown per class (count / time per step)",
-        "",
-        "| class | " + " | ".join(arms) + " |",
-        "|---|" + "---|" * len(arms),
-    ]
-    for cls in CLASSES:
-        cells = []
-        for a in arms.values():
-            row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
-            cells.append(f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us")
-        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    def per_class(a: dict[str, Any], cls: str) -> str:
+        row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
+        return f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us"
+
+    lines += ["## Breakdown per class (count / time per step)", ""]
+    lines += table(["class", *arms], [[cls, *(per_class(a, cls) for a in arms.values())] for cls in CLASSES])
     lines += [
         "",
         "Classes of generic elementwise kernels (mul/add/cast) are inferred from their neighbours "
@@ -146,33 +140,24 @@ def table_markdown(s: dict[str, Any]) -> str:
         "",
     ]
     for name, a in arms.items():
-        lines += [
-            f"### Top kernels: {name}",
-            "",
-            "| kernel | class | count/step | us/step |",
-            "|---|---|---|---|",
-        ]
+        top = []
         for r in a.get("top_kernels", [])[:15]:
-            kname = r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "..."
-            kname = kname.replace("|", "\\|")
-            lines.append(
-                f"| `{kname}` | {r.get('class', '')} | {_f(r.get('count'), '.1f')} | "
-                f"{_f(r.get('time_us'), '.1f')} |"
-            )
+            kname = (r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "...").replace("|", "\\|")
+            top.append([f"`{kname}`", r.get("class", ""), _f(r.get("count"), ".1f"),
+                        _f(r.get("time_us"), ".1f")])
+        lines += [f"### Top kernels: {name}", "", *table(["kernel", "class", "count/step", "us/step"], top)]
         lines.append("")
     return "\n".join(lines)
 
 
 def breakdown_figure(s: dict[str, Any]) -> Any:
     """Stacked bars: time per class per arm (per step), plus launch gaps on GPU, with floor lines."""
-    from rltbench.results.plotting import figure
-
     arms: dict[str, Any] = s.get("arms", {})
     mode = s.get("mode", "gpu")
     fig, ax = figure(7.5, 4.5)
     names = list(arms)
     bottoms = [0.0] * len(names)
-    cmap = __import__("matplotlib").colormaps["tab10"]
+    cmap = colormap("tab10")
     series = list(CLASSES) + ([GAP] if mode == "gpu" else [])
     for i, cls in enumerate(series):
         vals = []
@@ -204,9 +189,6 @@ def breakdown_figure(s: dict[str, Any]) -> Any:
 
 def render(run_dir: str | Path) -> None:
     """Re-create table.md and breakdown.png from summary.json (for `rltbench report DIR`)."""
-    from rltbench.errors import UsageError
-    from rltbench.results import RunDir
-
     run = RunDir.open(run_dir)
     if not run.file(SUMMARY).is_file():
         raise UsageError(f"{run_dir}: no {SUMMARY} (the profile did not finish any arm)")

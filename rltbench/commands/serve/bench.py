@@ -7,7 +7,7 @@
     python -m rltbench.commands.serve.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
                                                     [--scrapes DIR] --out table.md
 
-Every number comes from raw files through `rltbench.commands.e2e.metrics.cell_summary`, the one metrics layer:
+Every number comes from raw files through `rltbench.results.serving.cell_summary`, the one metrics layer:
 rltbench's e2e run directories (requests.jsonl) and guidellm's JSON report, whose per-request
 timestamps are turned into the same records, so the peer's raw timings are also read with rltbench's
 definitions beside the figures guidellm reports itself.
@@ -26,8 +26,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rltbench.commands.e2e.metrics import cell_summary
+from rltbench.backends.base import Timeouts
+from rltbench.backends.openai import OpenAIBackend
+from rltbench.bench.workload import burst_prompts
 from rltbench.commands.serve.metrics import parse_text
+from rltbench.models import get_config
+from rltbench.results.serving import cell_summary
+from rltbench.results.tables import table
 
 SOAK_SETTLE_S = 5.0  # blocks are freed in the step that finishes a request; allow for a slow /metrics
 
@@ -80,11 +85,6 @@ def soak(
 ) -> int:
     """`bursts` bursts of `concurrency` requests through rltbench's OpenAI client; after each, /metrics
     must show every KV block free and no live request. Writes soak.jsonl and soak.md; 0 = all clean."""
-    from rltbench.commands.e2e.engine_backend import Timeouts
-    from rltbench.commands.e2e.openai_backend import OpenAIBackend
-    from rltbench.commands.e2e.workload import burst_prompts
-    from rltbench.models import get_config
-
     config = get_config(model)
     backend = OpenAIBackend({"served": url})
     timeouts = Timeouts(first_token=300.0, stall=120.0)
@@ -131,17 +131,12 @@ def soak(
         f"{sum(r['blocks_returned'] for r in rows)}/{bursts} bursts ended with every KV block free and "
         f"no live request; server-counted ok requests +{after.get(key, 0) - before.get(key, 0):.0f}.",
         "",
-        "| burst | ok | failed | KV free/total | running | waiting | TTFT p50 ms | TPOT p50 ms "
-        "| output tok/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table(["burst", "ok", "failed", "KV free/total", "running", "waiting", "TTFT p50 ms", "TPOT p50 ms",
+                "output tok/s"],
+               [[r["burst"], r["requests"] - r["failed"], r["failed"], f"{r['kv_free']}/{r['kv_total']}",
+                 r["running"], r["waiting"], _fmt(r["ttft_p50_ms"]), _fmt(r["tpot_p50_ms"]),
+                 _fmt(r["output_tok_s"], 0)] for r in rows], "r"),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['burst']} | {r['requests'] - r['failed']} | {r['failed']} | "
-            f"{r['kv_free']}/{r['kv_total']} | "
-            f"{r['running']} | {r['waiting']} | {_fmt(r['ttft_p50_ms'])} | {_fmt(r['tpot_p50_ms'])} | "
-            f"{_fmt(r['output_tok_s'], 0)} |"
-        )
     (out_dir / "soak.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:3]))
     return 0 if clean else 1
@@ -262,9 +257,8 @@ def overhead_table(http_dir: Path, inproc_dir: Path) -> list[str]:
         "Per C: median over repetitions of the cell's p50 (TTFT, TPOT) or of its output tok/s; [min, max] "
         "over repetitions in brackets; overhead = HTTP - in-process. 'within noise' = the ranges overlap.",
         "",
-        "| C | metric | in-process | HTTP | overhead | overhead % | verdict |",
-        "|---:|---|---:|---:|---:|---:|---|",
     ]
+    rows = []
     for c in sorted(set(http) & set(local)):
         for key, label, scale in (
             ("ttft_p50", "TTFT p50 ms", 1e3),
@@ -276,10 +270,11 @@ def overhead_table(http_dir: Path, inproc_dir: Path) -> list[str]:
             if a is None or b is None or ra is None or rb is None:
                 continue
             verdict = "within noise" if ra[0] <= rb[1] and rb[0] <= ra[1] else "differs"
-            lines.append(
-                f"| {c} | {label} | {a * scale:.2f} [{ra[0]:.2f}, {ra[1]:.2f}] | {b * scale:.2f} "
-                f"[{rb[0]:.2f}, {rb[1]:.2f}] | {(b - a) * scale:+.2f} | {_pct(b, a)} | {verdict} |"
-            )
+            rows.append([c, label, f"{a * scale:.2f} [{ra[0]:.2f}, {ra[1]:.2f}]",
+                         f"{b * scale:.2f} [{rb[0]:.2f}, {rb[1]:.2f}]", f"{(b - a) * scale:+.2f}", _pct(b, a),
+                         verdict])
+    lines += table(["C", "metric", "in-process", "HTTP", "overhead", "overhead %", "verdict"], rows,
+                   ["r", "", "r", "r", "r", "r", ""])
     valid_http = all(cell["valid"] for cells in http.values() for cell in cells)
     valid_local = all(cell["valid"] for cells in local.values() for cell in cells)
     toks_h, toks_l = run_tokens(http_dir), run_tokens(inproc_dir)
@@ -306,9 +301,8 @@ def peer_table(http_dir: Path, peer_path: Path) -> list[str]:
         "its TPOT = (last token - sent) / N includes the first token; its output tok/s is the mean of its "
         "rate series.",
         "",
-        "| C | metric | rltbench | guidellm (rlt defs) | diff | guidellm (own) | diff |",
-        "|---:|---|---:|---:|---:|---:|---:|",
     ]
+    out: list[list[Any]] = []
     for c in sorted(set(http) & set(peer)):
         p, own = peer[c]["rlt"], peer[c]["own"]
         rows = (
@@ -322,17 +316,13 @@ def peer_table(http_dir: Path, peer_path: Path) -> list[str]:
             ("guidellm TPOT (incl. TTFT) ms", None, None, own["tpot_ms"]),
             ("output tok/s", _median(http[c], "output_tok_s"), p.get("output_tok_s"), own["output_tok_s"]),
         )
-        for label, rlt, mine, theirs in rows:
-            lines.append(
-                f"| {c} | {label} | {_fmt(rlt)} | {_fmt(mine)} | {_pct(mine, rlt)} | {_fmt(theirs)} | "
-                f"{_pct(theirs, rlt)} |"
-            )
+        out += [[c, label, _fmt(rlt), _fmt(mine), _pct(mine, rlt), _fmt(theirs), _pct(theirs, rlt)]
+                for label, rlt, mine, theirs in rows]
         if own["errored"] or own["incomplete"] or p.get("requests") != c:
-            lines.append(
-                f"| {c} | requests | {c} | {p.get('requests')} ok | | {own['errored']} errored, "
-                f"{own['incomplete']} incomplete | |"
-            )
-    return lines
+            out.append([c, "requests", c, f"{p.get('requests')} ok", "",
+                        f"{own['errored']} errored, {own['incomplete']} incomplete", ""])
+    return lines + table(["C", "metric", "rltbench", "guidellm (rlt defs)", "diff", "guidellm (own)", "diff"],
+                         out, ["r", "", "r", "r", "r", "r", "r"])
 
 
 def server_view(scrapes: Path, clients: tuple[str, ...] = ("http", "peer")) -> list[str]:
@@ -340,12 +330,7 @@ def server_view(scrapes: Path, clients: tuple[str, ...] = ("http", "peer")) -> l
     (metrics_<client>_before.json / _after.json): if the server's figures move with the client, the
     client slowed the server (it shares the CPU); if only the client's figures move, the difference is
     in the client's measurement."""
-    lines = [
-        "## The server's own view while each client ran (/metrics before and after)",
-        "",
-        "| client | requests ok | mean TTFT ms | mean ITL ms | generated tokens |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name in clients:
         a, b = scrapes / f"metrics_{name}_before.json", scrapes / f"metrics_{name}_after.json"
         if not (a.is_file() and b.is_file()):
@@ -363,8 +348,12 @@ def server_view(scrapes: Path, clients: tuple[str, ...] = ("http", "peer")) -> l
         ok = delta('rltbench_requests_total{status="ok"}')
         ttft, itl = mean_ms("time_to_first_token_seconds"), mean_ms("inter_token_latency_seconds")
         tokens = delta("rltbench_generation_tokens_total")
-        lines.append(f"| {client} | {ok:.0f} | {_fmt(ttft)} | {_fmt(itl)} | {tokens:.0f} |")
-    return lines if len(lines) > 4 else []
+        rows.append([client, f"{ok:.0f}", _fmt(ttft), _fmt(itl), f"{tokens:.0f}"])
+    if not rows:
+        return []
+    return ["## The server's own view while each client ran (/metrics before and after)", "",
+            *table(["client", "requests ok", "mean TTFT ms", "mean ITL ms", "generated tokens"], rows,
+                   ["", "r", "r", "r", "r"])]
 
 
 def main(argv: list[str] | None = None) -> int:

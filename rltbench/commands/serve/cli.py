@@ -11,6 +11,9 @@ from typing import Annotated
 
 import typer
 
+from rltbench import arms as armspec
+from rltbench import runtime
+from rltbench.commands.serve.server import ServeOptions, run
 from rltbench.errors import UsageError
 
 
@@ -25,41 +28,32 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
 
 
 def serve_command(
-    model: Annotated[
-        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
-    ] = "ouro-1.4b",
-    weights: Annotated[
-        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
-    ] = "random",
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
     arm: Annotated[
         str,
         typer.Option(
-            help="The one kernel arm: torch, exact, approx or NAME=norm:exact/rope:off/scope:all. "
+            help="The one kernel arm: torch, exact, approx, cuda or NAME=norm:exact/rope:off/scope:all. "
             "The served model name says it (ouro-1.4b:exact); start one server per arm."
         ),
     ] = "exact",
-    dtype: Annotated[
-        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda | cpu (default: cuda if available).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of random weights.")] = 0,
-    kv_cache_gib: Annotated[
-        float | None,
-        typer.Option(help="KV pool size (default: free GPU memory minus headroom; CPU 512 blocks)."),
-    ] = None,
+    norm: armspec.NormOption = None,
+    rope: armspec.RopeOption = None,
+    act: armspec.ActOption = None,
+    scope: armspec.ScopeOption = None,
+    dtype: runtime.DtypeOption = None,
+    device: runtime.DeviceOption = None,
+    seed: runtime.SeedOption = 0,
+    kv_cache_gib: runtime.KvCacheGibOption = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together at most.")] = 128,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
-    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
+    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
+    block_size: runtime.BlockSizeOption = 16,
     max_model_len: Annotated[
         int | None, typer.Option(help="Context: prompt + max_tokens (default min(model context, 4096)).")
     ] = None,
-    enforce_eager: Annotated[
-        bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")
-    ] = False,
+    enforce_eager: runtime.EnforceEagerOption = False,
     prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV of shared prompt prefixes.")] = True,
-    prefill_graphs: Annotated[
-        bool, typer.Option(help="Capture prefill steps whose exact shape repeats in CUDA graphs.")
-    ] = True,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
     warmup_prefill_len: Annotated[
         str | None,
         typer.Option(
@@ -84,31 +78,8 @@ def serve_command(
     port: Annotated[int, typer.Option(help="Port (0 = any free port, printed on the ready line).")] = 8000,
 ) -> None:
     """OpenAI-compatible server (completions, chat, models, health, Prometheus metrics) over the engine."""
-    from rltbench.commands.serve.server import ServeOptions, run
-
-    opts = ServeOptions(
-        model=model,
-        weights=weights,
-        arm=arm,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-        kv_cache_gib=kv_cache_gib,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
-        prefix_caching=prefix_caching,
-        prefill_graphs=prefill_graphs,
-        warmup_prefill_lens=parse_lengths(warmup_prefill_len),
-        max_queue=max_queue,
-        tokenizer=tokenizer,
-        export_tokenizer=export_tokenizer,
-        served_model_name=served_model_name,
-        host=host,
-        port=port,
-    )
-    code = run(opts)
+    flags = dict(locals())  # the parameters, which are ServeOptions' fields (one of them still a string)
+    flags["warmup_prefill_lens"] = parse_lengths(flags.pop("warmup_prefill_len"))
+    code = run(ServeOptions(**flags))
     if code:
         raise typer.Exit(code=code)

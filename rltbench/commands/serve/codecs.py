@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 from rltbench import textcodec
 from rltbench.errors import UsageError
 from rltbench.textcodec import TextCodec
@@ -28,8 +30,6 @@ ID_WORD = "t{}"
 
 def id_word_tokenizer(vocab_size: int) -> Any:
     """A `tokenizers.Tokenizer` mapping id i <-> the word `t<i>` (WordLevel, whitespace split)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {ID_WORD.format(i): i for i in range(int(vocab_size))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=ID_WORD.format(0)))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -48,9 +48,7 @@ def make_codec(spec: str | None, model_config: Any, checkpoint_tokenizer: Any = 
     if spec == "ids":
         return TextCodec(id_word_tokenizer(vocab), f"id words t0..t{vocab - 1} (one word per token id)", eos)
     if spec == "fallback":
-        from rltbench.commands.gsm8k.tasks import DATA_DIR
-
-        codec = textcodec.fallback_codec(DATA_DIR, vocab)
+        codec = textcodec.fallback_codec(vocab)
         codec.eos_token_ids = eos
         return codec
     codec = textcodec.load_tokenizer_file(spec)

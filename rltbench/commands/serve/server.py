@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from aiohttp import web
 
+from rltbench import runtime
+from rltbench.arms import override_flags, parse_arms
 from rltbench.commands.serve.app import ServerApp
 from rltbench.commands.serve.codecs import SPECIAL, export_hf_tokenizer, make_codec
 from rltbench.commands.serve.loop import EngineLoop, Failure
 from rltbench.commands.serve.protocol import ServedModel
+from rltbench.engine.types import EngineConfig, SamplingParams
 from rltbench.errors import UsageError
 
 DEFAULT_MAX_MODEL_LEN = 4096  # decode graphs are captured per context class up to this; raise it for longer
@@ -36,6 +40,10 @@ class ServeOptions:
     model: str = "ouro-1.4b"
     weights: str = "random"
     arm: str = "exact"
+    norm: str | None = None
+    rope: str | None = None
+    act: str | None = None
+    scope: str | None = None
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
@@ -57,10 +65,7 @@ class ServeOptions:
 
     def validate(self) -> None:
         """Refuse bad options before any model work."""
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
-            raise UsageError("--max-num-seqs, --max-num-batched-tokens and --block-size must be >= 1")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise UsageError("--kv-cache-gib must be > 0")
+        runtime.check_engine_flags(self.engine_config(self.max_model_len))
         if self.max_model_len is not None and self.max_model_len < 2:
             raise UsageError("--max-model-len must be >= 2 (one prompt token and one generated)")
         if self.max_queue < 0:
@@ -69,16 +74,26 @@ class ServeOptions:
             raise UsageError(f"--port {self.port}: must be in 0..65535 (0 = any free port)")
         if any(n < 1 for n in self.warmup_prefill_lens):
             raise UsageError("--warmup-prefill-len values must be >= 1")
-        if "," in self.arm:
-            raise UsageError(f"--arm {self.arm!r}: one arm per server (start one server per arm)")
-        if self.weights != "random" and not Path(self.weights).is_dir():
-            raise UsageError(
-                f"--weights {self.weights}: not a checkpoint directory (or use --weights random)"
-            )
         if self.tokenizer is not None and self.tokenizer not in SPECIAL and not Path(self.tokenizer).exists():
             raise UsageError(
                 f"--tokenizer {self.tokenizer}: no such file or directory (or use fallback, ids)"
             )
+
+    @property
+    def source(self) -> runtime.ModelSource:
+        return runtime.ModelSource(self.model, self.weights, self.seed)
+
+    def engine_config(self, max_model_len: int | None) -> EngineConfig:
+        return EngineConfig(
+            kv_cache_gib=self.kv_cache_gib,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.prefix_caching,
+            use_cuda_graph=not self.enforce_eager,
+            max_model_len=max_model_len,
+            prefill_graphs=self.prefill_graphs,
+        )
 
 
 @dataclass
@@ -90,18 +105,10 @@ class Built:
     summary: str
 
 
+
 def _context_len(opts: ServeOptions) -> int:
     """--max-model-len checked against the preset's or checkpoint's config, before any weights exist."""
-    from rltbench.models import config_from_hf, get_config
-
-    if opts.weights == "random":
-        config = get_config(opts.model)  # UsageError listing the presets
-    else:
-        cfg_file = Path(opts.weights) / "config.json"
-        if not cfg_file.is_file():
-            raise UsageError(f"--weights {opts.weights}: no config.json there (or use --weights random)")
-        config = config_from_hf(cfg_file)
-    model_len = int(config.max_position_embeddings)
+    model_len = int(opts.source.config().max_position_embeddings)
     max_len = opts.max_model_len or min(model_len, DEFAULT_MAX_MODEL_LEN)
     if max_len > model_len:
         raise UsageError(f"--max-model-len {max_len} exceeds the model's context {model_len}")
@@ -110,48 +117,21 @@ def _context_len(opts: ServeOptions) -> int:
     return max_len
 
 
-def _model_and_tokenizer(opts: ServeOptions) -> tuple[Any, Any, str]:
-    from rltbench.commands.e2e.cli import _device_dtype
-    from rltbench.models import build_model, cpu_size_note, load_model
-
-    dev, dt = _device_dtype(opts.device, opts.dtype)
-    if opts.weights == "random":
-        model, tok, label = build_model(opts.model, device=dev, dtype=dt, seed=opts.seed), None, opts.model
-    else:
-        want_tok = opts.tokenizer is None and (Path(opts.weights) / "tokenizer.json").is_file()
-        model, tok = load_model(opts.weights, device=dev, dtype=dt, tokenizer=want_tok)
-        label = Path(opts.weights).resolve().name
-    note = cpu_size_note(model)
-    if note:
-        print(note, file=sys.stderr, flush=True)
-    return model, tok, label
-
-
 def build(opts: ServeOptions) -> Built:
     """Model, codec, engine and app (nothing listens yet, nothing is captured yet)."""
-    from rltbench.arms import parse_arms
-    from rltbench.engine import Engine, EngineConfig, SamplingParams
-
     opts.validate()
-    selections = parse_arms(opts.arm)
-    (arm_name,) = selections
+    arms = parse_arms(opts.arm, override_flags(opts.norm, opts.rope, opts.act, opts.scope))
+    if len(arms) != 1:
+        raise UsageError(f"--arm {opts.arm!r}: one arm per server (start one server per arm)")
+    (arm_name,) = arms
     max_len = _context_len(opts)
-    model, tok, label = _model_and_tokenizer(opts)
+    dev = runtime.resolve_device(opts.device)
+    want_tok = (not opts.source.random and opts.tokenizer is None
+                and (Path(opts.weights) / "tokenizer.json").is_file())
+    model, tok = runtime.load(opts.source, dev, runtime.resolve_dtype(opts.dtype, dev), tokenizer=want_tok)
+    label = opts.model if opts.source.random else Path(opts.weights).resolve().name
     codec = make_codec(opts.tokenizer, model.config, tok)
-    cfg = EngineConfig(
-        kv_cache_gib=opts.kv_cache_gib,
-        block_size=opts.block_size,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
-        enable_prefix_caching=opts.prefix_caching,
-        use_cuda_graph=not opts.enforce_eager,
-        max_model_len=max_len,
-        prefill_graphs=opts.prefill_graphs,
-    )
-    try:
-        engine = Engine(model, arms=selections, config=cfg)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"engine: {exc}") from None
+    engine = runtime.build_engine(model, arms, opts.engine_config(max_len))
     if opts.export_tokenizer:
         if codec is None:
             raise UsageError("--export-tokenizer needs a tokenizer (--tokenizer PATH, fallback or ids)")
@@ -161,8 +141,8 @@ def build(opts: ServeOptions) -> Built:
     info = {
         "arm": arm_name,
         "device": str(engine.device),
-        "dtype": str(engine.dtype).replace("torch.", ""),
-        "weights": "random" if getattr(model, "random_weights", opts.weights == "random") else "checkpoint",
+        "dtype": runtime.dtype_name(engine.dtype),
+        "weights": "random" if getattr(model, "random_weights", opts.source.random) else "checkpoint",
         "tokenizer": codec.source if codec is not None else "none (token-id prompts only)",
     }
     app = ServerApp(EngineLoop(engine), served, SamplingParams, opts.max_num_seqs + opts.max_queue, info)
@@ -173,8 +153,6 @@ def build(opts: ServeOptions) -> Built:
         engine thread: a CUDA engine makes its device current there first (captures and replays use
         the thread's current device and stream)."""
         if eng.device.type == "cuda":
-            import torch  # already loaded by the model; imported here to keep this module light
-
             torch.cuda.set_device(eng.device)
         eng.warmup()
         for n in opts.warmup_prefill_lens:

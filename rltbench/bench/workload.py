@@ -1,4 +1,4 @@
-"""Workloads of `rltbench e2e`: burst prompt sets and Mooncake session replays, as token ids.
+"""Serving workloads: burst prompt sets and Mooncake session replays, as token-id requests.
 
 Prompts are token ids (never text), so every arm sees byte-identical inputs. Everything here is
 pure and deterministic given the seed: the same flags give the same prompts in every run.
@@ -14,25 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from rltbench.backends.base import Request
 from rltbench.errors import UsageError
 
 TRACE_BLOCK = 512  # Mooncake hash ids cover 512-token blocks
-WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "workloads"
+WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "workloads"
 
 # Special-token id ranges known per family (clipped to the vocab): never put these in random prompts.
 # Ouro's SmolLM2-style tokenizer keeps its specials at ids 0..16; Huginn's at 65504 and above.
 _FAMILY_SPECIAL = {"ouro": (0, 17), "huginn": (65504, 1 << 30)}
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request of a cell: `index` pairs it across arms (same index, same prompt)."""
-
-    index: int
-    prompt: list[int]
-    output_len: int
-    arrival: float = 0.0  # seconds after the cell starts (0 for bursts)
-    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass

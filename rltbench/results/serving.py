@@ -1,4 +1,5 @@
-"""Serving metrics of `rltbench e2e`, exactly as /work/shared/specs/e2e.md defines them.
+"""Serving metrics (TTFT, TPOT, ITL, E2E, throughput) of request records, as docs/contracts/e2e.md
+defines them.
 
 Inputs are per-request records (dicts, the rows of requests.jsonl): `send`, `first`, `last`
 (time.perf_counter seconds), `event_times` / `event_tokens` (one entry per streamed event and how
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
+from rltbench.results.quantiles import summarize
 
 METRIC_DEFINITIONS = """\
 - TTFT = first generated token - request sent.
@@ -52,21 +53,13 @@ def itl_samples(rec: dict[str, Any]) -> list[float]:
     return out
 
 
-def percentiles(values: list[float]) -> dict[str, Any]:
-    """p50/p90/p99 (linear interpolation) with the sample count and a low-count flag for p99."""
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
+def percentiles(values: list[float | None]) -> dict[str, Any]:
+    """p50/p90/p99 (rltbench.results.quantiles) with the sample count and a low-count flag for p99."""
+    q = summarize(values)
+    if q.n == 0:
         return {"n": 0, "p50": None, "p90": None, "p99": None, "mean": None, "p99_low_n": True}
-    arr = np.asarray(vals, dtype=np.float64)
-    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return {
-        "n": int(arr.size),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "mean": float(arr.mean()),
-        "p99_low_n": bool(arr.size < P99_MIN_SAMPLES),
-    }
+    return {"n": q.n, "p50": q.median, "p90": q.p90, "p99": q.p99, "mean": q.mean,
+            "p99_low_n": bool(q.n < P99_MIN_SAMPLES)}
 
 
 def steady_window(recs: list[dict[str, Any]]) -> tuple[float, float, int] | None:

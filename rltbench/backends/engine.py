@@ -7,81 +7,26 @@ prefix cache are reset between arms).
 
 The client side is simulated on the engine's step loop: a request is "sent" at its scheduled time
 (cell start + arrival offset) and admitted at the next step boundary, so host time spent in a step
-counts as queueing, as it would for a request waiting at a real server.
+counts as queueing, as it would for a request waiting at a real server. A request with `stop` strings
+(the quality gate) is aborted at the step whose tokens complete one, decoded with the backend's
+codec, so it costs no decode step after its stop.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rltbench.commands.e2e.workload import Request
-from rltbench.engine.coldwork import ColdWorkProbe
+from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts, finalize, new_record
+from rltbench.bench.warmth import frozen_window
 from rltbench.engine.schedule import Schedule
+from rltbench.engine.types import SamplingParams
 
 
-@dataclass
-class Timeouts:
-    """Per-request limits (seconds) and the run's absolute deadline (perf_counter time, None = none)."""
-
-    first_token: float = 300.0
-    stall: float = 120.0
-    deadline: float | None = None
-
-    def deadline_passed(self, now: float | None = None) -> bool:
-        return (
-            self.deadline is not None and (now if now is not None else time.perf_counter()) >= self.deadline
-        )
-
-
-@dataclass
-class CellProgress:
-    """Live counters of the running cell, read by the display (cheap to update in the step loop)."""
-
-    total: int = 0
-    done: int = 0
-    errors: int = 0
-    tokens: int = 0
-    start: float = 0.0
-    ttfts: list[float] = field(default_factory=list)
-
-
-class DeadlineReached(Exception):
-    """The global deadline ended the run; the cell's records are attached (unfinished -> timeout)."""
-
-    def __init__(self, records: list[dict[str, Any]]):
-        super().__init__("global deadline reached")
-        self.records = records
-
-
-def new_record(req: Request, rid: str, send: float) -> dict[str, Any]:
-    return {
-        "request": req.index,
-        "request_id": rid,
-        "prompt_len": len(req.prompt),
-        "expected_len": req.output_len,
-        "send": send,
-        "first": None,
-        "last": None,
-        "token_ids": [],
-        "event_times": [],
-        "event_tokens": [],
-        "status": None,
-        "error": None,
-        "prefix_hit_tokens": None,
-    }
-
-
-def finalize(rec: dict[str, Any]) -> dict[str, Any]:
-    """Set the final status of a request that ended without error: ok or length_mismatch."""
-    if rec["status"] is None:
-        n = len(rec["token_ids"]) if rec["token_ids"] is not None else int(rec.get("n_tokens") or 0)
-        rec["status"] = "ok" if n == rec["expected_len"] else "length_mismatch"
-        if rec["status"] != "ok":
-            rec["error"] = f"{n} tokens, expected {rec['expected_len']}"
-    return rec
+def _stop_tail_len(stops: Sequence[str]) -> int:
+    """Tokens to decode to see a stop string: one of L characters spans at most 4L byte-level tokens."""
+    return 4 * max((len(s) for s in stops), default=0) + 4
 
 
 class EngineBackend:
@@ -93,19 +38,18 @@ class EngineBackend:
         "(set_arm), resetting the pool and prefix cache between arms, because two KV pools of an "
         "Ouro-1.4B C=128 burst (~60 GiB each) would not fit on one GPU"
     )
-
     supports_replay = True
 
-    def __init__(self, engine: Any, sampling_cls: Any, arms: list[str]):
+    def __init__(self, engine: Any, arms: Sequence[str] = (), codec: Any = None):
         self.engine = engine
-        self.sampling_cls = sampling_cls
-        self.arms = arms
+        self.arms = list(arms)
+        self.codec = codec  # decodes tails for `stop` strings (text requests of the quality gate)
         # the last timed cell: its schedule (for replays), request ids -> requests, cold-work counts
         self.last_schedule: Schedule | None = None
         self.last_requests: dict[str, Request] = {}
         self.last_cold_work: dict[str, int | None] = {}
 
-    def warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
+    def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None:
         """Everything a timed cell of `arm` could otherwise pay for, done untimed: decode graphs for
         every bucket and context class, the burst's prefill graphs (1..k whole prompts of one length;
         session shapes vary and run eagerly), the largest eager prefill step (allocator and cuBLAS),
@@ -118,14 +62,7 @@ class EngineBackend:
             eng.warmup_prefill(lens.pop())
         eng.warmup_eager_prefill()
         if requests:
-            self.run_cell(
-                arm,
-                "warmup",
-                requests,
-                Timeouts(timeouts.first_token, timeouts.stall, None),
-                reset_prefix_cache=True,
-                timed=False,
-            )
+            self.run_cell(arm, "warmup", requests, timeouts.without_deadline(), timed=False)
 
     def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request]) -> dict[int, list[int]]:
         """Run `arm` untimed through `schedule` (recorded on another arm's timed cell of `requests`):
@@ -156,7 +93,7 @@ class EngineBackend:
         self,
         arm: str,
         tag: str,
-        requests: list[Request],
+        requests: Sequence[Request],
         timeouts: Timeouts,
         reset_prefix_cache: bool = True,
         progress: CellProgress | None = None,
@@ -171,31 +108,40 @@ class EngineBackend:
         eng.set_arm(arm)
         if reset_prefix_cache:
             eng.reset_prefix_cache()
-        probe = ColdWorkProbe(eng) if timed else None
-        if probe is not None:
-            eng.freeze(True)
-            probe.start()
-            eng.start_recording()
-        try:
+        if not timed:
             return self._serve(arm, tag, requests, timeouts, progress, on_step)
+        window: dict[str, Any] = {}
+        try:
+            with frozen_window(eng) as window:
+                return self._serve(arm, tag, requests, timeouts, progress, on_step)
         finally:
-            if probe is not None:
-                self.last_schedule = eng.stop_recording()
-                self.last_cold_work = probe.delta()
-                self.last_requests = {f"{arm}/{tag}/{r.index}": r for r in requests}
-                eng.freeze(False)
+            self.last_schedule = window.get("schedule")
+            self.last_cold_work = window.get("cold_work", {})
+            self.last_requests = {f"{arm}/{tag}/{r.index}": r for r in requests}
+
+    def _params(self, req: Request) -> SamplingParams:
+        return SamplingParams(max_tokens=req.output_len, ignore_eos=req.ignore_eos,
+                              stop_token_ids=tuple(req.stop_token_ids))
+
+    def _stopped(self, req: Request, rec: dict[str, Any], new: int) -> bool:
+        """Whether the tokens so far complete one of the request's stop strings."""
+        if not req.stop or self.codec is None:
+            return False
+        tail = self.codec.decode(rec["token_ids"][-(_stop_tail_len(req.stop) + new):])
+        return any(s in tail for s in req.stop)
 
     def _serve(
         self,
         arm: str,
         tag: str,
-        requests: list[Request],
+        requests: Sequence[Request],
         timeouts: Timeouts,
         progress: CellProgress | None,
         on_step: Callable[[], None] | None,
     ) -> list[dict[str, Any]]:
         eng = self.engine
         pending = sorted(requests, key=lambda r: (r.arrival, r.index))
+        reqs: dict[str, Request] = {}
         recs: dict[str, dict[str, Any]] = {}
         order: list[str] = []
         live: set[str] = set()
@@ -211,13 +157,10 @@ class EngineBackend:
                     pi += 1
                     rid = f"{arm}/{tag}/{req.index}"
                     rec = recs[rid] = new_record(req, rid, t0 + req.arrival)
+                    reqs[rid] = req
                     order.append(rid)
                     try:
-                        eng.add_request(
-                            rid,
-                            list(req.prompt),
-                            self.sampling_cls(max_tokens=req.output_len, ignore_eos=True),
-                        )
+                        eng.add_request(rid, list(req.prompt), self._params(req))
                         live.add(rid)
                     except ValueError as exc:  # EngineRequestError: bad request, the rest goes on
                         rec["status"], rec["error"] = "error", str(exc)
@@ -250,7 +193,7 @@ class EngineBackend:
                     continue
                 for ev in events:
                     rec = recs.get(ev.request_id)
-                    if rec is None:
+                    if rec is None or ev.request_id not in live:
                         continue
                     if rec["first"] is None:
                         rec["first"] = ev.time
@@ -264,10 +207,16 @@ class EngineBackend:
                         rec["prefix_hit_tokens"] = int(hit)
                     prog.tokens += len(ev.token_ids)
                     if ev.finished:
-                        live.discard(ev.request_id)
-                        finalize(rec)
-                        prog.done += 1
-                        prog.errors += rec["status"] != "ok"
+                        rec["finish_reason"] = ev.finish_reason
+                    elif self._stopped(reqs[ev.request_id], rec, len(ev.token_ids)):
+                        eng.abort_request(ev.request_id)
+                        rec["finish_reason"] = "stop_str"
+                    else:
+                        continue
+                    live.discard(ev.request_id)
+                    finalize(rec)
+                    prog.done += 1
+                    prog.errors += rec["status"] != "ok"
                 self._check_timeouts(live, recs, timeouts, prog)
                 if on_step is not None:
                     on_step()

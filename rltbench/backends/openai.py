@@ -1,40 +1,31 @@
-"""OpenAI-compatible backend: streaming `/v1/completions` with token-id prompts, one server per arm.
+"""OpenAI-compatible backend: streaming `/v1/completions`, one server per arm.
 
-Works against vLLM, SGLang or any server that accepts `prompt` as a list of token ids. Each request
-asks for `max_tokens`, temperature 0, `stream: true`, usage in the last chunk, and (where the server
-accepts them) `ignore_eos` and vLLM's `return_token_ids`; the generated ids are taken from
-`token_ids` or from `logprobs.tokens` written as `token_id:N`; otherwise tokens are counted as
-one per streamed text event and N comes from the server's usage (identity is then unavailable).
-If the server rejects the extra fields with HTTP 400 during warm-up they are dropped (and noted).
+Works against vLLM, SGLang or any server that follows the completions API. Load requests send `prompt`
+as a list of token ids and ask for exactly `max_tokens` (`ignore_eos`); text requests (the quality
+gate) send text with their `stop` strings. Every request is greedy (temperature 0) and streamed, with
+usage in the last chunk and, where the server accepts them, vLLM's `return_token_ids`. The generated ids
+are taken from `token_ids` or from `logprobs.tokens` written as `token_id:N`; otherwise tokens are
+counted as one per streamed text event and N comes from the server's usage (identity by ids is then
+unavailable). If the server rejects the optional fields with HTTP 400 during warm-up they are dropped
+(and noted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from rltbench.commands.e2e.engine_backend import CellProgress, DeadlineReached, Timeouts, finalize, new_record
-from rltbench.commands.e2e.workload import Request
+import aiohttp
+
+from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts, finalize, new_record
 from rltbench.errors import UsageError
 
 # Optional request fields, dropped in this order when a server answers HTTP 400 to the warm-up probe.
 EXTRA_FIELDS = ("return_token_ids", "ignore_eos", "stream_options")
-
-
-def parse_arm_urls(specs: list[str]) -> dict[str, str]:
-    """`--arm NAME=URL` (repeatable) -> {name: base url without trailing /v1}."""
-    out: dict[str, str] = {}
-    for spec in specs:
-        name, sep, url = spec.partition("=")
-        name, url = name.strip(), url.strip().rstrip("/")
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise UsageError(f"--arm {spec!r}: expected NAME=http://host:port")
-        if name in out:
-            raise UsageError(f"--arm {name} given twice")
-        out[name] = url[:-3] if url.endswith("/v1") else url
-    return out
 
 
 def _token_ids_of(choice: dict[str, Any]) -> list[int] | None:
@@ -57,6 +48,7 @@ class OpenAIBackend:
 
     name = "openai"
     hosting = "one server per arm (OpenAI-compatible /v1/completions); arms run one at a time in the schedule"
+    supports_replay = False
 
     def __init__(self, urls: dict[str, str], model_name: str | None = None):
         self.urls = urls
@@ -69,43 +61,34 @@ class OpenAIBackend:
         }
         self.notes: dict[str, Any] = {}
 
-    # -- public API (same shape as EngineBackend) ------------------------------------------------
+    # -- public API (base.Backend) -----------------------------------------------------------------
     def stats(self, arm: str | None = None) -> dict[str, Any]:
         return {}
 
-    def warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
+    def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None:
         """Find the served model name, negotiate the extra fields, run a small warm-up burst."""
         asyncio.run(self._warmup(arm, requests, timeouts))
 
-    def run_cell(
-        self,
-        arm: str,
-        tag: str,
-        requests: list[Request],
-        timeouts: Timeouts,
-        reset_prefix_cache: bool = True,
-        progress: CellProgress | None = None,
-        on_step: Any = None,
-    ) -> list[dict[str, Any]]:
-        """Serve `requests` (each sent at cell start + arrival); one record per request.
-
-        The server's prefix cache cannot be reset through this API; the session report says so.
-        """
+    def run_cell(self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts,
+                 progress: CellProgress | None = None, **_engine_only: Any) -> list[dict[str, Any]]:
+        """Serve `requests` (each sent at cell start + arrival); one record per request. The engine's
+        options (prefix-cache reset, timed window, step hook) do not exist here: the server's prefix
+        cache cannot be reset through this API (the session report says so)."""
         return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress()))
 
-    # -- internals -------------------------------------------------------------------------------
-    def _session(self, aiohttp: Any) -> Any:
+    # -- internals ---------------------------------------------------------------------------------
+    def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         )
 
-    async def _warmup(self, arm: str, requests: list[Request], timeouts: Timeouts) -> None:
-        import aiohttp
-
-        async with self._session(aiohttp) as sess:
+    async def _warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None:
+        async with self._session() as sess:
             if arm not in self.models:
                 self.models[arm] = self.model_name or await self._served_model(sess, arm)
-            probe = Request(index=0, prompt=list(requests[0].prompt) if requests else [1, 2, 3], output_len=2)
+            first = requests[0] if requests else Request(index=0, prompt=[1, 2, 3], output_len=2)
+            probe = dataclasses.replace(first, index=0, output_len=2, arrival=0.0)
+            kind = "text" if isinstance(probe.prompt, str) else "token-id"
             error = ""
             for n_drop in range(len(EXTRA_FIELDS) + 1):
                 for key in EXTRA_FIELDS[:n_drop]:
@@ -119,13 +102,11 @@ class OpenAIBackend:
                     error = body[:200]
             else:
                 raise UsageError(
-                    f"--arm {arm}: {self.urls[arm]} rejects streaming token-id completions: {error}"
+                    f"--arm {arm}: {self.urls[arm]} rejects streaming {kind} completions: {error}"
                 )
             self.notes[arm] = {"model": self.models[arm], "extra_fields": sorted(self.extras[arm])}
         if requests:
-            await self._run_cell(
-                arm, "warmup", requests, Timeouts(timeouts.first_token, timeouts.stall, None), CellProgress()
-            )
+            await self._run_cell(arm, "warmup", requests, timeouts.without_deadline(), CellProgress())
 
     async def _served_model(self, sess: Any, arm: str) -> str:
         try:
@@ -139,24 +120,27 @@ class OpenAIBackend:
             ) from None
 
     def _payload(self, arm: str, req: Request) -> dict[str, Any]:
-        return {
+        body = {
             "model": self.models.get(arm, self.model_name or ""),
-            "prompt": list(req.prompt),
+            "prompt": req.prompt if isinstance(req.prompt, str) else list(req.prompt),
             "max_tokens": req.output_len,
             "temperature": 0.0,
             "stream": True,
             **self.extras[arm],
         }
+        if not req.ignore_eos:
+            body.pop("ignore_eos", None)
+        if req.stop:
+            body["stop"] = list(req.stop)
+        return body
 
     async def _run_cell(
-        self, arm: str, tag: str, requests: list[Request], timeouts: Timeouts, prog: CellProgress
+        self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts, prog: CellProgress
     ) -> list[dict[str, Any]]:
-        import aiohttp
-
         prog.total, prog.start = len(requests), time.perf_counter()
         t0 = prog.start
         recs = [new_record(r, f"{arm}/{tag}/{r.index}", t0 + r.arrival) for r in requests]
-        async with self._session(aiohttp) as sess:
+        async with self._session() as sess:
             tasks = [
                 asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog))
                 for req, rec in zip(requests, recs, strict=False)
@@ -182,6 +166,9 @@ class OpenAIBackend:
         if delay > 0:
             await asyncio.sleep(delay)
         rec["send"] = time.perf_counter()
+        text = isinstance(req.prompt, str)
+        if text:
+            rec["text"] = ""
         usage_n: int | None = None
         ids_missing = False
         try:
@@ -203,12 +190,16 @@ class OpenAIBackend:
                         break
                     now = time.perf_counter()
                     chunk = json.loads(data)
-                    if (
-                        isinstance(chunk.get("usage"), dict)
-                        and chunk["usage"].get("completion_tokens") is not None
-                    ):
-                        usage_n = int(chunk["usage"]["completion_tokens"])
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                        usage_n = int(usage["completion_tokens"])
+                        if usage.get("prompt_tokens") is not None:
+                            rec["prompt_tokens"] = int(usage["prompt_tokens"])
                     for choice in chunk.get("choices") or []:
+                        if choice.get("finish_reason"):
+                            rec["finish_reason"] = choice["finish_reason"]
+                        if text:
+                            rec["text"] += choice.get("text") or ""
                         ids = _token_ids_of(choice)
                         if ids is None:
                             k = 1 if choice.get("text") else 0

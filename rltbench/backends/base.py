@@ -1,0 +1,125 @@
+"""What every backend shares: the request, the per-request record, timeouts, live progress, and the one
+NAME=URL parser for servers.
+
+A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) has `name`, `hosting` (one
+line for the report) and `supports_replay`; `warmup(arm, requests, timeouts)` makes `arm` ready;
+`run_cell(arm, tag, requests, timeouts, progress=..., ...)` serves `requests`, each sent at cell start
++ its arrival, and returns one finalized record per request, in request order; `stats(arm)` gives its
+counters (empty for servers).
+
+A record is a plain dict (a row of the e2e requests.jsonl): `send`, `first`, `last` (perf_counter
+seconds), `token_ids` (None where a server does not return ids; then `n_tokens`), `event_times` /
+`event_tokens` (one entry per streamed event and how many tokens it carried), `status` (ok, error,
+timeout, length_mismatch), `error`, `finish_reason`, `prefix_hit_tokens`, and `text` for text prompts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltbench.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request. `index` pairs it across arms (same index, same prompt). Load benchmarks send token
+    ids and ignore EOS (exactly `output_len` tokens); the quality gate sends text or ids that stop at
+    EOS, at `stop_token_ids` or at the first `stop` string."""
+
+    index: int
+    prompt: list[int] | str
+    output_len: int
+    arrival: float = 0.0  # seconds after the cell starts (0 for bursts)
+    hash_ids: tuple[int, ...] = ()
+    ignore_eos: bool = True
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Timeouts:
+    """Per-request limits (seconds) and the run's absolute deadline (perf_counter time, None = none)."""
+
+    first_token: float = 300.0
+    stall: float = 120.0
+    deadline: float | None = None
+
+    def deadline_passed(self, now: float | None = None) -> bool:
+        return (
+            self.deadline is not None and (now if now is not None else time.perf_counter()) >= self.deadline
+        )
+
+    def without_deadline(self) -> Timeouts:
+        """The same per-request limits for untimed work (warm-ups), which the deadline must not cut."""
+        return Timeouts(self.first_token, self.stall, None)
+
+
+@dataclass
+class CellProgress:
+    """Live counters of the running cell, read by the display (cheap to update in the step loop)."""
+
+    total: int = 0
+    done: int = 0
+    errors: int = 0
+    tokens: int = 0
+    start: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+
+
+class DeadlineReached(Exception):
+    """The global deadline ended the run; the cell's records are attached (unfinished -> timeout)."""
+
+    def __init__(self, records: list[dict[str, Any]]):
+        super().__init__("global deadline reached")
+        self.records = records
+
+
+def new_record(req: Request, rid: str, send: float) -> dict[str, Any]:
+    return {
+        "request": req.index,
+        "request_id": rid,
+        "prompt_len": None if isinstance(req.prompt, str) else len(req.prompt),
+        "expected_len": req.output_len if req.ignore_eos else None,
+        "send": send,
+        "first": None,
+        "last": None,
+        "token_ids": [],
+        "event_times": [],
+        "event_tokens": [],
+        "status": None,
+        "error": None,
+        "finish_reason": None,
+        "prefix_hit_tokens": None,
+    }
+
+
+def finalize(rec: dict[str, Any]) -> dict[str, Any]:
+    """Set the final status of a request that ended without error: ok, or length_mismatch where it had
+    to generate exactly `expected_len` tokens and did not."""
+    if rec["status"] is None:
+        n = len(rec["token_ids"]) if rec["token_ids"] is not None else int(rec.get("n_tokens") or 0)
+        expected = rec.get("expected_len")
+        rec["status"] = "ok" if expected is None or n == expected else "length_mismatch"
+        if rec["status"] != "ok":
+            rec["error"] = f"{n} tokens, expected {expected}"
+    return rec
+
+
+def parse_servers(items: Sequence[str]) -> dict[str, str]:
+    """`--arm NAME=URL` (repeatable) -> {name: server root}. The URL may be the server root, its `/v1`
+    base or its `/v1/completions` endpoint; it must start with http:// or https://."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, url = (s.strip() for s in item.partition("="))
+        url = url.rstrip("/")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise UsageError(f"--arm {item!r}: expected NAME=http://host:port")
+        if name in out:
+            raise UsageError(f"--arm {name} given twice")
+        for suffix in ("/completions", "/v1"):
+            url = url.removesuffix(suffix)
+        out[name] = url
+    return out
