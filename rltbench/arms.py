@@ -22,7 +22,6 @@ change that setting on every named arm except torch (a custom arm already says w
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Mapping
 from typing import Annotated
 
@@ -37,10 +36,6 @@ BITWISE_IMPLS = ("exact", native.NATIVE_IMPL)  # implementations that must repro
 SCOPES = ("graph", "all")
 SETTINGS = (*FAMILIES, "scope")
 REFERENCE = "torch"
-# Environment variables that once chose the arm; the flags are the one way now, and a variable left
-# set in a shell must not look as if it still did something.
-REMOVED_ENV = {"RLTBENCH_NORM": "--norm", "RLTBENCH_ROPE": "--rope", "RLTBENCH_ACT": "--act",
-               "RLTBENCH_SCOPE": "--scope"}
 
 
 def _check_value(key: str, value: str, where: str) -> str:
@@ -124,14 +119,6 @@ ARMS: dict[str, ArmSpec] = {
 }
 
 
-def reject_removed_env(env: Mapping[str, str] | None = None) -> None:
-    """A UsageError when an arm variable of older releases is set: it would silently do nothing."""
-    env = os.environ if env is None else env
-    for var, flag in REMOVED_ENV.items():
-        if env.get(var, "").strip():
-            raise UsageError(f"{var} is no longer read: unset it and pass {flag} {env[var].strip()} instead")
-
-
 def _custom(name: str, body: str, item: str) -> ArmSpec:
     fields: dict[str, str] = {}
     for part in body.split("/"):
@@ -154,7 +141,6 @@ def parse_arms(text: str, overrides: Mapping[str, str | None] | None = None, *,
     """The arms of `--arms TEXT` in order, {name: ArmSpec}; `overrides` are --norm/--rope/--act/--scope
     (None: not given). Builds the native kernels when an arm uses them (`build_native`), so an arm that
     cannot run here fails now with the reason, before any run directory or timed cell."""
-    reject_removed_env()
     given = {k: _check_value(k, v, f"--{k}") for k, v in (overrides or {}).items() if v is not None}
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not items:

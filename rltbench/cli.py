@@ -18,7 +18,7 @@ import torch
 import typer
 from rich.console import Console
 
-from rltbench.arms import reject_removed_env
+from rltbench import knobs, tuned
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
 
@@ -69,13 +69,15 @@ def _load(module: str, attr: str):
 
 def _user_errors_exit_2(func, takes_arms: bool = False):
     """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner. A command
-    that runs kernel arms first refuses the arm variables of older releases (they would do nothing)."""
+    that runs kernels first refuses RLTBENCH_* variables nothing reads (an older release's arm or
+    launch knobs would silently do nothing) and a bad RLTBENCH_TUNED file, before any work."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             if takes_arms:
-                reject_removed_env()
+                knobs.check_environment()
+                tuned.check()
             return func(*args, **kwargs)
         except UsageError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)

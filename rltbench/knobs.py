@@ -43,7 +43,7 @@ TEST_HARNESS = ("RLTBENCH_PYTEST_RUN_GPU", "RLTBENCH_EXPECT_INTERPRET")
 _TUNED_HINT = "launch configs come from the tuned file: RLTBENCH_TUNED=path/to/file.json"
 # variables earlier versions read, and what replaced them
 REMOVED: dict[str, str] = {
-    **{f"RLTBENCH_{n}": "the arm is chosen by flags: --arms, --norm/--rope/--act, --scope"
+    **{f"RLTBENCH_{n}": f"the arm is chosen by flags: unset it and pass --{n.lower()} instead"
        for n in ("NORM", "ROPE", "ACT", "SCOPE")},
     **{f"RLTBENCH_{n}": _TUNED_HINT for n in (
         "NORM_FAST", "NORM_FAST_WARPS", "NORM_TREE_SUM", "NORM_LOWWARP", "NORM_LOWWARP_TLSUM",
