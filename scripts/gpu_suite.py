@@ -65,7 +65,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
     # 4 workers: one process took 115 s with a warm Triton cache and ran out of 260 s twice on a cold
     # one (session 6, after the low-warp kernels' new specialisations)
-    "tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+    "tests": (420, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                     "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
@@ -128,8 +128,18 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
-    "e2e-session": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
-                             "--max-requests 100 --repeats 1 --deadline 180", "e2e-session")),
+    # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
+    "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
+                             "--max-requests 40 --repeats 3 --deadline 220", "e2e-session")),
+    # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
+    # written into the run directory first so the input stays beside its results
+    "e2e-session-trace": (240, ["bash", "-c", " ".join([
+        "set -e; d=" + str(RESULTS / "e2e-session-trace") + "; mkdir -p $d;",
+        PY, str(ROOT / "scripts" / "trace_slice.py"), "workloads/mooncake/conversation_trace.jsonl",
+        "--start 6000 --count 40 --out $d/trace.jsonl; exec",
+        *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
+             "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 220", "e2e-session-trace"),
+    ]).replace("TRACE", "$d/trace.jsonl")]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
     "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
@@ -146,8 +156,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "native-tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
                            "no:cacheprovider", "-rfE", "--junitxml",
                            str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
-    "kernels-native": (420, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
-                                "--mode all --repeats 50", "kernels-native")),
+    "kernels-native": (300, rlt("kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
+                                "--mode all --repeats 30", "kernels-native")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
@@ -155,16 +165,16 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "e2e-native": (560, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
                             "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
                             "--deadline 500", "e2e-native")),
-    "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx --gate 1.0 "
-                       "--limit 87 --max-gen-toks 256 --batch-size 32 --device cuda", "gsm8k")),
+    "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
+                       "--limit 64 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
     "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                           "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),
                           "tests/serve/test_serve_gpu.py"]),
     # Ouro-1.4B exact behind `rltbench serve`: e2e bursts over HTTP vs in-process, 10 C=128 bursts with
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
-    "serve": (560, ["env", f"PY={PY}", "bash", str(ROOT / "scripts" / "serve_bench.sh"),
-                    str(RESULTS / "serve")]),
+    "serve": (560, ["env", f"PY={PY}", "REPEATS=1", "SOAK=10", "bash",
+                    str(ROOT / "scripts" / "serve_bench.sh"), str(RESULTS / "serve")]),
     # prefill/decode disaggregation (docs/pd.md) on nvidia-h200-x2: prefill on cuda:0, decode on cuda:1,
     # each request's KV (every plane) one NCCL message, against the colocated exact engine on cuda:0;
     # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells
