@@ -63,6 +63,26 @@ PrefillGraphsOption = Annotated[bool, typer.Option(help="Capture prefill steps w
                                                         "CUDA graphs.")]
 
 
+
+def parse_concurrency(text: str) -> list[int]:
+    """`--concurrency 1,8,32,128` -> [1, 8, 32, 128] (positive, unique, in the given order)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            c = int(part)
+        except ValueError:
+            raise UsageError(f"--concurrency: {part!r} is not an integer (e.g. 1,8,32,128)") from None
+        if c < 1:
+            raise UsageError(f"--concurrency: {c} must be >= 1")
+        if c not in out:
+            out.append(c)
+    if not out:
+        raise UsageError("--concurrency is empty (e.g. 1,8,32,128)")
+    return out
+
 def resolve_device(device: str | None) -> str:
     """`auto`/None -> cuda if a GPU is visible, else cpu; a cuda device without CUDA is a UsageError."""
     if device in (None, AUTO):
