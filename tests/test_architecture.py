@@ -12,8 +12,6 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parent.parent / "rltbench"
 
 
@@ -119,15 +117,8 @@ def forbidden_command_imports(graph: dict[str, set[str]]) -> list[str]:
 GRAPH = import_graph(modules())
 
 
-def test_no_import_cycles_outside_the_op_library() -> None:
-    found = [c for c in cycles(GRAPH) if not all(m.startswith("rltbench.kernels") for m in c)]
-    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
-
-
-@pytest.mark.xfail(strict=True, reason="the norm kernels (norm_onelaunch and its fast/low-warp layouts) "
-                                       "import each other until they become one norm package")
-def test_no_import_cycles_in_the_op_library() -> None:
-    found = [c for c in cycles(GRAPH) if all(m.startswith("rltbench.kernels") for m in c)]
+def test_no_import_cycles() -> None:
+    found = cycles(GRAPH)
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
