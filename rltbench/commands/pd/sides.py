@@ -106,16 +106,24 @@ class PrefillCell:
     link_error: str | None = None
 
 
-class PrefillSide:
-    """Rank 0 of a pd cell: prefill-only requests on `engine`, KV out through `link`."""
+class _Side:
+    """What both ranks hold: the engine, the link, the wait for a control message, the pool's KV
+    geometry and the number of the next per-request message."""
 
-    def __init__(self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float) -> None:
+    def __init__(self, engine: Any, link: Link, control_timeout_s: float) -> None:
         self.engine = engine
         self.link = link
-        self.budget_bytes = budget_bytes
         self.control_timeout_s = control_timeout_s
         self.geometry = KVGeometry.of_pool(engine.kv)
         self._seq = 0
+
+
+class PrefillSide(_Side):
+    """Rank 0 of a pd cell: prefill-only requests on `engine`, KV out through `link`."""
+
+    def __init__(self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float) -> None:
+        super().__init__(engine, link, control_timeout_s)
+        self.budget_bytes = budget_bytes
 
     # ---- the substitution points of the failure tests ----------------------------------------------
     def header_for(self, seq: int, req: Request, first_token: int) -> TransferHeader:
@@ -349,16 +357,12 @@ class _Incoming:
     blocks: int
 
 
-class DecodeSide:
+class DecodeSide(_Side):
     """Rank 1: takes cells from the prefill side and decodes the requests whose KV it receives."""
 
     def __init__(self, engine: Any, link: Link, header_timeout_s: float, control_timeout_s: float) -> None:
-        self.engine = engine
-        self.link = link
+        super().__init__(engine, link, control_timeout_s)
         self.header_timeout_s = header_timeout_s
-        self.control_timeout_s = control_timeout_s
-        self.geometry = KVGeometry.of_pool(engine.kv)
-        self._seq = 0
 
     def serve(self, idle_timeout_s: float) -> int:
         """Run cells until the prefill side says stop; returns the number of cells served."""
