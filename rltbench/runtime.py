@@ -31,7 +31,7 @@ from rltbench.engine.paged_context import kv_bytes_per_block
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.models import build_model, config_from_hf, cpu_size_note, get_config, load_model
-from rltbench.models.configs import ModelConfig, dtype_from_name
+from rltbench.models.configs import ModelConfig, apply_overrides, dtype_from_name
 
 AUTO = "auto"
 CPU_MIN_BLOCKS = 64  # a CPU pool sized to the load never goes below this (tiny loads, tests)
@@ -63,6 +63,26 @@ PrefillGraphsOption = Annotated[bool, typer.Option(help="Capture prefill steps w
                                                         "CUDA graphs.")]
 
 
+
+def parse_concurrency(text: str) -> list[int]:
+    """`--concurrency 1,8,32,128` -> [1, 8, 32, 128] (positive, unique, in the given order)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            c = int(part)
+        except ValueError:
+            raise UsageError(f"--concurrency: {part!r} is not an integer (e.g. 1,8,32,128)") from None
+        if c < 1:
+            raise UsageError(f"--concurrency: {c} must be >= 1")
+        if c not in out:
+            out.append(c)
+    if not out:
+        raise UsageError("--concurrency is empty (e.g. 1,8,32,128)")
+    return out
+
 def resolve_device(device: str | None) -> str:
     """`auto`/None -> cuda if a GPU is visible, else cpu; a cuda device without CUDA is a UsageError."""
     if device in (None, AUTO):
@@ -89,11 +109,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Which model to run: preset `preset` with seeded random weights, or the checkpoint `weights`."""
+    """Which model to run: preset `preset` with seeded random weights, or the checkpoint `weights`;
+    `kv_layout` overrides a Huginn model's KV layout (full: one plane per layer application, or
+    compress), None keeps the model's own."""
 
     preset: str = "ouro-1.4b"
     weights: str = "random"
     seed: int = 0
+    kv_layout: str | None = None
 
     @property
     def random(self) -> bool:
@@ -104,18 +127,29 @@ class ModelSource:
         """How manifests name the model: the preset, or the checkpoint directory."""
         return self.preset if self.random else f"{self.weights} (checkpoint)"
 
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The config fields this source overrides, as the model builders take them."""
+        return {} if self.kv_layout is None else {"kv_layout": self.kv_layout}
+
     def config(self) -> ModelConfig:
-        """The model's config without its weights: bad presets and checkpoints fail here, early."""
+        """The model's config without its weights: bad presets, checkpoints and overrides fail here, early."""
         if self.random:
-            return get_config(self.preset)  # lists the presets for an unknown name
-        ckpt = Path(self.weights)
-        if not ckpt.is_dir():
-            raise UsageError(
-                f"--weights {self.weights}: not a checkpoint directory (or use --weights random)"
-            )
-        if not (ckpt / "config.json").is_file():
-            raise UsageError(f"--weights {self.weights}: no config.json there (or use --weights random)")
-        return config_from_hf(ckpt / "config.json")
+            config = get_config(self.preset)  # lists the presets for an unknown name
+        else:
+            ckpt = Path(self.weights)
+            if not ckpt.is_dir():
+                raise UsageError(
+                    f"--weights {self.weights}: not a checkpoint directory (or use --weights random)"
+                )
+            if not (ckpt / "config.json").is_file():
+                raise UsageError(f"--weights {self.weights}: no config.json there (or use --weights random)")
+            config = config_from_hf(ckpt / "config.json")
+        if self.kv_layout is None:
+            return config
+        if config.family != "huginn":
+            raise UsageError(f"--kv-layout is a Huginn option; {config.name} is {config.family}")
+        return apply_overrides(config, kv_layout=self.kv_layout)
 
 
 def check(source: ModelSource, device: str | None, dtype: str | None) -> tuple[str, torch.dtype, ModelConfig]:
@@ -128,9 +162,11 @@ def load(source: ModelSource, device: str, dtype: torch.dtype, tokenizer: bool =
     """(model in eval mode, its checkpoint tokenizer or None). A full-size model on the CPU gets a
     one-line warning on stderr first: every token runs every loop there, for hours."""
     if source.random:
-        model, tok = build_model(source.preset, device=device, dtype=dtype, seed=source.seed), None
+        model = build_model(source.preset, device=device, dtype=dtype, seed=source.seed, **source.overrides)
+        tok = None
     else:
-        model, tok = load_model(source.weights, device=device, dtype=dtype, tokenizer=tokenizer)
+        model, tok = load_model(source.weights, device=device, dtype=dtype, tokenizer=tokenizer,
+                                **source.overrides)
     model.eval()
     note = cpu_size_note(model)
     if note:
@@ -158,6 +194,18 @@ def _available_memory_bytes() -> int | None:
         return None
 
 
+def check_cpu_kv_bytes(need: int, what: str) -> None:
+    """Refuse, in one line, a CPU KV cache of `need` bytes that cannot fit in memory (instead of an
+    allocator error later); `what` says what the bytes hold."""
+    avail = _available_memory_bytes()
+    if avail is not None and need > CPU_MEMORY_SHARE * avail:
+        raise UsageError(
+            f"the load needs {need / 2**30:.1f} GiB of KV cache ({what}) but this machine has "
+            f"{avail / 2**30:.1f} GiB free: lower --concurrency / --input-len / --output-len, or use a tiny "
+            "preset (--model ouro-tiny) on CPU"
+        )
+
+
 def check_cpu_pool(model: Any, num_blocks: int, block_size: int) -> None:
     """Refuse, in one line, a CPU KV pool that cannot fit in memory (instead of an allocator error)."""
     mc = model.config
@@ -165,13 +213,7 @@ def check_cpu_pool(model: Any, num_blocks: int, block_size: int) -> None:
     need = num_blocks * kv_bytes_per_block(
         int(mc.num_kv_planes), block_size, int(mc.num_kv_heads), int(mc.head_dim), dtype
     )
-    avail = _available_memory_bytes()
-    if avail is not None and need > CPU_MEMORY_SHARE * avail:
-        raise UsageError(
-            f"the load needs {need / 2**30:.1f} GiB of KV cache ({num_blocks} blocks of {block_size} tokens, "
-            f"{int(mc.num_kv_planes)} KV planes) but this machine has {avail / 2**30:.1f} GiB free: lower "
-            "--concurrency / --input-len / --output-len, or use a tiny preset (--model ouro-tiny) on CPU"
-        )
+    check_cpu_kv_bytes(need, f"{num_blocks} blocks of {block_size} tokens, {int(mc.num_kv_planes)} KV planes")
 
 
 def build_engine(model: Any, arms: dict[str, ArmSpec], config: EngineConfig,

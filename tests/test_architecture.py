@@ -117,13 +117,8 @@ def forbidden_command_imports(graph: dict[str, set[str]]) -> list[str]:
 GRAPH = import_graph(modules())
 
 
-def test_no_import_cycles_outside_the_op_library() -> None:
-    found = [c for c in cycles(GRAPH) if not all(m.startswith("rltbench.kernels") for m in c)]
-    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
-
-
-def test_no_import_cycles_in_the_op_library() -> None:
-    found = [c for c in cycles(GRAPH) if all(m.startswith("rltbench.kernels") for m in c)]
+def test_no_import_cycles() -> None:
+    found = cycles(GRAPH)
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 

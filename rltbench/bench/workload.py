@@ -1,4 +1,5 @@
-"""Serving workloads: burst prompt sets and Mooncake session replays, as token-id requests.
+"""Serving workloads: burst prompt sets and Mooncake session replays, as token-id requests, and the
+interleaved order in which arms run their cells.
 
 Prompts are token ids (never text), so every arm sees byte-identical inputs. Everything here is
 pure and deterministic given the seed: the same flags give the same prompts in every run.
@@ -35,6 +36,27 @@ class SessionTrace:
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
 
+
+
+@dataclass
+class Cell:
+    """One load point of a serving run: its name and concurrency C (0 for a session replay: open loop
+    by trace time)."""
+
+    name: str
+    C: int
+
+
+def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
+    """(rep, cell, arm) in run order: per (repetition, cell) block every arm runs the cell once, and
+    blocks alternate forward/backward (A B C, C B A), also from one cell to the next, so no arm always
+    runs first on a warming device (the serving form of results.stats.abba_order)."""
+    out = []
+    for rep in range(repeats):
+        for ci, cell in enumerate(cells):
+            order = arms if (rep + ci) % 2 == 0 else list(reversed(arms))
+            out.extend((rep, cell, arm) for arm in order)
+    return out
 
 def special_ids(config: Any) -> set[int]:
     """Ids a random prompt must not contain: eos/bos/pad of the config plus the family's special range."""

@@ -10,8 +10,10 @@ requests.jsonl alone, which is what `rltbench report` does.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
+from rltbench.bench.warmth import is_cold
 from rltbench.results.quantiles import summarize
 
 METRIC_DEFINITIONS = """\
@@ -29,6 +31,7 @@ METRIC_DEFINITIONS = """\
 
 P99_MIN_SAMPLES = 100
 STATUSES = ("ok", "error", "timeout", "length_mismatch")
+CELL_KEYS = ("arm", "cell", "C", "rep")  # what names one cell: arm (or mode), cell, concurrency, repetition
 
 
 def request_metrics(rec: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +116,41 @@ def cell_summary(recs: list[dict[str, Any]], burst: bool = True) -> dict[str, An
         out["measured_prefix_hit_rate"] = out["prefix_hit_tokens"] / prompt if prompt else None
     return out
 
+
+
+def compute_cells(
+    records: list[dict[str, Any]], meta: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One summary row per (arm, cell, rep), in the order cells ran; metadata rows (cell_meta.jsonl)
+    merged in, and `cold` set where the cell's timed window did cold work."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["arm"], r["cell"], r["C"], r["rep"])].append(r)
+    extra = {(m["arm"], m["cell"], m["C"], m["rep"]): m for m in meta or []}
+    keys = list(dict.fromkeys([*(tuple(m[k] for k in CELL_KEYS) for m in meta or []), *groups]))
+    rows = []
+    for key in keys:
+        recs = groups.get(key, [])
+        m = extra.get(key, {})
+        row = dict(zip(CELL_KEYS, key, strict=False))
+        row.update(cell_summary(recs, burst=m.get("workload", "burst") == "burst"))
+        for k in (
+            "order",
+            "started",
+            "wall_s",
+            "theoretical_prefix_hit_rate",
+            "engine_prefix_hit_rate",
+            "interrupted",
+            "note",
+            "cold_work",
+        ):
+            if k in m:
+                row[k] = m[k]
+        if m.get("interrupted"):
+            row["valid"] = False
+        row["cold"] = is_cold(m.get("cold_work"))
+        rows.append(row)
+    return rows
 
 def fmt_ms(v: float | None, low_n: bool = False) -> str:
     """Seconds -> 'x.xx' ms for tables ('-' for missing, '*' for a p99 from few samples)."""

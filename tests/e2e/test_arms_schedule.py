@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rltbench.arms import is_exact, parse_arms, reference_arm
-from rltbench.commands.e2e.runner import Cell, schedule
+from rltbench.bench.workload import Cell, schedule
 from rltbench.errors import UsageError
 
 

@@ -9,9 +9,10 @@ from e2e_fakes import FakeEngine
 
 from rltbench.backends.base import DeadlineReached, Request, Timeouts
 from rltbench.backends.engine import EngineBackend
+from rltbench.bench.workload import Cell
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.report import render
-from rltbench.commands.e2e.runner import Cell, Plan, run_plan
+from rltbench.commands.e2e.runner import Plan, run_plan
 from rltbench.results import RunDir
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.commands.e2e.compare import first_divergence, identity, paired_deltas
-from rltbench.commands.e2e.report import compute_cells
+from rltbench.engine.schedule import first_divergence
+from rltbench.results.serving import compute_cells
+from rltbench.results.serving_stats import identity, paired_deltas
 
 
 def test_first_divergence():

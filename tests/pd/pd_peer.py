@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rltbench.commands.e2e.workload import burst_prompts
+from rltbench.bench.workload import burst_prompts
 from rltbench.commands.pd.link import LinkBroken
 from rltbench.commands.pd.sides import DecodeSide, PrefillSide
 from rltbench.commands.pd.worker import connect, exit_on_link_loss

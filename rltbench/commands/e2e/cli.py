@@ -22,26 +22,6 @@ from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
 
-def parse_concurrency(text: str) -> list[int]:
-    """'1,8,32,128' -> [1, 8, 32, 128] (positive, unique, in the given order)."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            c = int(part)
-        except ValueError:
-            raise UsageError(f"--concurrency: {part!r} is not an integer (e.g. 1,8,32,128)") from None
-        if c < 1:
-            raise UsageError(f"--concurrency: {c} must be >= 1")
-        if c not in out:
-            out.append(c)
-    if not out:
-        raise UsageError("--concurrency is empty (e.g. 1,8,32,128)")
-    return out
-
-
 def e2e_command(
     model: runtime.ModelOption = "ouro-1.4b",
     weights: runtime.WeightsOption = "random",
@@ -126,7 +106,7 @@ def e2e_command(
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),
         workload=workload,
-        concurrency=parse_concurrency(concurrency),
+        concurrency=runtime.parse_concurrency(concurrency),
         input_len=input_len,
         output_len=output_len,
         repeats=repeats,

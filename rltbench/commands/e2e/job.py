@@ -19,6 +19,7 @@ from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import (
+    Cell,
     SessionTrace,
     burst_prompts,
     load_trace,
@@ -29,7 +30,7 @@ from rltbench.bench.workload import (
 )
 from rltbench.commands.e2e import report
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Cell, Plan, run_plan
+from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.results import RunDir

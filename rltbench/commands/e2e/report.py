@@ -9,96 +9,34 @@ summary.json, table.md and the plots.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from rltbench.bench.warmth import is_cold
-from rltbench.commands.e2e import compare
 from rltbench.results import RunDir
 from rltbench.results.plotting import arm_color, figure, log_axis
 from rltbench.results.serving import (
+    CELL_KEYS,
     METRIC_DEFINITIONS,
-    cell_summary,
+    compute_cells,
     fmt_ms,
     percentiles,
     request_metrics,
 )
+from rltbench.results.serving_stats import (
+    INTERVAL_METHOD,
+    REPLAY_FILE,
+    delta_table,
+    fmt_pct,
+    identity,
+    mismatch_text,
+    no_verdict_reason,
+    paired_deltas,
+    replay_identity,
+)
+from rltbench.results.stats import is_aa
 from rltbench.results.tables import table
-
-CELL_KEYS = ("arm", "cell", "C", "rep")
-REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition), written by the runner
-
-
-def compute_cells(
-    records: list[dict[str, Any]], meta: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """One summary row per (arm, cell, rep), in the order cells ran; metadata rows merged in."""
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        groups[(r["arm"], r["cell"], r["C"], r["rep"])].append(r)
-    extra = {(m["arm"], m["cell"], m["C"], m["rep"]): m for m in meta or []}
-    keys = list(dict.fromkeys([*(tuple(m[k] for k in CELL_KEYS) for m in meta or []), *groups]))
-    rows = []
-    for key in keys:
-        recs = groups.get(key, [])
-        m = extra.get(key, {})
-        row = dict(zip(CELL_KEYS, key, strict=False))
-        row.update(cell_summary(recs, burst=m.get("workload", "burst") == "burst"))
-        for k in (
-            "order",
-            "started",
-            "wall_s",
-            "theoretical_prefix_hit_rate",
-            "engine_prefix_hit_rate",
-            "interrupted",
-            "note",
-            "cold_work",
-        ):
-            if k in m:
-                row[k] = m[k]
-        if m.get("interrupted"):
-            row["valid"] = False
-        row["cold"] = is_cold(m.get("cold_work"))
-        rows.append(row)
-    return rows
-
-
-def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list[dict[str, Any]]:
-    """Per arm and cell: identical / compared under schedule replay over all repetitions, the first
-    divergence (request, step, token) and whether it is an exact-arm mismatch (a kernel bug)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in replays:
-        groups[(r["arm"], r["cell"])].append(r)
-    rows = []
-    for (arm, cell), rs in groups.items():
-        done = [r for r in rs if "compared" in r]
-        divs = [dict(d, rep=r["rep"]) for r in done for d in r.get("divergences", [])]
-        first = min(divs, key=lambda d: (d["token_index"], d["rep"], d["request"])) if divs else None
-        row = {
-            "arm": arm,
-            "cell": cell,
-            "reps": len(done),
-            "compared": sum(r["compared"] for r in done),
-            "identical": sum(r["identical"] for r in done),
-            "skipped": [f"rep {r['rep']}: {r['skipped']}" for r in rs if "skipped" in r],
-            "first_divergence": first,
-            "same_schedule_free_running": sum(bool(r.get("same_schedule_free_running")) for r in rs),
-            "exact_arm": arm in exact_arms,
-        }
-        row["exact_mismatch"] = bool(row["exact_arm"] and row["identical"] < row["compared"])
-        row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
-        rows.append(row)
-    return rows
-
-
-def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
-    """Why the run's timings cannot carry a speed verdict, or None where they can."""
-    if cfg.get("device") == "cpu":
-        return "CPU timings (fused arms run torch ops or the Triton interpreter)"
-    return None
 
 
 def analyse(run: RunDir) -> dict[str, Any]:
@@ -111,7 +49,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
     exact_arms = set(cfg.get("exact_arms") or [])
     cells = compute_cells(records, meta)
     batches_deterministic = cfg.get("workload", "burst") == "burst"
-    ident = compare.identity(records, ref, exact_arms, batches_deterministic)
+    ident = identity(records, ref, exact_arms, batches_deterministic)
     cell_order = list(dict.fromkeys(c["cell"] for c in cells))
     ident.sort(
         key=lambda r: (
@@ -127,7 +65,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
             r["exact_mismatch"] = r["exact_unverified"] = False
     no_verdict = no_verdict_reason(cfg)
     comp = (
-        compare.paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
+        paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
         if ref in arms
         else []
     )
@@ -184,7 +122,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "replay_identity": replays,
         "cold_cells": cold,
         "no_verdict": no_verdict,
-        "interval_method": compare.INTERVAL_METHOD,
+        "interval_method": INTERVAL_METHOD,
         "random_weights": bool(cfg.get("random_weights")),
     }
     return {
@@ -218,10 +156,6 @@ def _p3(p: dict[str, Any], m: str) -> str:
     return f"{fmt_ms(p[m + '_p50'])} / {fmt_ms(p[m + '_p90'])} / {fmt_ms(p[m + '_p99'], p[m + '_p99_low_n'])}"
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:+.1f}%"
-
-
 def _spec(s: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in s.items()) if isinstance(s, dict) else str(s)
 
@@ -241,7 +175,7 @@ def table_markdown(a: dict[str, Any]) -> str:
     if cfg.get("random_weights"):
         L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
     notes = list(cfg.get("notes") or [])
-    if len(arms) > 1 and not any(compare.is_aa(arm, ref) for arm in arms):
+    if len(arms) > 1 and not any(is_aa(arm, ref) for arm in arms):
         notes.append(
             f"no A/A arm ({ref} run twice, e.g. --arms {','.join(arms)},{ref}): identity has no "
             "batch-invariance baseline and the verdicts no noise floor"
@@ -293,7 +227,8 @@ def table_markdown(a: dict[str, Any]) -> str:
             r, rs = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
             speed_rows.append([
                 cell, arm, _num(p.get("output_tok_s_median")), _num(p.get("steady_tok_s_median")),
-                "(ref)" if arm == ref else ci(r), "(ref)" if arm == ref else ci(rs), _pct(r.get("aa_spread")),
+                "(ref)" if arm == ref else ci(r), "(ref)" if arm == ref else ci(rs),
+                fmt_pct(r.get("aa_spread")),
                 r.get("verdict") or "-",
             ])
     L += ["## Output throughput (median over valid repetitions) and speedup vs " + ref, ""]
@@ -379,7 +314,7 @@ def table_markdown(a: dict[str, Any]) -> str:
     if a["comparison"]:
         L += [
             "",
-            f"## Paired deltas vs {ref} (arm / {ref} - 1; {compare.INTERVAL_METHOD}; "
+            f"## Paired deltas vs {ref} (arm / {ref} - 1; {INTERVAL_METHOD}; "
             "cell throughput: bootstrap over repetitions)",
             "",
             *delta_table(a["comparison"]),
@@ -405,33 +340,6 @@ def table_markdown(a: dict[str, Any]) -> str:
             )
     L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
     return "\n".join(L)
-
-
-def delta_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The markdown table of paired-delta rows (`compare.paired_deltas`), header included."""
-    L = [
-        "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        ci = "-" if r["ci_lo"] is None else f"[{_pct(r['ci_lo'])}, {_pct(r['ci_hi'])}]"
-        L.append(
-            f"| {r['cell']} | {r['arm']} | {r['metric']} | {_pct(r['delta'])} | {ci} | {r['reps']} | "
-            f"{r['pairs']} | {_pct(r['aa_spread'])} | {r['verdict']} |"
-        )
-    return L
-
-
-def mismatch_text(m: dict[str, Any]) -> str:
-    """'exact C=8 15/16 (first: request 3, step 41, token 7)'."""
-    s = f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
-    fd = m.get("first_divergence")
-    if isinstance(fd, dict):
-        s += f" (first: rep {fd['rep']} request {fd['request']}, step {fd['step']}, "
-        s += f"token {fd['token_index']})"
-    elif m.get("first_divergence_min") is not None:
-        s += f" (first divergence at token {m['first_divergence_min']})"
-    return s
 
 
 def _replay_section(a: dict[str, Any]) -> list[str]:

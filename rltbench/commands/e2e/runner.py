@@ -20,11 +20,11 @@ from typing import Any
 import pandas as pd
 
 from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
-from rltbench.bench.workload import SessionTrace, theoretical_prefix_hit_rate
-from rltbench.commands.e2e import compare
+from rltbench.bench.workload import Cell, SessionTrace, schedule, theoretical_prefix_hit_rate
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.report import REPLAY_FILE, compute_cells
-from rltbench.results.serving import cell_summary
+from rltbench.engine.schedule import first_divergence
+from rltbench.results.serving import cell_summary, compute_cells
+from rltbench.results.serving_stats import REPLAY_FILE, compare_pair
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
@@ -33,13 +33,6 @@ SCHEDULE_NOTE = (
     "one untimed pass over the trace by the first arm and by every arm whose eager steps run other "
     "kernels); timed cells run frozen (no graph capture) and record their cold work"
 )
-
-
-
-@dataclass
-class Cell:
-    name: str
-    C: int  # concurrency (0 for a session replay: open loop by trace time)
 
 
 @dataclass
@@ -60,16 +53,6 @@ class Plan:
     # eager prefill shapes vary with timing, so only a pass over the trace meets the kernel
     # specialisations, cuBLAS shapes and allocator sizes a timed cell will need)
     warmup_pass_arms: set[str] = field(default_factory=set)
-
-
-def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
-    """(rep, cell, arm) in run order: blocks alternate forward/backward, and so does each cell per rep."""
-    out = []
-    for rep in range(repeats):
-        for ci, cell in enumerate(cells):
-            order = arms if (rep + ci) % 2 == 0 else list(reversed(arms))
-            out.extend((rep, cell, arm) for arm in order)
-    return out
 
 
 def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
@@ -200,7 +183,7 @@ def _replay_block(
         divergences = []
         for idx, want in sorted(ref_tokens.items()):
             have = got.get(idx, [])
-            d = compare.first_divergence(have, want or [])
+            d = first_divergence(have, want or [])
             if d is not None:
                 step = ref_sched.step_of_token(index_to_rid[idx], d)
                 divergences.append(
@@ -244,7 +227,7 @@ def _display_row(
         recs_o = stored.get((other, cell.name, rep))
         if ref_recs is None or recs_o is None:
             continue
-        pairs = [compare.compare_pair(recs_o[i], ref_recs[i]) for i in recs_o if i in ref_recs]
+        pairs = [compare_pair(recs_o[i], ref_recs[i]) for i in recs_o if i in ref_recs]
         idents.setdefault((other, cell.name), []).extend(d for ok, d in pairs if ok)
     if arm == plan.ref:
         row["identity"] = "(ref)"
@@ -252,6 +235,6 @@ def _display_row(
         divs = idents.get((arm, cell.name), [])
         same = sum(d is None for d in divs)
         row["identity"] = f"{same}/{len(divs)}" if divs else "-"
-        # live view: loud only where batches are identical across arms (bursts); see compare.identity
+        # live view: loud only where batches are identical across arms (bursts); see serving_stats.identity
         row["exact_mismatch"] = plan.workload == "burst" and arm in plan.exact_arms and same < len(divs)
     return row

@@ -3,29 +3,27 @@ engine on one device: what moving a looped model's KV costs (docs/pd.md).
 
 A command of its own rather than an e2e preset: it starts and supervises two processes joined by
 torch.distributed, moves KV between two engines, and reports transfer figures (bytes per request and
-per token, transfer time against prefill time) that e2e has no place for; it reuses e2e's workload,
-metrics, paired statistics and engine backend for everything the two share.
+per token, transfer time against prefill time) that e2e has no place for. What the two share comes
+from the library: the burst workload and cell order (bench.workload), the engine backend
+(backends.engine), the metrics (results.serving) and the paired statistics (results.serving_stats).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from rltbench import runtime
+from rltbench.commands.pd.launch import run
 from rltbench.errors import UsageError
 
 
 def pd_command(
-    model: Annotated[
-        str, typer.Option(help="Model preset (ouro-1.4b, huginn-0125, ouro-tiny, ...).")
-    ] = "ouro-1.4b",
-    weights: Annotated[
-        str, typer.Option(help="'random' (seeded random weights) or an HF checkpoint DIR.")
-    ] = "random",
+    model: runtime.ModelOption = "ouro-1.4b",
+    weights: runtime.WeightsOption = "random",
     kv_layout: Annotated[
         str | None, typer.Option(help="Huginn KV layout: full (one plane per layer application) or compress.")
     ] = None,
@@ -52,7 +50,7 @@ def pd_command(
     aa: Annotated[
         bool, typer.Option(help="Run the colocated engine twice per cell (A/A noise floor).")
     ] = True,
-    seed: Annotated[int, typer.Option(help="Seed of prompts and random weights.")] = 0,
+    seed: runtime.SeedOption = 0,
     transfer_budget_gib: Annotated[
         float, typer.Option(help="Packed KV in flight at most (GiB; one request always goes).")
     ] = 2.0,
@@ -60,24 +58,16 @@ def pd_command(
     ttft_timeout: Annotated[float, typer.Option(help="Per-request first-token timeout (s).")] = 300.0,
     stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
     deadline: Annotated[float, typer.Option(help="No new cell after this many seconds (0 = none).")] = 0.0,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Prefill token budget per step.")] = 2048,
-    block_size: Annotated[int, typer.Option(help="KV block size (tokens).")] = 16,
-    enforce_eager: Annotated[bool, typer.Option(help="No CUDA graphs.")] = False,
-    prefill_graphs: Annotated[
-        bool, typer.Option(help="Capture repeating prefill steps in CUDA graphs.")
-    ] = True,
-    dtype: Annotated[
-        str | None, typer.Option(help="bfloat16 (CUDA default) | float16 | float32 (CPU).")
-    ] = None,
+    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
+    block_size: runtime.BlockSizeOption = 16,
+    enforce_eager: runtime.EnforceEagerOption = False,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
+    dtype: runtime.DtypeOption = None,
     warmup_requests: Annotated[int, typer.Option(help="Colocated warm-up burst size (not measured).")] = 4,
     probe_reps: Annotated[int, typer.Option(help="Idle-link transfers of one request's KV (timed).")] = 5,
-    result_dir: Annotated[
-        Path | None, typer.Option(help="Output directory (default results/pd-<time>).")
-    ] = None,
+    result_dir: runtime.ResultDirOption = None,
 ) -> None:
     """Prefill/decode disaggregation: KV bytes moved, transfer vs prefill time, TTFT/TPOT vs colocated."""
-    from rltbench.commands.pd.launch import run
-
     t_start = time.perf_counter()
     opts: dict[str, Any] = dict(
         model=model,

@@ -25,22 +25,21 @@ from typing import Any
 
 import torch
 
+from rltbench import runtime
 from rltbench.arms import is_exact, parse_arms
-from rltbench.commands.e2e.engine_backend import EngineBackend, Timeouts
-from rltbench.commands.e2e.metrics import cell_summary, fmt_ms
-from rltbench.commands.e2e.report import REPLAY_FILE
-from rltbench.commands.e2e.runner import Cell, schedule
-from rltbench.commands.e2e.workload import Request, burst_prompts, warmup_prompts
+from rltbench.backends.base import Request, Timeouts
+from rltbench.backends.engine import EngineBackend
+from rltbench.bench.workload import Cell, burst_prompts, schedule, warmup_prompts
 from rltbench.commands.pd.link import NO_MULTICAST_ENV, PAYLOAD_TRAILER, Link
 from rltbench.commands.pd.sides import DecodeSide, PrefillCell, PrefillSide
-from rltbench.engine import Engine, EngineConfig, SamplingParams
+from rltbench.engine import Engine, EngineConfig
 from rltbench.engine.kv_transfer import KVGeometry, TransferError, pack_blocks, unpack_blocks
 from rltbench.engine.schedule import Schedule, first_divergence
 from rltbench.errors import UsageError
-from rltbench.models import build_model as build_random_model
-from rltbench.models import load_model
 from rltbench.models.configs import dtype_from_name
 from rltbench.results import RunDir
+from rltbench.results.serving import cell_summary, fmt_ms
+from rltbench.results.serving_stats import REPLAY_FILE
 
 COLOCATED, PD = "colocated", "pd"
 PROBE_SEQ0 = 1 << 27  # message numbers of the link probe, far from the requests'
@@ -51,16 +50,15 @@ def modes(aa: bool) -> list[str]:
     return [COLOCATED, PD, f"{COLOCATED}#2"] if aa else [COLOCATED, PD]
 
 
+def model_source(spec: dict[str, Any]) -> runtime.ModelSource:
+    """The model of the spec: preset with seeded random weights or a checkpoint, KV layout override."""
+    return runtime.ModelSource(spec["model"], spec["weights"], spec["seed"], spec.get("kv_layout"))
+
+
 def build_model(spec: dict[str, Any], device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model of the spec on `device` (random weights are drawn on the device: equal on every
     CUDA device, so both ranks hold the same model)."""
-    dtype = dtype_from_name(spec["dtype"])
-    over = {"kv_layout": spec["kv_layout"]} if spec.get("kv_layout") else {}
-    if spec["weights"] == "random":
-        model = build_random_model(spec["model"], device=device, dtype=dtype, seed=spec["seed"], **over)
-    else:
-        model, _tok = load_model(spec["weights"], device=device, dtype=dtype, tokenizer=False, **over)
-    model.eval()
+    model, _tok = runtime.load(model_source(spec), str(device), dtype_from_name(spec["dtype"]))
     return model, {"random_weights": bool(getattr(model, "random_weights", spec["weights"] == "random"))}
 
 
@@ -73,7 +71,6 @@ def blocks_needed(spec: dict[str, Any]) -> int:
 def build_engine(model: torch.nn.Module, spec: dict[str, Any]) -> Engine:
     """One rank's engine: the spec's kernel arm, a pool sized for the largest burst (never from free
     memory: two ranks may share one GPU), no prefix cache (bursts of fresh prompts)."""
-    selections = parse_arms(spec["arm"])
     ecfg = EngineConfig(
         num_blocks=blocks_needed(spec),
         block_size=spec["block_size"],
@@ -84,10 +81,7 @@ def build_engine(model: torch.nn.Module, spec: dict[str, Any]) -> Engine:
         max_model_len=spec["input_len"] + spec["output_len"],
         prefill_graphs=spec["prefill_graphs"],
     )
-    try:
-        return Engine(model, arms=selections, config=ecfg)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"engine: {exc}") from None
+    return runtime.build_engine(model, parse_arms(spec["arm"]), ecfg, need_blocks=ecfg.num_blocks)
 
 
 def handshake(link: Link, spec: dict[str, Any], engine: Engine, weights: str) -> None:
@@ -256,9 +250,8 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
     exact = is_exact(parse_arms(spec["arm"])[arm])
     config = engine.model.config
     geo = KVGeometry.of_pool(engine.kv)
-    backend = EngineBackend(engine, SamplingParams, [arm])
+    backend = EngineBackend(engine, [arm])
     timeouts = Timeouts(spec["ttft_timeout"], spec["stall_timeout"], spec.get("deadline"))
-    warm_t = Timeouts(spec["ttft_timeout"], spec["stall_timeout"], None)
     prefill = PrefillSide(engine, link, spec["budget_bytes"], spec["control_timeout"])
     warm = warmup_prompts(
         config,
@@ -268,7 +261,7 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
         spec["seed"],
     )
     _say(f"warm-up: colocated engine ({len(warm)} requests, graphs), then the link probe and a pd burst")
-    backend.warmup(arm, warm, warm_t)
+    backend.warmup(arm, warm, timeouts)
     probe = probe_link(link, engine, spec)
     run.write_json("link_probe.json", probe)
     wcell = prefill.run_cell("warmup", _pd_warmup_requests(spec, config, geo), timed=False)

@@ -22,11 +22,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from rich.console import Console
 
-from rltbench.commands.e2e.cli import parse_concurrency
+from rltbench import runtime
+from rltbench.arms import is_exact, parse_arms
+from rltbench.commands.pd import report
 from rltbench.commands.pd.link import NO_MULTICAST_ENV
+from rltbench.engine.kv_transfer import KVGeometry
 from rltbench.errors import UsageError
+from rltbench.results import RunDir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GRACE_S = 10.0  # beyond the transfer timeout, for a rank to notice that its peer is gone
@@ -35,8 +41,6 @@ ROLES = ("prefill", "decode")
 
 def _parse_devices(text: str | None) -> list[str]:
     """'cuda:0,cuda:1' -> ['cuda:0', 'cuda:1'] (checked against this machine); None -> the default."""
-    import torch
-
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if text is None:
         return (
@@ -67,8 +71,6 @@ def _parse_devices(text: str | None) -> list[str]:
 
 def _backend(choice: str, devices: list[str]) -> str:
     """The payload transport. NCCL refuses two ranks on one GPU and cannot move CPU tensors."""
-    import torch.distributed as dist
-
     two_gpus = devices[0].startswith("cuda") and devices[0] != devices[1]
     if choice == "auto":
         return "nccl" if two_gpus and dist.is_nccl_available() else "gloo"
@@ -86,24 +88,6 @@ def _backend(choice: str, devices: list[str]) -> str:
     return choice
 
 
-def _model_config(opts: dict[str, Any]) -> Any:
-    from rltbench.models import config_from_hf, get_config
-    from rltbench.models.configs import apply_overrides
-
-    if opts["weights"] == "random":
-        config = get_config(opts["model"])
-    else:
-        cfg_file = Path(opts["weights"]) / "config.json"
-        if not cfg_file.is_file():
-            raise UsageError(f"--weights {opts['weights']}: no config.json there (or use --weights random)")
-        config = config_from_hf(cfg_file)
-    if opts["kv_layout"] is not None:
-        if config.family != "huginn":
-            raise UsageError(f"--kv-layout is a Huginn option; {config.name} is {config.family}")
-        config = apply_overrides(config, kv_layout=opts["kv_layout"])
-    return config
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -112,10 +96,6 @@ def _free_port() -> int:
 
 def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every option checked before any work: (the spec both ranks get, facts for the manifest)."""
-    from rltbench.arms import is_exact, parse_arms, selection_dict
-    from rltbench.engine.kv_transfer import KVGeometry
-    from rltbench.models.configs import dtype_from_name
-
     for name in ("input_len", "output_len", "repeats", "block_size", "max_num_batched_tokens", "probe_reps"):
         if opts[name] < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
@@ -125,35 +105,36 @@ def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         raise UsageError("--transfer-timeout, --ttft-timeout and --stall-timeout must be > 0")
     if opts["transfer_budget_gib"] <= 0:
         raise UsageError("--transfer-budget-gib must be > 0")
-    concurrency = parse_concurrency(opts["concurrency"])
+    concurrency = runtime.parse_concurrency(opts["concurrency"])
     arms = parse_arms(opts["arm"])
     if len(arms) != 1:
         raise UsageError(f"--arm: one kernel arm (both engines run it), got {', '.join(arms)}")
     ((arm_name, selection),) = arms.items()
     devices = _parse_devices(opts["devices"])
     backend = _backend(opts["backend"], devices)
-    config = _model_config(opts)
+    config = runtime.ModelSource(opts["model"], opts["weights"], opts["seed"], opts["kv_layout"]).config()
     if opts["input_len"] + opts["output_len"] > int(config.max_position_embeddings):
         raise UsageError(
             f"--input-len + --output-len = {opts['input_len'] + opts['output_len']} exceeds the "
             f"model context {config.max_position_embeddings}"
         )
-    dtype_name = opts["dtype"] or ("bfloat16" if devices[0].startswith("cuda") else "float32")
-    dtype = dtype_from_name(dtype_name)
-    import torch
-
+    dtype = runtime.resolve_dtype(opts["dtype"], devices[0])
     geo = KVGeometry(
         int(config.num_kv_planes), opts["block_size"], int(config.num_kv_heads), int(config.head_dim), dtype
     )
-    per_req_blocks = math.ceil((opts["input_len"] + opts["output_len"]) / opts["block_size"])
-    pool_bytes = max(concurrency) * per_req_blocks * geo.bytes_per_block
+    pool_blocks = max(concurrency) * math.ceil((opts["input_len"] + opts["output_len"]) / opts["block_size"])
+    pool_bytes = pool_blocks * geo.bytes_per_block
     if devices[0] == "cpu":
-        _check_cpu_memory(2 * pool_bytes)
+        runtime.check_cpu_kv_bytes(
+            2 * pool_bytes,
+            f"one pool per rank, each {pool_blocks} blocks of {geo.block_size} tokens, "
+            f"{geo.planes} KV planes",
+        )
     spec = {
         "model": opts["model"],
         "weights": opts["weights"],
         "kv_layout": opts["kv_layout"],
-        "dtype": dtype_name,
+        "dtype": runtime.dtype_name(dtype),
         "devices": devices,
         "backend": backend,
         "addr": "127.0.0.1",
@@ -185,7 +166,7 @@ def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     bytes_per_token = geo.bytes_per_block // geo.block_size
     facts = {
         "kernel_arm": arm_name,
-        "arm_spec": selection_dict(selection),
+        "arm_spec": selection.settings(),
         "exact_arm": is_exact(selection),
         "family": config.family,
         "kv_layout": getattr(config, "kv_layout", None),
@@ -198,20 +179,6 @@ def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         "torch": torch.__version__,
     }
     return spec, facts
-
-
-def _check_cpu_memory(need: int) -> None:
-    """Refuse, in one line, CPU pools that cannot fit (instead of an allocator error in a rank)."""
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > 0.8 * avail:
-        raise UsageError(
-            f"the two ranks' KV pools need {need / 2**30:.1f} GiB but this machine has "
-            f"{avail / 2**30:.1f} GiB free: use a tiny preset (--model ouro-tiny) on CPU or "
-            "lower --concurrency / --input-len / --output-len"
-        )
 
 
 class _Rank:
@@ -274,9 +241,6 @@ def supervise(ranks: list[_Rank], grace_s: float) -> None:
 def run(opts: dict[str, Any]) -> int:
     """Check, start, supervise, finalise, render. Returns the command's exit code (0 ok; 1 when an
     exact arm's pd tokens differ from the colocated replay; the failing rank's code otherwise)."""
-    from rltbench.commands.pd import report
-    from rltbench.results import RunDir
-
     spec, facts = check(opts)
     config = {k: v for k, v in spec.items() if k not in ("addr", "port", "deadline")}
     config.update(facts, deadline_s=opts["deadline_s"], reference_arm="colocated")

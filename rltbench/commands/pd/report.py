@@ -16,16 +16,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rltbench.commands.e2e import compare
-from rltbench.commands.e2e.metrics import METRIC_DEFINITIONS, fmt_ms, percentiles, request_metrics
-from rltbench.commands.e2e.report import (
+from rltbench.results import RunDir
+from rltbench.results.serving import METRIC_DEFINITIONS, compute_cells, fmt_ms, percentiles, request_metrics
+from rltbench.results.serving_stats import (
+    INTERVAL_METHOD,
     REPLAY_FILE,
-    compute_cells,
     delta_table,
+    identity,
     no_verdict_reason,
+    paired_deltas,
     replay_identity,
 )
-from rltbench.results import RunDir
 
 REF, PD = "colocated", "pd"
 # (name, start, end) of the parts of a pd request's TTFT, from its `pd` timestamps
@@ -127,12 +128,12 @@ def analyse(run: RunDir) -> dict[str, Any]:
     exact = {PD} if cfg.get("exact_arm") else set()
     no_verdict = no_verdict_reason(cfg)
     comparison = (
-        compare.paired_deltas(records, cells, REF, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
+        paired_deltas(records, cells, REF, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
         if any(r["arm"] == REF for r in records)
         else []
     )
     comparison = [r for r in comparison if r["metric"] in ("ttft", "tpot", "e2e")]
-    free = compare.identity(records, REF, exact, batches_deterministic=False)
+    free = identity(records, REF, exact, batches_deterministic=False)
     for r in free:  # pd batches differ from colocated ones by design: information, not a verdict
         r["exact_mismatch"] = r["exact_unverified"] = False
     replays = replay_identity(run.read_jsonl(REPLAY_FILE), exact)
@@ -285,7 +286,7 @@ def table_markdown(a: dict[str, Any]) -> str:
     if a["comparison"]:
         L += [
             "",
-            f"## pd against colocated (mode / colocated - 1; {compare.INTERVAL_METHOD}; arm = mode)",
+            f"## pd against colocated (mode / colocated - 1; {INTERVAL_METHOD}; arm = mode)",
             "",
             *delta_table(a["comparison"]),
         ]

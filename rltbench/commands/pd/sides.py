@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from rltbench.commands.e2e.engine_backend import finalize, new_record
-from rltbench.commands.e2e.workload import Request
+from rltbench.backends.base import Request, finalize, new_record
+from rltbench.bench.warmth import frozen_window
 from rltbench.commands.pd.link import ACCEPT, PAYLOAD_TRAILER, REASONS, REFUSE, Link, LinkBroken, Pending
-from rltbench.engine.coldwork import ColdWorkProbe
 from rltbench.engine.kv_transfer import (
     KIND_CANCEL,
     KIND_KV,
@@ -54,9 +55,26 @@ def request_id(arm: str, tag: str, index: int) -> str:
     return f"{arm}/{tag}/{index}"
 
 
+@contextmanager
+def cell_window(engine: Any, timed: bool) -> Iterator[dict[str, Any]]:
+    """One side's window of a cell; yields a dict that holds `schedule` and `cold_work` once it
+    closes. Timed: bench.warmth.frozen_window (no graph capture, cold work counted). Untimed (the pd
+    warm-up, which may capture and compile): the schedule only, and no cold work."""
+    if timed:
+        with frozen_window(engine) as window:
+            yield window
+        return
+    window: dict[str, Any] = {"cold_work": {}}
+    engine.start_recording()
+    try:
+        yield window
+    finally:
+        window["schedule"] = engine.stop_recording()
+
+
 def flat_cold_work(counts: dict[str, dict[str, int | None]]) -> dict[str, int | None]:
     """{"prefill": {...}, "decode": {...}} as one flat dict ("prefill.compiles": n, ...), the shape the
-    e2e report's cold-work check reads."""
+    cold-work check of results.serving.compute_cells reads."""
     return {f"{side}.{k}": v for side, c in counts.items() for k, v in (c or {}).items()}
 
 
@@ -88,16 +106,24 @@ class PrefillCell:
     link_error: str | None = None
 
 
-class PrefillSide:
-    """Rank 0 of a pd cell: prefill-only requests on `engine`, KV out through `link`."""
+class _Side:
+    """What both ranks hold: the engine, the link, the wait for a control message, the pool's KV
+    geometry and the number of the next per-request message."""
 
-    def __init__(self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float) -> None:
+    def __init__(self, engine: Any, link: Link, control_timeout_s: float) -> None:
         self.engine = engine
         self.link = link
-        self.budget_bytes = budget_bytes
         self.control_timeout_s = control_timeout_s
         self.geometry = KVGeometry.of_pool(engine.kv)
         self._seq = 0
+
+
+class PrefillSide(_Side):
+    """Rank 0 of a pd cell: prefill-only requests on `engine`, KV out through `link`."""
+
+    def __init__(self, engine: Any, link: Link, budget_bytes: int, control_timeout_s: float) -> None:
+        super().__init__(engine, link, control_timeout_s)
+        self.budget_bytes = budget_bytes
 
     # ---- the substitution points of the failure tests ----------------------------------------------
     def header_for(self, seq: int, req: Request, first_token: int) -> TransferHeader:
@@ -130,40 +156,34 @@ class PrefillSide:
             self.control_timeout_s,
         )
         link.recv_json(self.control_timeout_s, "the decode side's ready")
-        probe = ColdWorkProbe(eng) if timed else None
-        if probe is not None:
-            eng.freeze(True)
-            probe.start()
-        eng.start_recording()
-        t0 = time.perf_counter()
-        recs = {i: new_record(r, rids[i], t0) for i, r in by_index.items()}
-        for rec in recs.values():
-            rec["pd"] = {}
-        for i, r in by_index.items():
-            eng.add_prefill_request(rids[i], r.prompt, arrival_time=t0)
-        unresolved = set(by_index)
-        ready: deque[int] = deque()
-        out: list[_Outgoing] = []
-        link_error = None
-        try:
-            while unresolved:
-                busy = False
-                if eng.has_unfinished():
-                    busy = True
-                    for i, tok, t in self._step(rids, recs, unresolved):
-                        recs[i]["pd"].update(prefill_first=t, first_token=tok)
-                        ready.append(i)
-                busy |= self._start_transfers(ready, out, by_index, recs)
-                busy |= self._advance(out, recs, unresolved)
-                if not busy:
-                    time.sleep(IDLE_S)
-        except TransferError as exc:  # a lost peer or a broken link: nothing more can move
-            link_error = str(exc)
-            self._fail_everything(rids, recs, unresolved, ready, out, exc)
-        p_sched = eng.stop_recording()
-        cold = {"prefill": probe.delta() if probe is not None else {}}
-        if probe is not None:
-            eng.freeze(False)
+        with cell_window(eng, timed) as window:
+            t0 = time.perf_counter()
+            recs = {i: new_record(r, rids[i], t0) for i, r in by_index.items()}
+            for rec in recs.values():
+                rec["pd"] = {}
+            for i, r in by_index.items():
+                eng.add_prefill_request(rids[i], r.prompt, arrival_time=t0)
+            unresolved = set(by_index)
+            ready: deque[int] = deque()
+            out: list[_Outgoing] = []
+            link_error = None
+            try:
+                while unresolved:
+                    busy = False
+                    if eng.has_unfinished():
+                        busy = True
+                        for i, tok, t in self._step(rids, recs, unresolved):
+                            recs[i]["pd"].update(prefill_first=t, first_token=tok)
+                            ready.append(i)
+                    busy |= self._start_transfers(ready, out, by_index, recs)
+                    busy |= self._advance(out, recs, unresolved)
+                    if not busy:
+                        time.sleep(IDLE_S)
+            except TransferError as exc:  # a lost peer or a broken link: nothing more can move
+                link_error = str(exc)
+                self._fail_everything(rids, recs, unresolved, ready, out, exc)
+        p_sched = window["schedule"]
+        cold = {"prefill": window["cold_work"]}
         decode_info: dict[str, Any] = {}
         d_sched = None
         if link_error is None:
@@ -337,16 +357,12 @@ class _Incoming:
     blocks: int
 
 
-class DecodeSide:
+class DecodeSide(_Side):
     """Rank 1: takes cells from the prefill side and decodes the requests whose KV it receives."""
 
     def __init__(self, engine: Any, link: Link, header_timeout_s: float, control_timeout_s: float) -> None:
-        self.engine = engine
-        self.link = link
+        super().__init__(engine, link, control_timeout_s)
         self.header_timeout_s = header_timeout_s
-        self.control_timeout_s = control_timeout_s
-        self.geometry = KVGeometry.of_pool(engine.kv)
-        self._seq = 0
 
     def serve(self, idle_timeout_s: float) -> int:
         """Run cells until the prefill side says stop; returns the number of cells served."""
@@ -363,48 +379,43 @@ class DecodeSide:
         eng, link = self.engine, self.link
         reqs = {int(i): (rid, [int(t) for t in prompt], int(n)) for i, rid, prompt, n in msg["requests"]}
         timed = bool(msg.get("timed", True))
-        probe = ColdWorkProbe(eng) if timed else None
-        if probe is not None:
-            eng.freeze(True)
-            probe.start()
-        eng.start_recording()
-        recs: dict[int, dict[str, Any]] = {}
-        index_of = {rid: i for i, (rid, _p, _n) in reqs.items()}
-        self._reserved = 0
-        incoming: list[_Incoming] = []
-        rejections: list[dict[str, Any]] = []
-        seen, deferred = 0, None
-        header = link.recv_header(self._seq, self.header_timeout_s) if reqs else None
-        link.send_json({"op": "ready"}, self.control_timeout_s)
-        link_error = None
-        try:
-            while seen < len(reqs) or incoming or deferred is not None or eng.has_unfinished():
-                busy = False
-                if deferred is None and header is not None and header.done():
-                    busy = True
-                    seq, self._seq, seen = self._seq, self._seq + 1, seen + 1
-                    raw = header.result
-                    header = link.recv_header(self._seq, self.header_timeout_s) if seen < len(reqs) else None
-                    deferred = self._on_header(seq, raw, reqs, recs, incoming, rejections)
-                elif deferred is not None:
-                    deferred = self._on_header(*deferred, reqs, recs, incoming, rejections)
-                busy |= self._receive(incoming, reqs, recs)
-                if eng.has_unfinished():
-                    busy = True
-                    self._decode(recs, index_of)
-                if not busy:
-                    time.sleep(IDLE_S)
-        except TransferError as exc:
-            link_error = str(exc)
-            for i, rec in recs.items():
-                if eng.abort_request(reqs[i][0]) and rec["status"] is None:
-                    rec["status"], rec["error"] = "error", f"{exc.reason}: {exc}"
-            for inc in incoming:
-                recs[inc.index].update(status="error", error=f"{exc.reason}: {exc}")
-        sched = eng.stop_recording()
-        cold = probe.delta() if probe is not None else {}
-        if probe is not None:
-            eng.freeze(False)
+        with cell_window(eng, timed) as window:
+            recs: dict[int, dict[str, Any]] = {}
+            index_of = {rid: i for i, (rid, _p, _n) in reqs.items()}
+            self._reserved = 0
+            incoming: list[_Incoming] = []
+            rejections: list[dict[str, Any]] = []
+            seen, deferred = 0, None
+            header = link.recv_header(self._seq, self.header_timeout_s) if reqs else None
+            link.send_json({"op": "ready"}, self.control_timeout_s)
+            link_error = None
+            try:
+                while seen < len(reqs) or incoming or deferred is not None or eng.has_unfinished():
+                    busy = False
+                    if deferred is None and header is not None and header.done():
+                        busy = True
+                        seq, self._seq, seen = self._seq, self._seq + 1, seen + 1
+                        raw = header.result
+                        header = (
+                            link.recv_header(self._seq, self.header_timeout_s) if seen < len(reqs) else None
+                        )
+                        deferred = self._on_header(seq, raw, reqs, recs, incoming, rejections)
+                    elif deferred is not None:
+                        deferred = self._on_header(*deferred, reqs, recs, incoming, rejections)
+                    busy |= self._receive(incoming, reqs, recs)
+                    if eng.has_unfinished():
+                        busy = True
+                        self._decode(recs, index_of)
+                    if not busy:
+                        time.sleep(IDLE_S)
+            except TransferError as exc:
+                link_error = str(exc)
+                for i, rec in recs.items():
+                    if eng.abort_request(reqs[i][0]) and rec["status"] is None:
+                        rec["status"], rec["error"] = "error", f"{exc.reason}: {exc}"
+                for inc in incoming:
+                    recs[inc.index].update(status="error", error=f"{exc.reason}: {exc}")
+        sched, cold = window["schedule"], window["cold_work"]
         if link_error is not None:
             raise LinkBroken(link_error)
         return {

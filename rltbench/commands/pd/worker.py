@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rltbench.commands.pd import driver
 from rltbench.commands.pd.link import NO_MULTICAST_ENV, Link, new_link_groups
 from rltbench.engine.kv_transfer import TransferError
 from rltbench.errors import UsageError
@@ -106,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     state: dict[str, Any] = {}
 
     def run() -> int:
-        from rltbench.commands.pd import driver
-
         device = torch.device(spec["devices"][args.rank])
         link = state["link"] = connect(
             args.rank,

@@ -1,4 +1,8 @@
-"""Arm-vs-reference comparisons: token identity and paired statistics with the A/A noise floor.
+"""Arm-vs-reference comparisons of serving records (the rows of requests.jsonl): token identity,
+identity under schedule replay, paired statistics with the A/A noise floor, and their verdicts.
+
+Shared by every command that serves one load on several arms or modes (e2e arms, pd against the
+colocated engine); the records and cells are those of rltbench.results.serving.
 
 Requests are paired by (C, repetition, request index): the same prompt went to every arm.
 Identity compares stored generated token ids. Statistics (relative deltas, arm / reference - 1):
@@ -24,17 +28,15 @@ import numpy as np
 
 from rltbench.engine.schedule import first_divergence
 from rltbench.results.serving import request_metrics
+from rltbench.results.stats import is_aa
+
+REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition) under schedule replay
 
 BOOTSTRAP = 2000
 INTERVAL_METHOD = "95% two-stage percentile bootstrap (repetitions, then requests), 2000 resamples"
 REQUEST_METRICS = ("ttft", "tpot", "e2e")
 CELL_METRICS = ("output_tok_s", "steady_tok_s")
 HIGHER_IS_BETTER = {"output_tok_s", "steady_tok_s"}
-
-
-def is_aa(arm: str, ref: str) -> bool:
-    """`torch#2` is the reference arm run a second time (A/A)."""
-    return arm.split("#", 1)[0] == ref and arm != ref
 
 
 def compare_pair(rec: dict[str, Any], base: dict[str, Any]) -> tuple[bool, int | None]:
@@ -113,6 +115,41 @@ def identity(
                 row["exact_mismatch"] = base is not None and row["identity"] < base
                 row["exact_unverified"] = base is None
     return rows
+
+
+def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list[dict[str, Any]]:
+    """Per arm and cell: identical / compared under schedule replay over all repetitions, the first
+    divergence (request, step, token) and whether it is an exact-arm mismatch (a kernel bug)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in replays:
+        groups[(r["arm"], r["cell"])].append(r)
+    rows = []
+    for (arm, cell), rs in groups.items():
+        done = [r for r in rs if "compared" in r]
+        divs = [dict(d, rep=r["rep"]) for r in done for d in r.get("divergences", [])]
+        first = min(divs, key=lambda d: (d["token_index"], d["rep"], d["request"])) if divs else None
+        row = {
+            "arm": arm,
+            "cell": cell,
+            "reps": len(done),
+            "compared": sum(r["compared"] for r in done),
+            "identical": sum(r["identical"] for r in done),
+            "skipped": [f"rep {r['rep']}: {r['skipped']}" for r in rs if "skipped" in r],
+            "first_divergence": first,
+            "same_schedule_free_running": sum(bool(r.get("same_schedule_free_running")) for r in rs),
+            "exact_arm": arm in exact_arms,
+        }
+        row["exact_mismatch"] = bool(row["exact_arm"] and row["identical"] < row["compared"])
+        row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
+        rows.append(row)
+    return rows
+
+
+def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
+    """Why the run's timings cannot carry a speed verdict, or None where they can."""
+    if cfg.get("device") == "cpu":
+        return "CPU timings (fused arms run torch ops or the Triton interpreter)"
+    return None
 
 
 def _boot_two_stage(per_rep: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
@@ -246,3 +283,35 @@ def _apply_aa(rows: list[dict[str, Any]], ref: str, no_verdict: str | None = Non
         else:
             better = d > 0 if r["metric"] in HIGHER_IS_BETTER else d < 0
             r["verdict"] = "better" if better else "worse"
+
+
+def fmt_pct(v: float | None) -> str:
+    """A relative delta as '+1.2%' ('-' for missing)."""
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def delta_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of paired-delta rows (`paired_deltas`), header included."""
+    L = [
+        "| cell | arm | metric | delta | 95% CI | reps | pairs | A/A spread | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = "-" if r["ci_lo"] is None else f"[{fmt_pct(r['ci_lo'])}, {fmt_pct(r['ci_hi'])}]"
+        L.append(
+            f"| {r['cell']} | {r['arm']} | {r['metric']} | {fmt_pct(r['delta'])} | {ci} | {r['reps']} | "
+            f"{r['pairs']} | {fmt_pct(r['aa_spread'])} | {r['verdict']} |"
+        )
+    return L
+
+
+def mismatch_text(m: dict[str, Any]) -> str:
+    """'exact C=8 15/16 (first: request 3, step 41, token 7)'."""
+    s = f"{m['arm']} {m['cell']} {m['identical']}/{m['compared']}"
+    fd = m.get("first_divergence")
+    if isinstance(fd, dict):
+        s += f" (first: rep {fd['rep']} request {fd['request']}, step {fd['step']}, "
+        s += f"token {fd['token_index']})"
+    elif m.get("first_divergence_min") is not None:
+        s += f" (first divergence at token {m['first_divergence_min']})"
+    return s
