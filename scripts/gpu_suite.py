@@ -130,15 +130,15 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
     "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
-                             "--max-requests 40 --repeats 3 --deadline 220", "e2e-session")),
+                             "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
     # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([
         "set -e; d=" + str(RESULTS / "e2e-session-trace") + "; mkdir -p $d;",
         PY, str(ROOT / "scripts" / "trace_slice.py"), "workloads/mooncake/conversation_trace.jsonl",
-        "--start 6000 --count 40 --out $d/trace.jsonl; exec",
+        "--start 6000 --count 30 --out $d/trace.jsonl; exec",
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
-             "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 220", "e2e-session-trace"),
+             "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
     ]).replace("TRACE", "$d/trace.jsonl")]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
@@ -162,11 +162,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
                                 "--arms torch,exact,approx,cuda --iters 100", "profile-native")),
-    "e2e-native": (560, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
+    "e2e-native": (330, rlt(f"e2e {OURO} --arms torch,exact,cuda,torch --workload burst "
                             "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
-                            "--deadline 500", "e2e-native")),
+                            "--deadline 300", "e2e-native")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
-                       "--limit 64 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
+                       "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
     "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                           "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),
