@@ -115,7 +115,7 @@ def test_approx_norm_within_ulp_bound_cuda(name: str, setting: str) -> None:
     """Every launch setting the tuner may pick for the approx norm (one row per program, the
     persistent kernel, evict-first/streaming memory ops) keeps the approx arm's stated bound on the
     GPU (oracle.bound_ratio: 0.6 ulp + the fp32 slack, which only the residual form's cancelling
-    outputs need: up to 63 ulp there, results/gpu/tests), on strided rows with more rows than
+    outputs need: up to 63 ulp there on an H200), on strided rows with more rows than
     programs."""
     from rltbench.kernels.oracle import error_summary
 
