@@ -158,6 +158,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                            str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
     "kernels-native": (300, rlt("kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
                                 "--mode all --repeats 30", "kernels-native")),
+    # every arm at decode and prefill row counts with the Liger peer column (carried wheel): the exact
+    # and native norms beside Liger at T = 1, 8, 128, 4096, SiLU*up against the device copy
+    "kernels-rows": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,add_rmsnorm_huginn,"
+                              "silu_mul --arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30",
+                              "kernels-rows")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
