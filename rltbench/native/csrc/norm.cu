@@ -24,7 +24,8 @@ namespace rltb {
 namespace {
 
 constexpr int kMaxWarps = 16;        // torch's widest row plan: 512 lanes
-constexpr int kMaxRowsPerBlock = 4;  // scalar kernel: narrow plans (32/64 lanes) put 4/2 rows in a block
+constexpr int kMaxRowsPerBlock = 4;  // narrow plans (32/64 lanes) put 4/2 rows in a block
+constexpr int kCache = 4;            // vectors per lane kept in registers from the sum to the output
 
 // The i-th torch lane bit that the tree reduces, for log2(lanes) = k.
 __device__ __forceinline__ int reduced_bit(int i, int k, bool down) {
@@ -130,198 +131,145 @@ __device__ __forceinline__ const T* row_ptr(const void* base, int64_t row, int64
 }
 
 // ---------------------------------------------------------------------------------------------
-// Aligned rows (n % 4 == 0, every row 4-element aligned): one warp per row, no head or tail, one
-// vector access per torch vector. Hardware lane h plays the R = lanes / 32 torch lanes j * 32 + h
-// (j = 0..R-1). torch's tree halves by the highest lane bit first, so the bits of j (the highest)
-// are in-thread levels and h's five bits the warp butterfly: no shared memory, no barrier, and
-// consecutive lanes read consecutive vectors. A thread keeps its first kCacheVecs vectors in
-// registers from the sum to the output (a whole row up to width 128 * kCacheVecs); vectors past
-// them are read again for the output. Blocks hold kRowsPerBlock rows (warps), one row each, and
-// the grid covers every row once: no block waits for another's row, so reads and writes of
-// different blocks overlap.
+// Aligned rows (n % 4 == 0, every row 4-element aligned): no head or tail, one vector access per
+// torch vector; the first kCache vectors of a lane stay in registers from the sum to the output
+// and the weights' stay there across the rows a block walks through.
 // ---------------------------------------------------------------------------------------------
-constexpr int kCacheVecs = 16;
-constexpr int kRowsPerBlock = 4;
-
-// The row's total from each thread's R lane sums s: the in-thread levels (pairs (j, j + R/2) ..
-// (j, j + 1)), then the five hardware-lane levels, xor 16..1 (torch >= 2.10) or 1..16 (older
-// torch). Every lane ends with the same bits (a + b == b + a).
-template <int R>
-__device__ __forceinline__ float warp_row_total(float (&s)[R], bool down) {
-#pragma unroll
-  for (int half = R / 2; half >= 1; half >>= 1) {
-#pragma unroll
-    for (int j = 0; j < half; ++j) s[j] = __fadd_rn(s[j], s[j + half]);
-  }
-  float t = s[0];
-  if (down) {
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, off));
-  } else {
-#pragma unroll
-    for (int off = 1; off <= 16; off <<= 1) t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, off));
-  }
-  return t;
-}
-
-template <typename T, int MODE, bool HAS_R, int LOGR>
-__global__ void __launch_bounds__(32 * kRowsPerBlock) norm_vec_kernel(const NormArgs a) {
+template <typename T, int MODE, bool HAS_R>
+__global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
   using V = Vec4<T>;
-  constexpr int R = 1 << LOGR;
-  constexpr int kIt = kCacheVecs / R;   // cached iterations per torch lane
   constexpr bool kNN = MODE == kNormNormAdd;
-  constexpr bool kUsesR = HAS_R || kNN;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  if (row >= a.rows) return;            // a whole warp: nothing below synchronises the block
-  const int h = threadIdx.x;
-  const int lanes = 32 * R;
+  constexpr bool kOther = HAS_R || MODE != kNormX;  // a second input row: r or b
+  const int k = a.log_lanes, nw = 1 << (k - 5), lanes = 1 << k;
+  const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = torch_lane(h, warp, k, a.warp_down != 0);
   const int64_t nvec = a.n >> 2;
-  const int iters = static_cast<int>((nvec + lanes - 1) / lanes);
-  const V* xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, row, a.sx));
-  const V* br = reinterpret_cast<const V*>(row_ptr<T>(MODE == kNormAdd ? a.b : a.x, row,
-                                                        MODE == kNormAdd ? a.sb : a.sx));
-  const V* rr = reinterpret_cast<const V*>(row_ptr<T>(kUsesR ? a.r : a.x, row, kUsesR ? a.sr : a.sx));
+  const int iters = lane < nvec ? static_cast<int>((nvec - 1 - lane) >> k) + 1 : 0;  // lanes = 2^k
   const V* w1 = static_cast<const V*>(a.w1);
   const V* w2 = static_cast<const V*>(a.w2);
-  V* out = static_cast<V*>(a.out) + row * nvec;
-  // the values the first sum adds: x, or round(x + b) (a dtype value, so exact as T)
-  auto value = [&](int64_t k) {
-    V v = xr[k];
-    if constexpr (MODE == kNormAdd) {
-      const V b = br[k];
+  V w1c[kCache], w2c[kCache];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v.v[i] = Traits<T>::from_float(first_value<T, MODE>(v.v[i], b.v[i]));
-    }
-    return v;
-  };
-  auto at = [&](int it, int j) { return static_cast<int64_t>(it) * lanes + j * 32 + h; };
-
-  V cache[kIt][R];
-  float acc[R][4];
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-  }
-#pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      if (at(it, j) < nvec) cache[it][j] = value(at(it, j));
+  for (int c = 0; c < kCache; ++c) {
+    if (c < iters) {
+      w1c[c] = w1[lane + c * lanes];
+      if constexpr (kNN) w2c[c] = w2[lane + c * lanes];
     }
   }
+  __shared__ float part[2][kMaxRowsPerBlock][kMaxWarps];
+  int buf = 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < a.rows; base += step) {
+    const int64_t row = base + threadIdx.y;
+    const bool active = row < a.rows;
+    const int64_t rrow = active ? row : 0;
+    const int its = active ? iters : 0;
+    const V* xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, rrow, a.sx));
+    const V* orow = reinterpret_cast<const V*>(MODE == kNormAdd ? row_ptr<T>(a.b, rrow, a.sb)
+                                                                : row_ptr<T>(kOther ? a.r : a.x, rrow, a.sr));
+    V xc[kCache], oc[kCache];
 #pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      if (at(it, j) < nvec) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) add_square(acc[j][i], Traits<T>::to_float(cache[it][j].v[i]));
-      }
-    }
-  }
-  for (int it = kIt; it < iters; ++it) {
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      if (at(it, j) < nvec) {
-        const V v = value(at(it, j));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) add_square(acc[j][i], Traits<T>::to_float(v.v[i]));
-      }
-    }
-  }
-  float s[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) s[j] = combine(acc[j]);
-  float var1, var2 = 0.f;
-  const float rstd1 = inv_rms(warp_row_total<R>(s, a.warp_down != 0), a.factor, a.eps, &var1);
-
-  if constexpr (kNN) {
-    // h = round(r + round(w1 * round(x * rstd1))) replaces x in the cache; its squares in order
-    V* out2 = static_cast<V*>(a.out2) + row * nvec;
-    auto h_of = [&](const V& x, int64_t k) {
-      const V r = rr[k], w = w1[k];
-      V hv;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) hv.v[i] = Traits<T>::from_float(h_value<T>(x.v[i], r.v[i], w.v[i], rstd1));
-      return hv;
-    };
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-    }
-#pragma unroll
-    for (int it = 0; it < kIt; ++it) {
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) {
-          cache[it][j] = h_of(cache[it][j], at(it, j));
-#pragma unroll
-          for (int i = 0; i < 4; ++i) add_square(acc[j][i], Traits<T>::to_float(cache[it][j].v[i]));
+    for (int c = 0; c < kCache; ++c) {
+      if (c < its) {
+        xc[c] = xr[lane + c * lanes];
+        if constexpr (kOther) {
+          oc[c] = orow[lane + c * lanes];
+        } else {
+          oc[c] = xc[c];  // unused by this form; keeps every value defined
         }
       }
     }
-    for (int it = kIt; it < iters; ++it) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) {
-          const V hv = h_of(xr[at(it, j)], at(it, j));
+    for (int c = 0; c < kCache; ++c) {
+      if (c < its) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) add_square(acc[j][i], Traits<T>::to_float(hv.v[i]));
+        for (int i = 0; i < 4; ++i) add_square(acc[i], first_value<T, MODE>(xc[c].v[i], oc[c].v[i]));
+      }
+    }
+    for (int it = kCache; it < its; ++it) {
+      const V xv = xr[lane + it * lanes];
+      V ov = xv;
+      if constexpr (MODE == kNormAdd) ov = orow[lane + it * lanes];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) add_square(acc[i], first_value<T, MODE>(xv.v[i], ov.v[i]));
+    }
+    float var1, var2 = 0.f;
+    const float rstd1 = inv_rms(row_total(combine(acc), part[buf][threadIdx.y], nw, warp, h), a.factor, a.eps, &var1);
+    buf ^= 1;
+    const int64_t out_base = rrow * (a.n >> 2);
+    V* out = static_cast<V*>(a.out) + out_base;
+    if constexpr (kNN) {
+      V* out2 = static_cast<V*>(a.out2) + out_base;
+      float hc[kCache][4];
+      float acc2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        if (c < its) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            hc[c][i] = h_value<T>(xc[c].v[i], oc[c].v[i], w1c[c].v[i], rstd1);
+            add_square(acc2[i], hc[c][i]);
+          }
         }
       }
-    }
+      for (int it = kCache; it < its; ++it) {
+        const int64_t idx = lane + it * lanes;
+        const V xv = xr[idx], rv = orow[idx], wv = w1[idx];
 #pragma unroll
-    for (int j = 0; j < R; ++j) s[j] = combine(acc[j]);
-    const float rstd2 = inv_rms(warp_row_total<R>(s, a.warp_down != 0), a.factor, a.eps, &var2);
-    auto store_both = [&](const V& hv, int64_t k) {
-      const V w = w2[k];
-      V yv;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        yv.v[i] = Traits<T>::from_float(scaled<T>(Traits<T>::to_float(hv.v[i]), Traits<T>::to_float(w.v[i]), rstd2));
+        for (int i = 0; i < 4; ++i) add_square(acc2[i], h_value<T>(xv.v[i], rv.v[i], wv.v[i], rstd1));
       }
-      out[k] = hv;
-      out2[k] = yv;
-    };
+      const float rstd2 = inv_rms(row_total(combine(acc2), part[buf][threadIdx.y], nw, warp, h), a.factor, a.eps, &var2);
+      buf ^= 1;
 #pragma unroll
-    for (int it = 0; it < kIt; ++it) {
+      for (int c = 0; c < kCache; ++c) {
+        if (c < its) {
+          V hv, yv;
 #pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) store_both(cache[it][j], at(it, j));
+          for (int i = 0; i < 4; ++i) {
+            hv.v[i] = Traits<T>::from_float(hc[c][i]);
+            yv.v[i] = Traits<T>::from_float(scaled<T>(hc[c][i], Traits<T>::to_float(w2c[c].v[i]), rstd2));
+          }
+          out[lane + c * lanes] = hv;
+          out2[lane + c * lanes] = yv;
+        }
+      }
+      for (int it = kCache; it < its; ++it) {
+        const int64_t idx = lane + it * lanes;
+        const V xv = xr[idx], rv = orow[idx], wv = w1[idx], w2v = w2[idx];
+        V hv, yv;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float hh = h_value<T>(xv.v[i], rv.v[i], wv.v[i], rstd1);
+          hv.v[i] = Traits<T>::from_float(hh);
+          yv.v[i] = Traits<T>::from_float(scaled<T>(hh, Traits<T>::to_float(w2v.v[i]), rstd2));
+        }
+        out[idx] = hv;
+        out2[idx] = yv;
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kCache; ++c) {
+        if (c < its) {
+          V o;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xc[c].v[i], oc[c].v[i]), w1c[c].v[i], oc[c].v[i], rstd1);
+          }
+          out[lane + c * lanes] = o;
+        }
+      }
+      for (int it = kCache; it < its; ++it) {
+        const int64_t idx = lane + it * lanes;
+        const V xv = xr[idx], wv = w1[idx];
+        V ov = xv, o;
+        if constexpr (kOther) ov = orow[idx];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xv.v[i], ov.v[i]), wv.v[i], ov.v[i], rstd1);
+        out[idx] = o;
       }
     }
-    for (int it = kIt; it < iters; ++it) {
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) store_both(h_of(xr[at(it, j)], at(it, j)), at(it, j));
-      }
-    }
-  } else {
-    auto store_one = [&](const V& v, int64_t k) {
-      const V w = w1[k];
-      const V r = HAS_R ? rr[k] : w;   // r is read by the residual form only
-      V o;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o.v[i] = single_out<T, HAS_R>(Traits<T>::to_float(v.v[i]), w.v[i], r.v[i], rstd1);
-      out[k] = o;
-    };
-#pragma unroll
-    for (int it = 0; it < kIt; ++it) {
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) store_one(cache[it][j], at(it, j));
-      }
-    }
-    for (int it = kIt; it < iters; ++it) {
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        if (at(it, j) < nvec) store_one(value(at(it, j)), at(it, j));
-      }
-    }
+    if (active && threadIdx.x == 0) store_var<kNN>(a, row, var1, var2);
   }
-  if (h == 0) store_var<kNN>(a, row, var1, var2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,37 +355,17 @@ bool vector_ok(const NormArgs& a, int64_t elem) {
   return true;
 }
 
-template <typename T, int MODE, bool HAS_R, int LOGR>
-cudaError_t launch_vec(const NormArgs& a, cudaStream_t stream) {
-  const int rpb = a.rows < kRowsPerBlock ? static_cast<int>(a.rows) : kRowsPerBlock;
-  const int64_t grid = (a.rows + rpb - 1) / rpb;
-  norm_vec_kernel<T, MODE, HAS_R, LOGR><<<static_cast<unsigned>(grid), dim3(32, rpb), 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
 template <typename T, int MODE, bool HAS_R>
-cudaError_t launch_scalar(const NormArgs& a, cudaStream_t stream) {
+cudaError_t launch_typed(const NormArgs& a, bool vec, cudaStream_t stream) {
   const int nw = 1 << (a.log_lanes - 5);
   const int rpb = nw >= kMaxRowsPerBlock ? 1 : kMaxRowsPerBlock / nw;
   const dim3 block(32 * nw, rpb);
-  void (*kernel)(NormArgs) = norm_scalar_kernel<T, MODE, HAS_R>;
+  void (*kernel)(NormArgs) = vec ? norm_vec_kernel<T, MODE, HAS_R> : norm_scalar_kernel<T, MODE, HAS_R>;
   const int64_t groups = (a.rows + rpb - 1) / rpb;
   const int64_t resident = static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * nw * rpb)) * sm_count();
   const int64_t grid = groups < resident ? groups : resident;
   kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
   return cudaGetLastError();
-}
-
-template <typename T, int MODE, bool HAS_R>
-cudaError_t launch_typed(const NormArgs& a, bool vec, cudaStream_t stream) {
-  if (!vec) return launch_scalar<T, MODE, HAS_R>(a, stream);
-  switch (a.log_lanes) {
-    case 5: return launch_vec<T, MODE, HAS_R, 0>(a, stream);
-    case 6: return launch_vec<T, MODE, HAS_R, 1>(a, stream);
-    case 7: return launch_vec<T, MODE, HAS_R, 2>(a, stream);
-    case 8: return launch_vec<T, MODE, HAS_R, 3>(a, stream);
-    default: return launch_vec<T, MODE, HAS_R, 4>(a, stream);
-  }
 }
 
 }  // namespace
