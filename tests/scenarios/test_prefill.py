@@ -15,7 +15,8 @@ def test_prefill_policies_cells_identity_and_no_cpu_verdict(tmp_path):
                  "--result-dir", str(out)]) == 0
     cells = json.loads((out / "cells.json").read_text())
     assert [(c["arm"], c["rep"]) for c in cells] == [
-        ("packed", 0), ("one-per-step", 0), ("packed#2", 0), ("packed#2", 1), ("one-per-step", 1), ("packed", 1)]
+        ("packed", 0), ("one-per-step", 0), ("packed#2", 0),
+        ("packed#2", 1), ("one-per-step", 1), ("packed", 1)]
     for c in cells:
         assert c["valid"] and not c["cold"]
         assert c["prefill_rows_max"] == (1 if c["arm"] == "one-per-step" else 3)

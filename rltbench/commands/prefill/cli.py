@@ -52,6 +52,7 @@ def prefill_command(
              "worth).")] = 8192,
     block_size: runtime.BlockSizeOption = 16,
     enforce_eager: runtime.EnforceEagerOption = False,
+    prefill_graphs: runtime.PrefillGraphsOption = True,
     seed: runtime.SeedOption = 0,
     dtype: runtime.DtypeOption = None,
     device: runtime.DeviceOption = None,
@@ -80,7 +81,8 @@ def prefill_command(
     path = run(PrefillSpec(lengths=lengths, concurrency=concurrency, output_len=output_len, repeats=repeats,
                            arm=arm, arm_spec=spec, kv_layout=kv_layout,
                            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                           enforce_eager=enforce_eager, seed=seed, device=dev, dtype=dt,
+                           enforce_eager=enforce_eager, prefill_graphs=prefill_graphs, seed=seed,
+                           device=dev, dtype=dt,
                            result_dir=result_dir, argv=list(sys.argv)))
     typer.echo((path / "table.md").read_text())
     typer.echo(f"results: {path}")

@@ -47,6 +47,7 @@ class PrefillSpec:
     max_num_batched_tokens: int
     block_size: int
     enforce_eager: bool
+    prefill_graphs: bool
     seed: int
     device: str
     dtype: torch.dtype
@@ -82,7 +83,7 @@ def _model_runs(spec: PrefillSpec, preset: str, run: RunDir) -> None:
     max_len = max(lens) + spec.output_len
     config = EngineConfig(block_size=bs, max_num_seqs=c, max_num_batched_tokens=spec.max_num_batched_tokens,
                           enable_prefix_caching=False, use_cuda_graph=not spec.enforce_eager,
-                          max_model_len=max_len)
+                          prefill_graphs=spec.prefill_graphs, max_model_len=max_len)
     engine = runtime.build_engine(model, {spec.arm: spec.arm_spec}, config, c * math.ceil(max_len / bs))
     backend, timeouts = EngineBackend(engine, [spec.arm]), Timeouts()
     for length in lens:
@@ -119,7 +120,8 @@ def run(spec: PrefillSpec) -> Path:
         "repeats": spec.repeats, "arm": spec.arm, "arm_spec": spec.arm_spec.settings(),
         "kv_layout": spec.kv_layout, "max_num_batched_tokens": spec.max_num_batched_tokens,
         "block_size": spec.block_size, "policies": {p: MAX_PREFILL_SEQS[p] for p in POLICIES},
-        "cuda_graphs": not spec.enforce_eager and spec.device.startswith("cuda"), "seed": spec.seed,
+        "cuda_graphs": not spec.enforce_eager and spec.device.startswith("cuda"),
+        "prefill_graphs": spec.prefill_graphs, "seed": spec.seed,
         "device": spec.device, "dtype": runtime.dtype_name(spec.dtype), "random_weights": True,
     }
     run_dir = RunDir.create("prefill", result_dir=spec.result_dir, argv=spec.argv, config=config)
