@@ -183,6 +183,17 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # prefill/decode disaggregation (docs/pd.md) on nvidia-h200-x2: prefill on cuda:0, decode on cuda:1,
     # each request's KV (every plane) one NCCL message, against the colocated exact engine on cuda:0;
     # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells
+    # KV capacity per model and layout at an 8 GiB KV budget, with a burst at the largest C of each
+    # engine row (Ouro 37, Huginn full 10, compress 176 requests of 256+32 tokens); ~90 s
+    "capacity": (240, rlt("capacity --models ouro-1.4b,huginn-0125 --kv-layouts full,compress --memory-gib 8 "
+                          "--input-len 256 --output-len 32 --burst --arms torch --repeats 1 --dtype bfloat16 "
+                          "--device cuda --seed 0", "capacity")),
+    # long prompts: packed against one-request-per-step prefill, 4 prompts of 2048 and 4092 tokens (Huginn's
+    # longest with 4 generated), A/A copy of the packed policy; eager prefill steps (a graph saves nothing
+    # at thousands of tokens per step and its capture would double the warm-up); ~90 s
+    "prefill-long": (240, rlt("prefill --models ouro-1.4b,huginn-0125 --input-lens 2048,4092 --concurrency 4 "
+                              "--output-len 4 --repeats 2 --max-num-batched-tokens 8192 --arms torch "
+                              "--no-prefill-graphs --dtype bfloat16 --device cuda --seed 0", "prefill-long")),
     "pd": (420, rlt(f"pd {PD} --model ouro-1.4b --devices cuda:0,cuda:1 --deadline 330", "pd")),
     "pd-huginn": (570, rlt(f"pd {PD} --model huginn-0125 --kv-layout full --devices cuda:0,cuda:1 "
                            "--deadline 450", "pd-huginn")),

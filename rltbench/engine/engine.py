@@ -25,6 +25,7 @@ from torch import Tensor
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.engine import kv_transfer
 from rltbench.engine.block_manager import BlockManager, block_hashes
+from rltbench.engine.kv_capacity import blocks_in_budget
 from rltbench.engine.paged_context import (
     PagedAttentionContext,
     allocate_kv_pool,
@@ -275,11 +276,11 @@ class Engine:
         if cfg.num_blocks is not None:
             n, budget = cfg.num_blocks, "num_blocks"
         elif cfg.kv_cache_gib is not None:
-            n = int(cfg.kv_cache_gib * 2**30 // bpb)
+            n = blocks_in_budget(cfg.kv_cache_gib * 2**30, bpb)
             budget = f"--kv-cache-gib {cfg.kv_cache_gib:g} ({cfg.kv_cache_gib * 2**30:,.0f} bytes)"
         elif self.device.type == "cuda":
             free = cuda_free_bytes(self.device)
-            n = int((free - cfg.kv_headroom_gib * 2**30) // bpb)
+            n = blocks_in_budget(free - cfg.kv_headroom_gib * 2**30, bpb)
             budget = f"free GPU memory {free / 2**30:.1f} GiB minus {cfg.kv_headroom_gib:g} GiB headroom"
         else:
             n, budget = cfg.cpu_num_blocks, "cpu_num_blocks"
@@ -297,7 +298,8 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or max_pos, n * bs)
         self.max_blocks_per_seq = -(-self.max_model_len // bs)
         self.blocks = BlockManager(n, bs, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   cfg.max_prefill_seqs)
         self._live: dict[str, Sequence] = {}
         self._held: dict[str, Sequence] = {}  # prefilled for export, blocks kept (add_prefill_request)
         self._seq_counter = 0

@@ -26,6 +26,8 @@ class EngineConfig:
     time and replayed after that, so a burst of equal-length prompts stops paying ~6000 launches per
     step; unique shapes stay eager. `prefill_graph_cap` graphs per arm are kept (LRU): each holds
     only its output ids, activations come from the engine's shared graph pool (docs/engine.md).
+    `max_prefill_seqs` caps the requests one prefill step packs (1: one request per step, the unpacked
+    baseline of the long-prompt benchmark); None packs as many as the token budget takes.
     """
 
     kv_cache_gib: float | None = None
@@ -42,6 +44,7 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] | None = None
     prefill_graphs: bool = True
     prefill_graph_cap: int = 16
+    max_prefill_seqs: int | None = None  # None: a prefill step packs any number of requests
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot work (caught as a usage error by commands)."""
@@ -53,6 +56,8 @@ class EngineConfig:
             raise ValueError("num_blocks must be positive")
         if self.graph_batch_sizes is not None and any(b < 1 for b in self.graph_batch_sizes):
             raise ValueError("graph_batch_sizes must be positive")
+        if self.max_prefill_seqs is not None and self.max_prefill_seqs < 1:
+            raise ValueError("max_prefill_seqs must be >= 1 (None: no limit)")
         if self.prefill_graph_cap < 1:
             raise ValueError("prefill_graph_cap must be >= 1 (prefill_graphs=False turns them off)")
 
