@@ -27,6 +27,7 @@ from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeo
 from rltbench.bench.warmth import frozen_window
 from rltbench.engine.schedule import Schedule
 from rltbench.engine.types import SamplingParams
+from rltbench.errors import UsageError
 
 CACHE_ON_SUFFIX = "+cache"
 
@@ -54,6 +55,14 @@ def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict
             name = f"{base}{CACHE_ON_SUFFIX}{sep}{copy}" if both and on else arm
             out[name] = EngineVariant(arm, on)
     return out
+
+
+def parse_prefix_cache(text: str) -> tuple[bool, ...]:
+    """`--prefix-cache on`, `off`, `off,on` or `on,off` -> the settings in schedule order."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in ("on", "off") for w in words) or len(set(words)) != len(words):
+        raise UsageError(f"--prefix-cache {text!r}: expected on, off, or both (off,on)")
+    return tuple(w == "on" for w in words)
 
 
 def _stop_tail_len(stops: Sequence[str]) -> int:
