@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.arms import ArmSpec
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.schedule import PREFILL, Schedule
 from rltbench.errors import UsageError
@@ -101,3 +102,35 @@ def test_no_gate_no_depths(ouro_tiny):
     assert not eng.track_exit_depths
     (out,) = eng.generate(prompts(6, [5]), SamplingParams(max_tokens=3, ignore_eos=True))
     assert out.exit_depths == [] and len(out.token_ids) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_exit_depths_graphs_equal_eager_and_exact_equals_torch(dtype):
+    """On CUDA the exit depths come out of captured decode and prefill graphs: graph == eager, and the
+    exact arm (scope all) == torch in tokens and depths, in fp32 and bf16."""
+    model = build_model("ouro-tiny", device="cuda", dtype=dtype, seed=0, early_exit_threshold=0.75)
+    ps = prompts(7, [5, 17, 33, 9, 40, 12, 12, 12])
+    cfg = dict(block_size=16, num_blocks=256, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
+    runs = {}
+    for name, arms, graphs in (("eager", ["torch"], False), ("graph", ["torch"], True),
+                               ("exact", {"exact": ArmSpec.exact("all")}, True)):
+        eng = Engine(model, arms, EngineConfig(use_cuda_graph=graphs, **cfg))
+        eng.generate(ps, SamplingParams(max_tokens=4, ignore_eos=True))  # second sighting: prefill graphs
+        outs = eng.generate(ps, SamplingParams(max_tokens=10, ignore_eos=True))
+        runs[name] = [(o.token_ids, o.exit_depths) for o in outs]
+        if graphs:
+            assert eng.stats()["graph_replays"] > 0
+    depths = {d for _, ds in runs["eager"] for d in ds}
+    assert len(depths) > 1, depths  # the threshold spreads the random gates
+    assert runs["graph"] == runs["eager"]
+    assert runs["exact"] == runs["graph"]
+
+
+@pytest.mark.gpu
+def test_gpu_cache_on_schedule_replays_with_the_cache_off():
+    model = build_model("huginn-tiny", device="cuda", dtype=torch.bfloat16, seed=0)
+    eng = _engine(model, use_cuda_graph=True)
+    sched, ps, mt, out = _record_session(eng)
+    eng.set_prefix_caching(False)
+    assert eng.replay(sched, ps, mt) == out
