@@ -140,6 +140,22 @@ STAGES: dict[str, tuple[int, list[str]]] = {
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
              "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
     ]).replace("TRACE", "$d/trace.jsonl")]),
+    # Huginn-0125 sessions with the prefix cache off (torch, A/A torch#2) and on (torch+cache), ABBA over
+    # 3 repetitions: output tok/s and TTFT on/off with the A/A spread, prefix-hit rates, and every
+    # cache-off run replaying the cache-on schedule (hit prefixes recomputed) to the same tokens
+    "huginn-cache": (200, rlt("e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
+                              "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
+                              "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 3 "
+                              "--deadline 150",
+                              "huginn-cache")),
+    # Ouro-1.4B with its exit gate at 0.7 (random gates spread over all four loops there): tokens and
+    # exit depths of the exact arm against torch under replay, mean depth per arm; the gate's GPU tests
+    "exit-depths": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
+                             "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90",
+                             "exit-depths")),
+    "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                                "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
+                                "tests/engine/test_prefix_cache_and_exits.py"]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
     "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",

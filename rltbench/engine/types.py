@@ -76,7 +76,9 @@ class SamplingParams:
 class TokenEvent:
     """New token(s) of one request from one `Engine.step()`; `time` is `time.perf_counter()` taken
     right after the sampled ids reached the host. `prefix_hit_tokens` (extension) repeats the
-    request's prompt tokens served from the prefix cache."""
+    request's prompt tokens served from the prefix cache. `exit_depths` (extension, a model with an
+    exit gate only, else None): per token the loops whose output produced it (1..num_loops), because
+    an adaptive-exit model's computation is its tokens and the depth each one exited at."""
 
     request_id: str
     token_ids: list[int]
@@ -84,15 +86,18 @@ class TokenEvent:
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" when finished
     prefix_hit_tokens: int = 0
+    exit_depths: list[int] | None = None
 
 
 @dataclass
 class RequestOutput:
-    """Result of one request of `Engine.generate`; `times[i]` is when `token_ids[i]` was produced."""
+    """Result of one request of `Engine.generate`; `times[i]` is when `token_ids[i]` was produced and
+    `exit_depths[i]` (a model with an exit gate only) the loops it used."""
 
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
+    exit_depths: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     prefix_hit_tokens: int = 0
