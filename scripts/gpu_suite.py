@@ -176,8 +176,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                 "--mode all --repeats 30", "kernels-native")),
     # every arm at decode and prefill row counts with the Liger peer column (carried wheel): the exact
     # and native norms beside Liger at T = 1, 8, 128, 4096, SiLU*up against the device copy
-    "kernels-rows": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,add_rmsnorm_huginn,"
-                              "silu_mul --arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30",
+    "kernels-rows": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
+                              "add_rmsnorm_huginn,silu_mul --arms torch,exact,cuda,approx --dtypes bf16 "
+                              "--mode all --repeats 30",
                               "kernels-rows")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
