@@ -175,3 +175,16 @@ def test_model_forward_equals_torch_in_graph(ext, preset: str, forms: set[str]) 
         assert torch.equal(outs[0][key], outs[1][key]), key
     assert cuda_ops.stats.fallback_count() == 0, cuda_ops.stats.to_dict()
     assert forms <= {op for op, n in cuda_ops.stats.native.items() if n > 0}, cuda_ops.stats.to_dict()
+
+
+def test_norm_refuses_an_output_that_aliases_an_input(ext) -> None:
+    """The norm kernel reads through __restrict__ pointers (loads move ahead of stores), so the
+    binding refuses an output sharing storage with an input instead of computing garbage."""
+    x = torch.randn(8, 2048, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2048, device="cuda").to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="must not share storage"):
+        ext.rms_norm(x, None, None, w, x, None, 1e-6, 1.0 / 2048, 32, True)
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    with pytest.raises(RuntimeError, match="must not share storage"):
+        ext.rms_norm_norm(x, x.clone(), w, w, h, h, None, 1e-6, 1.0 / 2048, 32, True)
+    ext.rms_norm_norm(x, x.clone(), w, w, h, y, None, 1e-6, 1.0 / 2048, 32, True)  # distinct outputs: fine

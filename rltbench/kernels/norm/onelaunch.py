@@ -77,6 +77,7 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 MAX_ITERS = 16    # lowwarp: the static unroll bound (width 2048 at every plan, 5280 down to 128 lanes)
+OUT_CHUNK_PER_WARP = 1024   # lowwarp output pass: columns per warp per chunk (32 per thread)
 
 
 
@@ -218,10 +219,10 @@ def _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, col
                    INTERPRET: tl.constexpr):
     """Epilogue of norm-add-norm at `cols`: h (recomputed, stored) and round(w2 * round(h * rstd2))."""
     h = _vals(a_row, a_row, r_row, w1_ptr, rstd1, cols, m, 2, DT, INTERPRET)
-    store_f32(h_row + cols, h, m, DT, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)       # every load before the first store
     hn = round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET)
-    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
     y = round_to(mul_rn(w2, hn, INTERPRET), DT, INTERPRET)
+    store_f32(h_row + cols, h, m, DT, INTERPRET)
     store_f32(y_row + cols, y, m, DT, INTERPRET)
 
 
@@ -335,9 +336,14 @@ def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.
 def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                          MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
-                         LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+                         LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
+                         OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual). A row one
-    pass covers (ITERS == 1) is loaded once, weight first, and kept in registers."""
+    pass covers (ITERS == 1) is loaded once, weight first, and kept in registers. A longer row is
+    read twice: the sum in torch's lane order, then the output over flat chunks of OUT_CHUNK
+    columns, each loaded whole before any of it is stored (``out`` may alias an input as far as the
+    compiler knows, so a load after a store waits for it: per-vector epilogues serialised a row
+    into ITERS round trips)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
     b_row = b_ptr + row * sb
@@ -361,10 +367,9 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
         total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
                        ITERS, TL_SUM)
         var, rstd = _rstd(total, factor, eps, INTERPRET)
-        for it in tl.static_range(ITERS):
-            k = it * (R * 32 * NW) + lane
-            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, k * 4 + i, (k < nvec) & (i < 4), MODE, HAS_R,
-                      DT, INTERPRET)
+        for c in tl.static_range(OUT_CHUNKS):
+            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
+            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -373,8 +378,10 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
 def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
-                              ITERS: tl.constexpr, TL_SUM: tl.constexpr):
-    """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers."""
+                              ITERS: tl.constexpr, TL_SUM: tl.constexpr, OUT_CHUNK: tl.constexpr,
+                              OUT_CHUNKS: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers;
+    longer rows are written over flat chunks, as in _lowwarp_norm_kernel."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
     r_row = r_ptr + row * sr
@@ -401,10 +408,10 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
         t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
                     TL_SUM)
         var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
-        for it in tl.static_range(ITERS):
-            k = it * (R * 32 * NW) + lane
-            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, k * 4 + i,
-                           (k < nvec) & (i < 4), DT, INTERPRET)
+        for c in tl.static_range(OUT_CHUNKS):
+            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
+            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, cols < N, DT,
+                           INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row * 2, var1)
         tl.store(var_ptr + row * 2 + 1, var2)
@@ -463,6 +470,8 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         consts |= {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
                    "ITERS": triton.cdiv(W // 4, plan.lanes), "TL_SUM": cfg.tree == "tl_sum" and not interp,
                    "num_warps": 1 if interp else nw}   # the interpreter runs the same layout
+        chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
+        consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk)}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,

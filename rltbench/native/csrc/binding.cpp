@@ -43,6 +43,13 @@ void check_weight(const at::Tensor& w, const at::Tensor& x, const char* name) {
               "native kernels: ", name, " must be a contiguous [", x.size(1), "] vector");
 }
 
+// The norm kernel's pointers are __restrict__: an output may share no storage with any input.
+void check_no_alias(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs, const char* name) {
+  for (const at::Tensor* t : inputs) {
+    TORCH_CHECK(t == nullptr || !out.is_alias_of(*t), "native kernels: ", name, " must not share storage with an input");
+  }
+}
+
 int64_t row_stride(const at::Tensor& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
 
 int log2_lanes(int64_t lanes) {
@@ -91,6 +98,8 @@ void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& branch,
   rltb::NormArgs a = norm_args(x, w, eps, factor, lanes, warp_down);
   TORCH_CHECK(!(branch.has_value() && residual.has_value()), "native rms_norm: branch and residual are exclusive");
   check_out(out, x, "out");
+  check_no_alias(out, {&x, &w, branch.has_value() ? &*branch : nullptr, residual.has_value() ? &*residual : nullptr},
+                 "out");
   check_var(var_out, x, 1);
   a.out = out.data_ptr();
   a.var = var_out.has_value() ? var_out->data_ptr<float>() : nullptr;
@@ -119,6 +128,8 @@ void rms_norm_norm(const at::Tensor& residual, const at::Tensor& branch, const a
   check_weight(w2, branch, "w2");
   check_out(h_out, branch, "h_out");
   check_out(y_out, branch, "y_out");
+  check_no_alias(h_out, {&residual, &branch, &w1, &w2}, "h_out");
+  check_no_alias(y_out, {&residual, &branch, &w1, &w2, &h_out}, "y_out");
   check_var(var_out, branch, 2);
   a.r = residual.data_ptr();
   a.sr = row_stride(residual);

@@ -133,7 +133,10 @@ __device__ __forceinline__ const T* row_ptr(const void* base, int64_t row, int64
 // ---------------------------------------------------------------------------------------------
 // Aligned rows (n % 4 == 0, every row 4-element aligned): no head or tail, one vector access per
 // torch vector; the first kCache vectors of a lane stay in registers from the sum to the output
-// and the weights' stay there across the rows a block walks through.
+// and the weights' stay there across the rows a block walks through. Inputs and outputs are
+// __restrict__ (the binding refuses an output that shares storage with an input) and the loops past the cache are
+// unrolled, so loads are issued ahead of the stores before them: a load after a store that may
+// alias it waits for the store, one dependent round trip per vector.
 // ---------------------------------------------------------------------------------------------
 template <typename T, int MODE, bool HAS_R>
 __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
@@ -145,8 +148,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
   const int lane = torch_lane(h, warp, k, a.warp_down != 0);
   const int64_t nvec = a.n >> 2;
   const int iters = lane < nvec ? static_cast<int>((nvec - 1 - lane) >> k) + 1 : 0;  // lanes = 2^k
-  const V* w1 = static_cast<const V*>(a.w1);
-  const V* w2 = static_cast<const V*>(a.w2);
+  const V* __restrict__ w1 = static_cast<const V*>(a.w1);
+  const V* __restrict__ w2 = static_cast<const V*>(a.w2);
   V w1c[kCache], w2c[kCache];
 #pragma unroll
   for (int c = 0; c < kCache; ++c) {
@@ -163,8 +166,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
     const bool active = row < a.rows;
     const int64_t rrow = active ? row : 0;
     const int its = active ? iters : 0;
-    const V* xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, rrow, a.sx));
-    const V* orow = reinterpret_cast<const V*>(MODE == kNormAdd ? row_ptr<T>(a.b, rrow, a.sb)
+    const V* __restrict__ xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, rrow, a.sx));
+    const V* __restrict__ orow = reinterpret_cast<const V*>(MODE == kNormAdd ? row_ptr<T>(a.b, rrow, a.sb)
                                                                 : row_ptr<T>(kOther ? a.r : a.x, rrow, a.sr));
     V xc[kCache], oc[kCache];
 #pragma unroll
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
         for (int i = 0; i < 4; ++i) add_square(acc[i], first_value<T, MODE>(xc[c].v[i], oc[c].v[i]));
       }
     }
+#pragma unroll 4
     for (int it = kCache; it < its; ++it) {
       const V xv = xr[lane + it * lanes];
       V ov = xv;
@@ -197,9 +201,9 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
     const float rstd1 = inv_rms(row_total(combine(acc), part[buf][threadIdx.y], nw, warp, h), a.factor, a.eps, &var1);
     buf ^= 1;
     const int64_t out_base = rrow * (a.n >> 2);
-    V* out = static_cast<V*>(a.out) + out_base;
+    V* __restrict__ out = static_cast<V*>(a.out) + out_base;
     if constexpr (kNN) {
-      V* out2 = static_cast<V*>(a.out2) + out_base;
+      V* __restrict__ out2 = static_cast<V*>(a.out2) + out_base;
       float hc[kCache][4];
       float acc2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -212,7 +216,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
           }
         }
       }
-      for (int it = kCache; it < its; ++it) {
+  #pragma unroll 4
+    for (int it = kCache; it < its; ++it) {
         const int64_t idx = lane + it * lanes;
         const V xv = xr[idx], rv = orow[idx], wv = w1[idx];
 #pragma unroll
@@ -233,7 +238,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
           out2[lane + c * lanes] = yv;
         }
       }
-      for (int it = kCache; it < its; ++it) {
+  #pragma unroll 4
+    for (int it = kCache; it < its; ++it) {
         const int64_t idx = lane + it * lanes;
         const V xv = xr[idx], rv = orow[idx], wv = w1[idx], w2v = w2[idx];
         V hv, yv;
@@ -258,7 +264,8 @@ __global__ void __launch_bounds__(512) norm_vec_kernel(const NormArgs a) {
           out[lane + c * lanes] = o;
         }
       }
-      for (int it = kCache; it < its; ++it) {
+  #pragma unroll 4
+    for (int it = kCache; it < its; ++it) {
         const int64_t idx = lane + it * lanes;
         const V xv = xr[idx], wv = w1[idx];
         V ov = xv, o;
