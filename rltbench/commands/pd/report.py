@@ -222,6 +222,8 @@ def table_markdown(a: dict[str, Any]) -> str:
     L = [f"# rltbench pd: {cfg.get('model')}{layout}, {cfg.get('num_kv_planes')} KV planes", ""]
     if s["random_weights"]:
         L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+    for note in cfg.get("notes") or []:
+        L += [f"**note: {note}**", ""]
     if s["no_verdict"]:
         L += [f"**note: no speed verdicts: {s['no_verdict']} cannot say whether pd is faster**", ""]
     if s["exact_arm_mismatch"]:
