@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One call on a lent GPU box (no network, results fetched from $OUT): run the given gpu_suite.py
-# stages under an overall time budget, then pack what they wrote so it comes back.
+# One command on a remote GPU machine without network access whose files come back through $OUT:
+# run the given gpu_suite.py stages under an overall time budget, then pack what they wrote.
 #
 #   RLTBENCH_GIT_SHA=<sha> bash scripts/device_call.sh BUDGET_S stage [stage ...]
 #
-# <sha>: the local checkout's `git rev-parse HEAD`, written into the command as a literal. The lent
-# box's copy of the tree can carry stale git metadata (session 5: one commit behind its files), so
-# $(git rev-parse HEAD) evaluated there names the wrong commit in every manifest.
+# <sha>: the local checkout's `git rev-parse HEAD`, written into the command as a literal. A copied
+# tree can carry stale git metadata (seen: one commit behind its files), so $(git rev-parse HEAD)
+# evaluated on the remote machine names the wrong commit in every manifest.
 #
 # Triton's compile cache lives in .tcache/ (TRITON_CACHE_DIR) and is packed too: copied to
 # .tcache.txz and carried into the next call, it saves the fast exact norm's start-up compiles

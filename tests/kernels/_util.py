@@ -92,6 +92,19 @@ def bulk_bitwise(ops, reference_ops, big: dict, dtype: torch.dtype, gen: torch.G
     return total
 
 
+# (op, tokens, width) for the GPU tests' big batches (>= 1e8 elements per dtype over all ops):
+# model widths and odd ones, shared by the exact and the native arm's tests
+BIG = {
+    "rmsnorm": [(8192, 2048), (2000, 5633)],
+    "rmsnorm_huginn": [(4096, 5280), (999, 4097)],
+    "rmsnorm_residual": [(8192, 2048), (1024, 5633)],
+    "add_rmsnorm_huginn": [(4096, 5280), (777, 3001)],
+    "rope_neox": [(8192, 2048)],
+    "rope_interleaved": [(8192, 5280)],
+    "silu_mul": [(4096, 5632), (2000, 17920), (333, 5635)],
+}
+
+
 def offset_copy(t: torch.Tensor, by: int = 1) -> torch.Tensor:
     """A copy of t that starts `by` elements into its storage (breaks 16-byte alignment)."""
     buf = torch.empty(t.numel() + by, dtype=t.dtype, device=t.device)

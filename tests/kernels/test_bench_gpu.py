@@ -29,6 +29,7 @@ def test_kernels_command_on_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
     out = tmp_path / "gpu"
     args = ["kernels", "--ops", "rmsnorm,rope_neox,silu_mul", "--tokens", "1,128", "--dtypes", "bf16",
+            "--arms", "torch,exact,approx",
             "--widths", "2048", "--repeats", "20", "--mode", "both", "--no-peer", "--result-dir", str(out)]
     res = CliRunner().invoke(_app(), args, catch_exceptions=False)
     assert res.exit_code == 0, res.output

@@ -14,6 +14,7 @@ from rltbench.kernels import OPS, OpSelection, make_ops
 from rltbench.kernels import reference as ref
 from rltbench.kernels.norm import native as nn
 from tests.kernels._util import (
+    BIG,
     arm_bitwise_cuda,
     assert_bitwise,
     graph_replay_bitwise,
@@ -24,16 +25,6 @@ from tests.kernels._util import (
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 EPS = 1e-6
-# (op, tokens, width) for the big batches: model widths and odd ones
-BIG = {
-    "rmsnorm": [(8192, 2048), (2000, 5633)],
-    "rmsnorm_huginn": [(4096, 5280), (999, 4097)],
-    "rmsnorm_residual": [(8192, 2048), (1024, 5633)],
-    "add_rmsnorm_huginn": [(4096, 5280), (777, 3001)],
-    "rope_neox": [(8192, 2048)],
-    "rope_interleaved": [(8192, 5280)],
-    "silu_mul": [(4096, 5632), (2000, 17920), (333, 5635)],
-}
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,15 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
     if constexpr (INTERLEAVED) {
       const float* c = static_cast<const float*>(a.cos) + t * a.sct + g * E;
       const float* s = static_cast<const float*>(a.sin) + t * a.sst + g * E;
-      const Pack<T, 2 * E> xv = load_pack<T, 2 * E>(x + 2 * E * g);
+      // E == 1 serves any layout: its pair is read element by element (a pair need not start on a
+      // 2-element boundary when q or k sits at an odd storage offset)
+      Pack<T, 2 * E> xv;
+      if constexpr (E == 1) {
+        xv.v[0] = x[2 * g];
+        xv.v[1] = x[2 * g + 1];
+      } else {
+        xv = load_pack<T, 2 * E>(x + 2 * E * g);
+      }
       const Pack<float, E> cv = load_pack<float, E>(c), sv = load_pack<float, E>(s);
       Pack<T, 2 * E> ov;
 #pragma unroll
@@ -64,7 +72,12 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
         ov.v[2 * i] = Traits<T>::from_float(__fsub_rn(__fmul_rn(x0, cv.v[i]), __fmul_rn(x1, sv.v[i])));
         ov.v[2 * i + 1] = Traits<T>::from_float(__fadd_rn(__fmul_rn(x1, cv.v[i]), __fmul_rn(x0, sv.v[i])));
       }
-      store_pack<T, 2 * E>(o + 2 * E * g, ov);
+      if constexpr (E == 1) {
+        o[2 * g] = ov.v[0];
+        o[2 * g + 1] = ov.v[1];
+      } else {
+        store_pack<T, 2 * E>(o + 2 * E * g, ov);
+      }
     } else {
       const int half = a.d / 2;
       const int j = static_cast<int>(g) * E;
