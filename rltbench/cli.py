@@ -85,13 +85,14 @@ def _end_unfinished_runs(exc: BaseException) -> None:
         rundir.end_unfinished_runs(exc)
 
 
-def _interrupted_line() -> str:
-    """The console's last line after Ctrl-C: where the finished results are, if any run started."""
+def _say_interrupted(exc: BaseException) -> None:
+    """After Ctrl-C: end the runs left `running`, and one line saying where the finished results are."""
+    _end_unfinished_runs(exc)
     rundir = sys.modules.get("rltbench.results.rundir")
     paths = rundir.runs_created() if rundir is not None else []
-    if not paths:
-        return "interrupted before any result was written"
-    return f"interrupted: finished results were kept in {', '.join(str(p) for p in paths)}"
+    line = ("interrupted before any result was written" if not paths
+            else f"interrupted: finished results were kept in {', '.join(str(p) for p in paths)}")
+    err_console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True)
 
 
 def _user_errors_exit_2(func, takes_arms: bool = False):
@@ -112,8 +113,7 @@ def _user_errors_exit_2(func, takes_arms: bool = False):
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
         except KeyboardInterrupt as exc:  # typer would exit 130 silently
-            _end_unfinished_runs(exc)
-            err_console.print(f"[yellow]{_interrupted_line()}[/]", highlight=False, soft_wrap=True)
+            _say_interrupted(exc)
             raise typer.Exit(code=130) from None
         except typer.Exit:
             raise
@@ -156,7 +156,11 @@ class LazyCommands(TyperGroup):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
-            self.add_command(_command(cmd_name), cmd_name)
+            try:
+                self.add_command(_command(cmd_name), cmd_name)
+            except KeyboardInterrupt as exc:  # while torch imports; typer then exits 130 silently
+                _say_interrupted(exc)
+                raise
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -249,9 +253,8 @@ def _run_app(argv: list[str] | None) -> int:
     except UsageError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
-    except KeyboardInterrupt as exc:  # while a command loads (torch import), before its wrapper runs
-        _end_unfinished_runs(exc)
-        err_console.print(f"[yellow]{_interrupted_line()}[/]", highlight=False, soft_wrap=True)
+    except KeyboardInterrupt as exc:  # before or after typer's own handler (which exits 130 silently)
+        _say_interrupted(exc)
         return 130
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
