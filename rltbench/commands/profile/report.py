@@ -86,18 +86,19 @@ def table_markdown(s: dict[str, Any]) -> str:
         unit, tunit = "kernels", "GPU ms"
         lines += _decode_step_facts(s.get("decode_step"))
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
+    gpu = mode != "cpu"  # on CPU there are no graph nodes to compare and no speed ratio to show
     rows = []
     for name, a in arms.items():
         k = a.get("kernels_per_step")
         med, p10, p90 = _step_ms(a, mode)
         ratio = ref / med if med and math.isfinite(med) and math.isfinite(ref) else float("nan")
         agree = {True: "yes", False: "**NO**", None: "n/a"}[a.get("agree")]
-        row = [name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"), agree,
-               f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch)]
-        rows.append(row if mode == "cpu" else [*row, f"{_f(ratio, '.2f')}x"])
-    header = ["arm", f"{unit}/step", f"{unit}/token", "graph nodes = profiler", f"{tunit}/step (p10-p90)",
-              f"{tunit}/token"]
-    lines += table(header if mode == "cpu" else [*header, "vs torch"], rows)
+        rows.append([name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"),
+                     *([agree] if gpu else []), f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch),
+                     *([f"{_f(ratio, '.2f')}x"] if gpu else [])])
+    header = ["arm", f"{unit}/step", f"{unit}/token", *(["graph nodes = profiler"] if gpu else []),
+              f"{tunit}/step (p10-p90)", f"{tunit}/token", *(["vs torch"] if gpu else [])]
+    lines += table(header, rows)
     lines.append("")
     wb = s.get("weight_bytes") or {}
     if mode == "gpu":
