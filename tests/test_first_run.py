@@ -102,13 +102,20 @@ def test_help_spells_dtypes_one_way(command: str, monkeypatch, capsys) -> None:
         assert f"{torch_name}," not in out and f"({torch_name}" not in out, (command, torch_name)
 
 
+# each run is tiny, so that a regression (the item skipped, the run done) fails fast
+KERNELS = ["kernels", "--ops", "rmsnorm", "--widths", "8", "--dtypes", "fp32", "--arms", "torch",
+           "--repeats", "1"]
+E2E = ["e2e", "--model", "ouro-tiny", "--arms", "torch", "--input-len", "4", "--output-len", "1",
+       "--repeats", "1"]
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["kernels", "--tokens", "1,,8"], "--tokens '1,,8': an empty item"),
-        (["kernels", "--ops", "rmsnorm,"], "--ops 'rmsnorm,': an empty item"),
-        (["e2e", "--concurrency", "1,,8"], "--concurrency '1,,8': an empty item"),
-        (["e2e", "--arms", "torch,,exact"], "an empty item"),
+        ([*KERNELS, "--tokens", "1,,8"], "--tokens '1,,8': an empty item"),
+        ([*KERNELS, "--ops", "rmsnorm,"], "--ops 'rmsnorm,': an empty item"),
+        ([*E2E, "--concurrency", "1,,8"], "--concurrency '1,,8': an empty item"),
+        ([*E2E, "--arms", "torch,,exact"], "an empty item"),
     ],
 )
 def test_an_empty_item_in_a_comma_list_is_refused(argv, needle, tmp_path, capsys) -> None:
