@@ -52,7 +52,8 @@ def caveat(fig: Any, reasons: list[str | None]) -> None:
     interpreter, random weights): a plot is often seen without the table that says so."""
     text = "; ".join(r for r in reasons if r)
     if text:
-        fig.text(0.5, 1.0, text, ha="center", va="bottom", fontsize=8, color="#b22222", wrap=True)
+        # below the figure (the saved PNG's tight box grows to hold it), clear of titles and legends
+        fig.text(0.5, -0.01, text, ha="center", va="top", fontsize=8, color="#b22222")
 
 
 def png_bytes(fig: Any) -> bytes:
