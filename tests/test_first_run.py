@@ -277,3 +277,22 @@ def test_cpu_profile_plot_says_no_verdict() -> None:
     fig = breakdown_figure(_cpu_summary())
     texts = " ".join(t.get_text() for t in fig.texts)
     assert "no speed verdict" in texts
+
+
+def test_gsm8k_on_cpu_defaults_to_a_few_questions(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`gsm8k --model ouro-tiny` on CPU started all 1319 questions (hours); it takes 8 and says so."""
+    import rltbench.commands.gsm8k.evaluate as ev
+    from rltbench.textcodec import train_fallback_tokenizer
+
+    def stop(*args, **kwargs):  # the questions are chosen by now; evaluating them is not this test
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ev, "run_arm", stop)
+    tok = tmp_path / "tokenizer.json"
+    train_fallback_tokenizer(["Q: 3 + 4? A: 7.\n"] * 20, model_vocab=256).save(str(tok))
+    out = tmp_path / "run"
+    argv = ["gsm8k", "--model", "ouro-tiny", "--arms", "torch", "--device", "cpu", "--tokenizer", str(tok),
+            "--result-dir", str(out)]
+    assert main(argv) == 130
+    assert "--limit 8 on CPU" in " ".join(capsys.readouterr().out.split())
+    assert json.loads((out / "manifest.json").read_text())["config"]["limit"] == 8
