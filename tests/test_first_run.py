@@ -296,3 +296,12 @@ def test_gsm8k_on_cpu_defaults_to_a_few_questions(tmp_path: Path, monkeypatch, c
     assert main(argv) == 130
     assert "--limit 8 on CPU" in " ".join(capsys.readouterr().out.split())
     assert json.loads((out / "manifest.json").read_text())["config"]["limit"] == 8
+
+
+def test_random_weights_line_calls_cpu_timings_meaningless() -> None:
+    """The e2e/pd table header said '(token ids and timings are)' meaningful on CPU runs too."""
+    from rltbench.results.serving_stats import no_verdict_reason, random_weights_line
+
+    cpu = random_weights_line(no_verdict_reason({"device": "cpu"}))
+    assert "timings are" not in cpu and "no verdict" in cpu
+    assert "token ids and timings are" in random_weights_line(no_verdict_reason({"device": "cuda:0"}))

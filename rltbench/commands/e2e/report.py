@@ -33,6 +33,7 @@ from rltbench.results.serving_stats import (
     mismatch_text,
     no_verdict_reason,
     paired_deltas,
+    random_weights_line,
     replay_identity,
 )
 from rltbench.results.stats import is_aa
@@ -173,7 +174,7 @@ def table_markdown(a: dict[str, Any]) -> str:
     cfg, ref, arms = a["config"], a["ref"], a["arms"]
     L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
     if cfg.get("random_weights"):
-        L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+        L += [random_weights_line(a["summary"].get("no_verdict")), ""]
     notes = list(cfg.get("notes") or [])
     if len(arms) > 1 and not any(is_aa(arm, ref) for arm in arms):
         notes.append(
