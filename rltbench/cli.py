@@ -85,6 +85,13 @@ def _end_unfinished_runs(exc: BaseException) -> None:
         rundir.end_unfinished_runs(exc)
 
 
+def _forget_earlier_runs() -> None:
+    """A command starts: the runs an earlier command of this process created are not its own."""
+    rundir = sys.modules.get("rltbench.results.rundir")
+    if rundir is not None:
+        rundir.forget_created_runs()
+
+
 def _say_interrupted(exc: BaseException) -> None:
     """After Ctrl-C: end the runs left `running`, and one line saying where the finished results are."""
     _end_unfinished_runs(exc)
@@ -103,6 +110,7 @@ def _user_errors_exit_2(func, takes_arms: bool = False):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        _forget_earlier_runs()
         try:
             if takes_arms:
                 knobs.check_environment()
@@ -248,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_app(argv: list[str] | None) -> int:
+    _forget_earlier_runs()
     try:
         rv = app(args=argv, standalone_mode=False)
     except UsageError as exc:

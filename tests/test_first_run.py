@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,24 @@ def _bad_input_found_late(result_dir: str = "") -> None:
     """A stand-in command: bad input (a corrupt file) found after the run directory was made."""
     RunDir.create("kernels", result_dir)
     raise UsageError("the weights file is corrupt")
+
+
+def _terminated_after_a_run_started(result_dir: str = "") -> None:
+    """A stand-in command: it made its run directory, then a scheduler sent SIGTERM."""
+    RunDir.create("kernels", result_dir)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler raises before this ends
+
+
+def test_sigterm_ends_a_run_like_ctrl_c(tmp_path: Path, monkeypatch, capsys) -> None:
+    """SIGTERM (`timeout`, a job scheduler) left the run 'running' with no word of what was kept."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("this process already handles SIGTERM")
+    monkeypatch.setitem(cli.COMMANDS, "stand-in", (__name__, "_terminated_after_a_run_started"))
+    run = tmp_path / "run"
+    assert main(["stand-in", "--result-dir", str(run)]) == 130
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # main() put the default back
 
 
 def test_ctrl_c_names_the_kept_run_and_marks_it_interrupted(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -108,9 +108,15 @@ def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
     return path
 
 
-# every run this process created, in order: what the CLI reports after Ctrl-C, and what it closes
-# when a command ends by an exception before saying how its run ended (see end_unfinished_runs)
+# every run the current command created, in order: what the CLI reports after Ctrl-C, and what it
+# closes when the command ends by an exception before saying how its run ended (end_unfinished_runs)
 _CREATED: list[RunDir] = []
+
+
+def forget_created_runs() -> None:
+    """A new command starts (the CLI calls this): runs of earlier commands in this process are not
+    its runs."""
+    _CREATED.clear()
 
 
 def runs_created() -> list[Path]:
