@@ -42,6 +42,8 @@ COMMANDS = {
     "serve": ("rltbench.commands.serve.cli", "serve_command"),
     "tune": ("rltbench.commands.tune.cli", "tune_command"),
     "pd": ("rltbench.commands.pd.cli", "pd_command"),
+    "capacity": ("rltbench.commands.capacity.cli", "capacity_command"),
+    "prefill": ("rltbench.commands.prefill.cli", "prefill_command"),
 }
 RENDERERS = {
     "kernels": ("rltbench.commands.kernels.report", "render"),
@@ -49,6 +51,8 @@ RENDERERS = {
     "profile": ("rltbench.commands.profile.report", "render"),
     "gsm8k": ("rltbench.commands.gsm8k.report", "render"),
     "pd": ("rltbench.commands.pd.report", "render"),
+    "capacity": ("rltbench.commands.capacity.report", "render"),
+    "prefill": ("rltbench.commands.prefill.report", "render"),
 }
 
 

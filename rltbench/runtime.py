@@ -122,12 +122,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 class ModelSource:
     """Which model to run: preset `preset` with seeded random weights, or the checkpoint `weights`;
     `kv_layout` overrides a Huginn model's KV layout (full: one plane per layer application, or
-    compress), None keeps the model's own."""
+    compress), None keeps the model's own; `exit_threshold` sets an Ouro model's exit gate (each token
+    takes the first loop whose exit CDF reaches it), None keeps the model's own."""
 
     preset: str = "ouro-1.4b"
     weights: str = "random"
     seed: int = 0
     kv_layout: str | None = None
+    exit_threshold: float | None = None
 
     @property
     def random(self) -> bool:
@@ -141,7 +143,10 @@ class ModelSource:
     @property
     def overrides(self) -> dict[str, Any]:
         """The config fields this source overrides, as the model builders take them."""
-        return {} if self.kv_layout is None else {"kv_layout": self.kv_layout}
+        out: dict[str, Any] = {} if self.kv_layout is None else {"kv_layout": self.kv_layout}
+        if self.exit_threshold is not None:
+            out["early_exit_threshold"] = self.exit_threshold
+        return out
 
     def config(self) -> ModelConfig:
         """The model's config without its weights: bad presets, checkpoints and overrides fail here, early."""
@@ -156,11 +161,14 @@ class ModelSource:
             if not (ckpt / "config.json").is_file():
                 raise UsageError(f"--weights {self.weights}: no config.json there (or use --weights random)")
             config = config_from_hf(ckpt / "config.json")
-        if self.kv_layout is None:
-            return config
-        if config.family != "huginn":
+        if self.kv_layout is not None and config.family != "huginn":
             raise UsageError(f"--kv-layout is a Huginn option; {config.name} is {config.family}")
-        return apply_overrides(config, kv_layout=self.kv_layout)
+        if self.exit_threshold is not None:
+            if config.family != "ouro":
+                raise UsageError(f"--exit-threshold is an Ouro option; {config.name} is {config.family}")
+            if not 0.0 < self.exit_threshold < 1.0:
+                raise UsageError(f"--exit-threshold {self.exit_threshold:g}: must lie in (0, 1)")
+        return apply_overrides(config, **self.overrides) if self.overrides else config
 
 
 def check(source: ModelSource, device: str | None, dtype: str | None) -> tuple[str, torch.dtype, ModelConfig]:

@@ -140,6 +140,22 @@ STAGES: dict[str, tuple[int, list[str]]] = {
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
              "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
     ]).replace("TRACE", "$d/trace.jsonl")]),
+    # Huginn-0125 sessions with the prefix cache off (torch, A/A torch#2) and on (torch+cache), ABBA over
+    # 3 repetitions: output tok/s and TTFT on/off with the A/A spread, prefix-hit rates, and every
+    # cache-off run replaying the cache-on schedule (hit prefixes recomputed) to the same tokens
+    "huginn-cache": (200, rlt("e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
+                              "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
+                              "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 3 "
+                              "--deadline 150",
+                              "huginn-cache")),
+    # Ouro-1.4B with its exit gate at 0.7 (random gates spread over all four loops there): tokens and
+    # exit depths of the exact arm against torch under replay, mean depth per arm; the gate's GPU tests
+    "exit-depths": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
+                             "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90",
+                             "exit-depths")),
+    "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+                                "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
+                                "tests/engine/test_prefix_cache_and_exits.py"]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
     "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
@@ -158,6 +174,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                            str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
     "kernels-native": (300, rlt("kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
                                 "--mode all --repeats 30", "kernels-native")),
+    # every arm at decode and prefill row counts with the Liger peer column (carried wheel): the exact
+    # and native norms beside Liger at T = 1, 8, 128, 4096, SiLU*up against the device copy
+    "kernels-rows": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
+                              "add_rmsnorm_huginn,silu_mul --arms torch,exact,cuda,approx --dtypes bf16 "
+                              "--mode all --repeats 30",
+                              "kernels-rows")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
@@ -178,6 +200,17 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # prefill/decode disaggregation (docs/pd.md) on nvidia-h200-x2: prefill on cuda:0, decode on cuda:1,
     # each request's KV (every plane) one NCCL message, against the colocated exact engine on cuda:0;
     # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells
+    # KV capacity per model and layout at an 8 GiB KV budget, with a burst at the largest C of each
+    # engine row (Ouro 37, Huginn full 10, compress 176 requests of 256+32 tokens); ~90 s
+    "capacity": (240, rlt("capacity --models ouro-1.4b,huginn-0125 --kv-layouts full,compress --memory-gib 8 "
+                          "--input-len 256 --output-len 32 --burst --arms torch --repeats 1 --dtype bfloat16 "
+                          "--device cuda --seed 0", "capacity")),
+    # long prompts: packed against one-request-per-step prefill, 4 prompts of 2048 and 4092 tokens (Huginn's
+    # longest with 4 generated), A/A copy of the packed policy; eager prefill steps (a graph saves nothing
+    # at thousands of tokens per step and its capture would double the warm-up); ~90 s
+    "prefill-long": (240, rlt("prefill --models ouro-1.4b,huginn-0125 --input-lens 2048,4092 --concurrency 4 "
+                              "--output-len 4 --repeats 2 --max-num-batched-tokens 8192 --arms torch "
+                              "--no-prefill-graphs --dtype bfloat16 --device cuda --seed 0", "prefill-long")),
     "pd": (420, rlt(f"pd {PD} --model ouro-1.4b --devices cuda:0,cuda:1 --deadline 330", "pd")),
     "pd-huginn": (570, rlt(f"pd {PD} --model huginn-0125 --kv-layout full --devices cuda:0,cuda:1 "
                            "--deadline 450", "pd-huginn")),

@@ -10,7 +10,8 @@ counters (empty for servers).
 A record is a plain dict (a row of the e2e requests.jsonl): `send`, `first`, `last` (perf_counter
 seconds), `token_ids` (None where a server does not return ids; then `n_tokens`), `event_times` /
 `event_tokens` (one entry per streamed event and how many tokens it carried), `status` (ok, error,
-timeout, length_mismatch), `error`, `finish_reason`, `prefix_hit_tokens`, and `text` for text prompts.
+timeout, length_mismatch), `error`, `finish_reason`, `prefix_hit_tokens`, `text` for text prompts, and
+`exit_depths` (one per token id) where the model has an exit gate.
 """
 
 from __future__ import annotations

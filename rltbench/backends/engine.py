@@ -10,18 +10,59 @@ The client side is simulated on the engine's step loop: a request is "sent" at i
 counts as queueing, as it would for a request waiting at a real server. A request with `stop` strings
 (the quality gate) is aborted at the step whose tokens complete one, decoded with the backend's
 codec, so it costs no decode step after its stop.
+
+A scheduled arm may be a *variant*: an engine arm under one prefix-cache setting (`EngineVariant`),
+so the cache on and off are scheduled, interleaved and compared like kernel arms while sharing one
+set of graphs and one pool (`prefix_cache_variants` names them).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts, finalize, new_record
 from rltbench.bench.warmth import frozen_window
 from rltbench.engine.schedule import Schedule
 from rltbench.engine.types import SamplingParams
+from rltbench.errors import UsageError
+
+CACHE_ON_SUFFIX = "+cache"
+
+
+@dataclass(frozen=True)
+class EngineVariant:
+    """A scheduled arm as the engine runs it: kernel arm `engine_arm` with the prefix cache on or off."""
+
+    engine_arm: str
+    prefix_caching: bool
+
+
+def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict[str, EngineVariant]:
+    """The scheduled arms of `arms` x prefix-cache `settings`, in that order. With one setting the
+    arms keep their names; with the cache off and on, the cache-off run keeps the name (it is the
+    baseline: `torch` stays the reference) and the cache-on run of arm A is `A+cache`. A/A copies
+    (`torch#2`) run under the first setting only: they measure the reference's own noise floor."""
+    out: dict[str, EngineVariant] = {}
+    both = len(set(settings)) > 1
+    for k, on in enumerate(settings):
+        for arm in arms:
+            base, sep, copy = arm.partition("#")
+            if k > 0 and sep:
+                continue
+            name = f"{base}{CACHE_ON_SUFFIX}{sep}{copy}" if both and on else arm
+            out[name] = EngineVariant(arm, on)
+    return out
+
+
+def parse_prefix_cache(text: str) -> tuple[bool, ...]:
+    """`--prefix-cache on`, `off`, `off,on` or `on,off` -> the settings in schedule order."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in ("on", "off") for w in words) or len(set(words)) != len(words):
+        raise UsageError(f"--prefix-cache {text!r}: expected on, off, or both (off,on)")
+    return tuple(w == "on" for w in words)
 
 
 def _stop_tail_len(stops: Sequence[str]) -> int:
@@ -40,10 +81,13 @@ class EngineBackend:
     )
     supports_replay = True
 
-    def __init__(self, engine: Any, arms: Sequence[str] = (), codec: Any = None):
+    def __init__(self, engine: Any, arms: Sequence[str] = (), codec: Any = None,
+                 variants: Mapping[str, EngineVariant] | None = None):
         self.engine = engine
         self.arms = list(arms)
         self.codec = codec  # decodes tails for `stop` strings (text requests of the quality gate)
+        self.variants = dict(variants or {})  # scheduled arm -> engine arm and prefix-cache setting
+        self.last_replay_depths: dict[int, list[int]] = {}  # request index -> exit depths (exit gate)
         # the last timed cell: its schedule (for replays), request ids -> requests, cold-work counts
         self.last_schedule: Schedule | None = None
         self.last_requests: dict[str, Request] = {}
@@ -55,7 +99,7 @@ class EngineBackend:
         session shapes vary and run eagerly), the largest eager prefill step (allocator and cuBLAS),
         then a small burst through the real step loop. Timed cells then run frozen (no capture)."""
         eng = self.engine
-        eng.set_arm(arm)
+        self._select(arm)
         eng.warmup()
         lens = {len(r.prompt) for r in requests}
         if len(lens) == 1:
@@ -70,7 +114,7 @@ class EngineBackend:
         a GPU, so prefill is compared too; on CPU they would run in the Triton interpreter, so eager
         steps keep the arm's own ops there."""
         eng = self.engine
-        eng.set_arm(arm)
+        self._select(arm)
         fused = eng.fused_ops if eng.device.type == "cuda" else None
         out = eng.replay(
             schedule,
@@ -78,13 +122,25 @@ class EngineBackend:
             {rid: r.output_len for rid, r in requests.items()},
             eager_ops=fused,
         )
+        depths = getattr(eng, "last_replay_depths", None) or {}
+        self.last_replay_depths = {requests[rid].index: d for rid, d in depths.items()}
         return {requests[rid].index: toks for rid, toks in out.items()}
 
+    def _select(self, arm: str) -> None:
+        """Make the engine run scheduled arm `arm`: its engine arm, and a variant's prefix-cache setting."""
+        v = self.variants.get(arm)
+        self.engine.set_arm(v.engine_arm if v else arm)
+        if v is not None:
+            self.engine.set_prefix_caching(v.prefix_caching)
+
     def stats(self, arm: str | None = None) -> dict[str, Any]:
-        """The engine's counters for `arm` (the engine keeps counters per arm; switching needs it idle)."""
+        """The engine's counters for `arm` (the engine keeps counters per engine arm, shared by its
+        prefix-cache variants; switching needs it idle)."""
         try:
-            if arm is not None and getattr(self.engine, "arm", arm) != arm:
-                self.engine.set_arm(arm)
+            if arm is not None:
+                v = self.variants.get(arm)
+                if getattr(self.engine, "arm", arm) != (v.engine_arm if v else arm):
+                    self._select(arm)
             return dict(self.engine.stats())
         except Exception:  # stats are informative only
             return {}
@@ -105,7 +161,7 @@ class EngineBackend:
         A timed cell runs on a frozen engine (no graph capture), records its schedule
         (`last_schedule`, for replays on other arms) and counts cold work (`last_cold_work`)."""
         eng = self.engine
-        eng.set_arm(arm)
+        self._select(arm)
         if reset_prefix_cache:
             eng.reset_prefix_cache()
         if not timed:
@@ -200,6 +256,9 @@ class EngineBackend:
                         prog.ttfts.append(ev.time - rec["send"])
                     rec["last"] = ev.time
                     rec["token_ids"].extend(int(t) for t in ev.token_ids)
+                    depths = getattr(ev, "exit_depths", None)
+                    if depths is not None:
+                        rec.setdefault("exit_depths", []).extend(int(d) for d in depths)
                     rec["event_times"].append(ev.time)
                     rec["event_tokens"].append(len(ev.token_ids))
                     hit = getattr(ev, "prefix_hit_tokens", None)

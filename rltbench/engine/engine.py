@@ -25,6 +25,7 @@ from torch import Tensor
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
 from rltbench.engine import kv_transfer
 from rltbench.engine.block_manager import BlockManager, block_hashes
+from rltbench.engine.kv_capacity import blocks_in_budget
 from rltbench.engine.paged_context import (
     PagedAttentionContext,
     allocate_kv_pool,
@@ -252,18 +253,15 @@ class Engine:
         except ValueError as e:
             raise UsageError(str(e)) from None
         mc = model.config
-        if (
-            cfg.enable_prefix_caching
-            and getattr(mc, "family", "") == "huginn"
-            and not getattr(model, "prefix_cache_safe", False)
-        ):
-            raise UsageError(
-                "prefix caching is unsafe for this Huginn model (random state per forward); "
-                "disable it (enable_prefix_caching=False) or make the model prefix_cache_safe"
-            )
+        if cfg.enable_prefix_caching:
+            self._check_prefix_cache_safe()
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab_size = int(mc.vocab_size)
+        # a model with an exit gate (Ouro with a threshold) reports each token's exit depth; read once,
+        # because the captured graphs include the gate or not
+        self.track_exit_depths = getattr(model, "exit_threshold", None) is not None
+        self.last_replay_depths: dict[str, list[int]] = {}
         self.eos_token_ids = frozenset(int(t) for t in (getattr(mc, "eos_token_ids", None) or ()))
         self._arms = self._build_arms(arms)
         self._arm = next(iter(self._arms.values()))
@@ -275,11 +273,11 @@ class Engine:
         if cfg.num_blocks is not None:
             n, budget = cfg.num_blocks, "num_blocks"
         elif cfg.kv_cache_gib is not None:
-            n = int(cfg.kv_cache_gib * 2**30 // bpb)
+            n = blocks_in_budget(cfg.kv_cache_gib * 2**30, bpb)
             budget = f"--kv-cache-gib {cfg.kv_cache_gib:g} ({cfg.kv_cache_gib * 2**30:,.0f} bytes)"
         elif self.device.type == "cuda":
             free = cuda_free_bytes(self.device)
-            n = int((free - cfg.kv_headroom_gib * 2**30) // bpb)
+            n = blocks_in_budget(free - cfg.kv_headroom_gib * 2**30, bpb)
             budget = f"free GPU memory {free / 2**30:.1f} GiB minus {cfg.kv_headroom_gib:g} GiB headroom"
         else:
             n, budget = cfg.cpu_num_blocks, "cpu_num_blocks"
@@ -297,7 +295,8 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or max_pos, n * bs)
         self.max_blocks_per_seq = -(-self.max_model_len // bs)
         self.blocks = BlockManager(n, bs, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   cfg.max_prefill_seqs)
         self._live: dict[str, Sequence] = {}
         self._held: dict[str, Sequence] = {}  # prefilled for export, blocks kept (add_prefill_request)
         self._seq_counter = 0
@@ -328,6 +327,17 @@ class Engine:
         self.frozen = False
         self._recording: Schedule | None = None
         self._eager_ops: Any = None  # replay: the ops eager steps use instead of the arm's
+
+    def _check_prefix_cache_safe(self) -> None:
+        """Refuse the prefix cache for a Huginn model whose initial state is drawn per forward: a
+        cached prefix would keep another forward's random state."""
+        if getattr(self.model.config, "family", "") == "huginn" and not getattr(
+            self.model, "prefix_cache_safe", False
+        ):
+            raise UsageError(
+                "prefix caching is unsafe for this Huginn model (random state per forward); "
+                "disable it (enable_prefix_caching=False) or make the model prefix_cache_safe"
+            )
 
     def _prefill_buffer_elems(self) -> int:
         """Int64 elements of the largest prefill step's packed metadata (ids, positions, slots per
@@ -459,11 +469,29 @@ class Engine:
     def reset_prefix_cache(self) -> None:
         self.blocks.reset_prefix_cache()
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether admitted requests may reuse cached prompt blocks (now; see `set_prefix_caching`)."""
+        return self.blocks.enable_prefix_caching
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Turn the prefix cache on or off on an idle engine (the cache is emptied), so one engine, one
+        pool and one graph set serve a load with the cache on and off alike: the two settings then
+        differ in nothing else."""
+        if enabled == self.prefix_caching:
+            return
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("set_prefix_caching needs an idle engine")
+        if enabled:
+            self._check_prefix_cache_safe()
+        self.reset_prefix_cache()
+        self.blocks.enable_prefix_caching = enabled
+
     # ---- schedules: record one arm's batches, replay them on another ------------------------------
     def start_recording(self) -> None:
         """Record every step from now on (cheap: one tuple per step), for `stop_recording`."""
         clean = self.blocks.num_cached_blocks == 0 and not self.has_unfinished()
-        self._recording = Schedule(clean_start=clean)
+        self._recording = Schedule(clean_start=clean, prefix_caching=self.prefix_caching)
 
     def stop_recording(self) -> Schedule:
         """The steps run since `start_recording` (recording stops)."""
@@ -480,19 +508,25 @@ class Engine:
         eager_ops: Any = None,
     ) -> dict[str, list[int]]:
         """Run the current arm through exactly the batches of `schedule` (recorded on any arm of this
-        engine, from an empty prefix cache) and return each request's generated ids.
+        engine, from an empty prefix cache) and return each request's generated ids (and, with an exit
+        gate, their exit depths in `last_replay_depths`).
 
         `prompts` and `max_tokens` (the request's SamplingParams.max_tokens when it was recorded: it
         sizes its KV blocks, so the pool and prefix cache evolve as they did) are keyed by the
         schedule's request ids. Each request stops where the recorded run stopped it, whatever it
         generates. Graphs are replayed where captured and never captured here; eager steps use
         `eager_ops` when given (e.g. the arm's kernels forced on outside graphs, so prefill is
-        compared too). Raises ReplayError when the schedule cannot be reproduced."""
+        compared too). A schedule recorded with the prefix cache on replays on an engine with it off
+        as `Schedule.recomputing_prefix_hits` (each hit prefix computed in a step of its own).
+        Raises ReplayError when the schedule cannot be reproduced."""
         if self.has_unfinished() or self._bench_active:
             raise RuntimeError("replay needs an idle engine")
         if not schedule.clean_start:
             raise ReplayError("the schedule was recorded on a warm prefix cache and cannot be replayed")
+        if not self.prefix_caching:
+            schedule = schedule.recomputing_prefix_hits()
         self.reset_prefix_cache()
+        self.last_replay_depths = {}
         emitted = schedule.emitted()
         aborted = {st.rows[0][0] for st in schedule.steps if st.kind == ABORT}
         seqs: dict[str, Sequence] = {}
@@ -522,6 +556,8 @@ class Engine:
                     batch = PrefillBatch(chunks)
                 for ev in self._run_batch(batch):
                     out.setdefault(ev.request_id, []).extend(ev.token_ids)
+                    if ev.exit_depths is not None:
+                        self.last_replay_depths.setdefault(ev.request_id, []).extend(ev.exit_depths)
         finally:
             self.frozen, self._eager_ops = frozen, None
             for rid in [r for r in seqs if r in self._live]:
@@ -576,10 +612,12 @@ class Engine:
             c["decode_steps"] += 1
             return self._decode(batch)
 
-    def _emit(self, seqs: list[Sequence], tokens: list[int]) -> list[TokenEvent]:
+    def _emit(
+        self, seqs: list[Sequence], tokens: list[int], depths: list[int] | None = None
+    ) -> list[TokenEvent]:
         now = time.perf_counter()
         events = []
-        for seq, tok in zip(seqs, tokens, strict=True):
+        for i, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
             seq.output.append(tok)
             seq.times.append(now)
             if tok in seq.stop_ids:
@@ -594,17 +632,18 @@ class Engine:
                     self.scheduler.finish(seq)
                 del self._live[seq.request_id]
             events.append(
-                TokenEvent(seq.request_id, [tok], now, done, seq.finish_reason, seq.prefix_hit_tokens)
+                TokenEvent(seq.request_id, [tok], now, done, seq.finish_reason, seq.prefix_hit_tokens,
+                           None if depths is None else [depths[i]])
             )
         return events
 
     def _prefill(self, batch: PrefillBatch) -> list[TokenEvent]:
         step, done = self._prefill_layout(batch)
-        tokens = self._prefill_run(step)
+        tokens, depths = self._prefill_run(step)
         for seq, n in batch.chunks:
             seq.num_computed += n
             self.scheduler.register_computed_blocks(seq)
-        return self._emit(done, tokens)
+        return self._emit(done, tokens, depths)
 
     def _prefill_layout(self, batch: PrefillBatch) -> tuple[_PrefillStep, list[Sequence]]:
         """Host work of a prefill step: its shape key and packed int64 metadata (no device work), plus
@@ -640,9 +679,10 @@ class Engine:
         key = prefill_key(rows, width, finishing)
         return _PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed), done
 
-    def _prefill_run(self, step: _PrefillStep) -> list[int]:
+    def _prefill_run(self, step: _PrefillStep) -> tuple[list[int], list[int] | None]:
         """Upload the step's metadata into the static buffer, then replay its graph, capture it (second
-        sighting of the shape) or run eagerly; returns the sampled ids of the finishing rows."""
+        sighting of the shape) or run eagerly; returns the sampled ids of the finishing rows (and their
+        exit depths, see `_to_host`)."""
         arm = self._arm
         c = arm.counters
         self._upload_prefill(step.packed)
@@ -658,7 +698,27 @@ class Engine:
             graph, out = entry
             graph.replay()
             c["prefill_graph_replays"] += 1
-        return out.tolist() if out is not None else []
+        return self._to_host(out)
+
+    def _with_depths(self, ids: Tensor, rows: Tensor | None = None) -> Tensor:
+        """The step's device output: the sampled ids [rows], or with an exit gate [2, rows] = ids and
+        the loops each row's token used (1-based; `rows` picks the rows of the last forward), so one
+        device-to-host copy brings both and a captured graph keeps both in its output."""
+        if not self.track_exit_depths:
+            return ids
+        depths = self.model.last_exit_depths
+        if rows is not None:
+            depths = depths[rows]
+        return torch.stack((ids, depths + 1))
+
+    def _to_host(self, out: Tensor | None, rows: int | None = None) -> tuple[list[int], list[int] | None]:
+        """(ids, exit depths or None) of the first `rows` rows (all by default) of a step's output."""
+        if out is None:
+            return [], None
+        if not self.track_exit_depths:
+            return out[:rows].tolist(), None
+        ids, depths = out[:, :rows].tolist()
+        return ids, depths
 
     def _upload_prefill(self, packed: np.ndarray) -> None:
         """Copy the packed metadata into the static device buffer (pinned, non-blocking on CUDA: the
@@ -703,7 +763,7 @@ class Engine:
         hidden = self.model.forward(t_ids, t_pos, ctx, ops)
         if not step.last_idx:
             return None
-        return self.model.compute_logits(hidden[t_last]).argmax(-1)
+        return self._with_depths(self.model.compute_logits(hidden[t_last]).argmax(-1), t_last)
 
     def _capture_prefill(self, step: _PrefillStep) -> tuple[Any, Tensor | None] | None:
         """Capture the current arm's prefill graph for `step.key` (its metadata is in the static buffer:
@@ -781,7 +841,8 @@ class Engine:
 
     def _decode_forward(self, rows: int, ops: Any, len_class: int) -> Tensor:
         """Decode `rows` rows (every seq_len <= len_class) from the static device metadata; returns the
-        argmax ids [rows] (int64). Captured as-is into the CUDA graphs."""
+        argmax ids [rows] (int64; with an exit gate [2, rows], see `_with_depths`). Captured as-is into
+        the CUDA graphs."""
         meta = self._meta_dev[:rows]
         ids = meta[:, _ID].long()
         pos = meta[:, _POS].long()
@@ -794,7 +855,7 @@ class Engine:
             max_seq_len_hint=len_class,
         )
         hidden = self.model.forward(ids, pos, ctx, ops)
-        return self.model.compute_logits(hidden).argmax(-1)
+        return self._with_depths(self.model.compute_logits(hidden).argmax(-1))
 
     def _upload(self, rows: int) -> None:
         self._meta_dev[:rows].copy_(self._meta_host[:rows], non_blocking=True)
@@ -821,7 +882,7 @@ class Engine:
             out = self._decode_forward(rows, self._eager_ops or self._arm.ops, self.eager_len(max_len))
             if self.use_graphs:
                 c["eager_fallbacks"] += 1
-        return self._emit(seqs, out[:b].tolist())
+        return self._emit(seqs, *self._to_host(out, b))
 
     def _grow_meta(self, rows: int) -> None:
         """Bigger static buffers for eager decode beyond the largest bucket; drops captured graphs
@@ -964,6 +1025,7 @@ class Engine:
                 if o is None:
                     continue
                 o.token_ids.extend(ev.token_ids)
+                o.exit_depths.extend(ev.exit_depths or ())
                 o.times.extend([ev.time] * len(ev.token_ids))
                 o.prefix_hit_tokens = ev.prefix_hit_tokens
                 if ev.finished:
@@ -988,6 +1050,7 @@ class Engine:
             prefix_hit_tokens=sch.prefix_hit_tokens,
             prefix_query_tokens=sch.prefix_query_tokens,
             prefix_hit_requests=sch.prefix_hit_requests,
+            prefix_caching=self.prefix_caching,
             graphs_captured=[list(k) for k in sorted(self._arm.graphs)],
             use_cuda_graph=self.use_graphs,
             prefill_graphs=self.use_prefill_graphs,

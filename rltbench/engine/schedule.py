@@ -52,10 +52,37 @@ class StepRecord:
 @dataclass
 class Schedule:
     """The steps of one recorded run, in order. `clean_start`: recording began on an empty prefix
-    cache (a replay resets the cache first, so only such a schedule reproduces prefix hits)."""
+    cache (a replay resets the cache first, so only such a schedule reproduces prefix hits).
+    `prefix_caching`: the engine served prefix hits while recording (a request's first prefill chunk
+    may then start after token 0)."""
 
     steps: list[StepRecord] = field(default_factory=list)
     clean_start: bool = True
+    prefix_caching: bool = False
+
+    def recomputing_prefix_hits(self) -> Schedule:
+        """This schedule for an engine with the prefix cache off. A recorded prefix hit cannot be
+        replayed there (no KV exists before the request's first chunk), so each request whose first
+        prefill chunk starts at token h > 0 gets its tokens 0..h computed in a step of their own,
+        inserted just before that chunk's step (hit requests of one step share the inserted step).
+        Every recorded step keeps its exact shape and companions, so replaying both schedules differs
+        only in where the prefix's KV came from: cached from an earlier request, or recomputed."""
+        if not self.prefix_caching:
+            return self
+        steps: list[StepRecord] = []
+        started: set[str] = set()
+        for st in self.steps:
+            if st.kind == PREFILL:
+                prefix = tuple(
+                    (rid, 0, start, False)
+                    for rid, start, _n, _done in st.rows
+                    if rid not in started and start > 0
+                )
+                started.update(row[0] for row in st.rows)
+                if prefix:
+                    steps.append(StepRecord(PREFILL, prefix))
+            steps.append(st)
+        return Schedule(steps, clean_start=self.clean_start, prefix_caching=False)
 
     def request_ids(self) -> list[str]:
         """Every request that ran, in first-appearance order."""
@@ -120,5 +147,6 @@ class Schedule:
         idx = request_index or {}
         return {
             "clean_start": self.clean_start,
+            "prefix_caching": self.prefix_caching,
             "steps": [[st.kind, [[idx.get(r[0], r[0]), *r[1:]] for r in st.rows]] for st in self.steps],
         }

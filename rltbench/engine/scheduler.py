@@ -5,6 +5,9 @@ Policy (separate prefill and decode steps, the simple choice allowed by the engi
   head of the waiting queue can be admitted. Its tokens come first from sequences already prefilling (in
   admission order), then from newly admitted ones, until `max_num_batched_tokens` is used; a prompt
   longer than the remaining budget is split into chunks over several steps.
+- `max_prefill_seqs` (default None: no limit) caps the sequences one prefill step packs; 1 gives
+  one-request-per-step prefill, the unpacked baseline that the long-prompt benchmark compares the
+  packed steps against (same token budget, so a prompt longer than it is still chunked).
 - Otherwise it is a *decode* step over every running sequence (one token each), in admission order.
 - Admission is strictly FCFS: only the head of the queue is considered; if it does not fit (blocks or
   `max_num_seqs`) nothing behind it is admitted. Every block a request can ever need (prompt plus
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rltbench.engine.block_manager import BlockManager
+from rltbench.engine.kv_capacity import blocks_for_tokens, kv_tokens_needed
 from rltbench.engine.types import SamplingParams
 
 
@@ -57,7 +61,7 @@ class Sequence:
     @property
     def kv_tokens_needed(self) -> int:
         """Tokens that will ever be written to the cache (the last sampled token never is)."""
-        return len(self.prompt) + self.max_new - 1
+        return kv_tokens_needed(len(self.prompt), self.max_new)
 
 
 @dataclass
@@ -77,10 +81,12 @@ class DecodeBatch:
 class Scheduler:
     """Owns the waiting queue and the running list; allocates blocks at admission."""
 
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_prefill_seqs: int | None = None) -> None:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_seqs = max_prefill_seqs  # None: pack as many as the token budget takes
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefix_query_tokens = 0
@@ -88,7 +94,7 @@ class Scheduler:
         self.prefix_hit_requests = 0
 
     def blocks_for(self, seq: Sequence) -> int:
-        return -(-seq.kv_tokens_needed // self.blocks.block_size)
+        return blocks_for_tokens(seq.kv_tokens_needed, self.blocks.block_size)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -123,17 +129,22 @@ class Scheduler:
         self.waiting.remove(seq)
         return True
 
+    def _rows_left(self, rows: int) -> bool:
+        """Whether a prefill step of `rows` sequences may take one more (`max_prefill_seqs`)."""
+        return self.max_prefill_seqs is None or rows < self.max_prefill_seqs
+
     def schedule(self) -> PrefillBatch | DecodeBatch | None:
         budget = self.max_num_batched_tokens
         chunks: list[tuple[Sequence, int]] = []
         for seq in self.running:
-            if budget == 0:
+            if budget == 0 or not self._rows_left(len(chunks)):
                 break
             if seq.is_prefilling:
                 n = min(seq.prompt_len - seq.num_computed, budget)
                 chunks.append((seq, n))
                 budget -= n
-        while self.waiting and budget > 0 and self._try_admit(self.waiting[0]):
+        while (self.waiting and budget > 0 and self._rows_left(len(chunks))
+               and self._try_admit(self.waiting[0])):
             seq = self.waiting.popleft()
             n = min(seq.prompt_len - seq.num_computed, budget)
             chunks.append((seq, n))

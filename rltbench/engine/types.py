@@ -26,6 +26,8 @@ class EngineConfig:
     time and replayed after that, so a burst of equal-length prompts stops paying ~6000 launches per
     step; unique shapes stay eager. `prefill_graph_cap` graphs per arm are kept (LRU): each holds
     only its output ids, activations come from the engine's shared graph pool (docs/engine.md).
+    `max_prefill_seqs` caps the requests one prefill step packs (1: one request per step, the unpacked
+    baseline of the long-prompt benchmark); None packs as many as the token budget takes.
     """
 
     kv_cache_gib: float | None = None
@@ -42,6 +44,7 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] | None = None
     prefill_graphs: bool = True
     prefill_graph_cap: int = 16
+    max_prefill_seqs: int | None = None  # None: a prefill step packs any number of requests
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot work (caught as a usage error by commands)."""
@@ -53,6 +56,8 @@ class EngineConfig:
             raise ValueError("num_blocks must be positive")
         if self.graph_batch_sizes is not None and any(b < 1 for b in self.graph_batch_sizes):
             raise ValueError("graph_batch_sizes must be positive")
+        if self.max_prefill_seqs is not None and self.max_prefill_seqs < 1:
+            raise ValueError("max_prefill_seqs must be >= 1 (None: no limit)")
         if self.prefill_graph_cap < 1:
             raise ValueError("prefill_graph_cap must be >= 1 (prefill_graphs=False turns them off)")
 
@@ -71,7 +76,9 @@ class SamplingParams:
 class TokenEvent:
     """New token(s) of one request from one `Engine.step()`; `time` is `time.perf_counter()` taken
     right after the sampled ids reached the host. `prefix_hit_tokens` (extension) repeats the
-    request's prompt tokens served from the prefix cache."""
+    request's prompt tokens served from the prefix cache. `exit_depths` (extension, a model with an
+    exit gate only, else None): per token the loops whose output produced it (1..num_loops), because
+    an adaptive-exit model's computation is its tokens and the depth each one exited at."""
 
     request_id: str
     token_ids: list[int]
@@ -79,15 +86,18 @@ class TokenEvent:
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" when finished
     prefix_hit_tokens: int = 0
+    exit_depths: list[int] | None = None
 
 
 @dataclass
 class RequestOutput:
-    """Result of one request of `Engine.generate`; `times[i]` is when `token_ids[i]` was produced."""
+    """Result of one request of `Engine.generate`; `times[i]` is when `token_ids[i]` was produced and
+    `exit_depths[i]` (a model with an exit gate only) the loops it used."""
 
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
+    exit_depths: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     prefix_hit_tokens: int = 0

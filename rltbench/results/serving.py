@@ -114,6 +114,9 @@ def cell_summary(recs: list[dict[str, Any]], burst: bool = True) -> dict[str, An
         prompt = sum(int(r.get("prompt_len") or 0) for r in recs)
         out["prefix_hit_tokens"] = int(sum(h or 0 for h in hits))
         out["measured_prefix_hit_rate"] = out["prefix_hit_tokens"] / prompt if prompt else None
+    depths = [d for r in recs for d in (r.get("exit_depths") or ())]
+    if depths:  # a model with an exit gate: the loops its tokens used, on average
+        out["mean_exit_depth"] = sum(depths) / len(depths)
     return out
 
 

@@ -5,7 +5,10 @@ Shared by every command that serves one load on several arms or modes (e2e arms,
 colocated engine); the records and cells are those of rltbench.results.serving.
 
 Requests are paired by (C, repetition, request index): the same prompt went to every arm.
-Identity compares stored generated token ids. Statistics (relative deltas, arm / reference - 1):
+Identity compares stored generated token ids and, where the model has an exit gate, each token's exit
+depth: an adaptive-exit model computed a different thing when a token left at another loop, even if
+the id came out the same, so a depth difference is a divergence like a token difference.
+Statistics (relative deltas, arm / reference - 1):
 - request metrics (TTFT, TPOT, E2E): per repetition the median of paired per-request deltas; the
   estimate is the median over repetitions; the 95% interval is a two-stage (cluster) percentile
   bootstrap: resample repetitions, then requests within each (2000 resamples, fixed seed).
@@ -39,20 +42,76 @@ CELL_METRICS = ("output_tok_s", "steady_tok_s")
 HIGHER_IS_BETTER = {"output_tok_s", "steady_tok_s"}
 
 
+def generation_divergence(
+    tokens: list[int],
+    ref_tokens: list[int],
+    depths: list[int] | None = None,
+    ref_depths: list[int] | None = None,
+) -> tuple[int | None, str | None]:
+    """(index, "token" or "depth") of the first generated token where two generations differ, in the
+    id or (both sides with exit depths) the exit depth; (None, None) when identical. A token
+    difference wins at the same index."""
+    d_tok = first_divergence(tokens, ref_tokens)
+    d_dep = None if depths is None or ref_depths is None else first_divergence(depths, ref_depths)
+    if d_tok is None and d_dep is None:
+        return None, None
+    if d_dep is None or (d_tok is not None and d_tok <= d_dep):
+        return d_tok, "token"
+    return d_dep, "depth"
+
+
+def replay_divergences(
+    ref_records: list[dict[str, Any]],
+    tokens: dict[int, list[int]],
+    depths: dict[int, list[int]],
+    step_of: Any,
+) -> list[dict[str, Any]]:
+    """The first divergence of every replayed request (request index -> generated ids, and exit depths
+    where the model has an exit gate) from the reference's record of it: request, token index, kind,
+    the step (`step_of(request index, token index)`), both tokens and, with depths, both depths."""
+    out = []
+    for rec in sorted(ref_records, key=lambda r: r["request"]):
+        idx = rec["request"]
+        want, want_d = rec.get("token_ids") or [], rec.get("exit_depths")
+        have, have_d = tokens.get(idx, []), depths.get(idx) if want_d is not None else None
+        d, kind = generation_divergence(have, want, have_d if want_d is not None else None, want_d)
+        if d is None:
+            continue
+        row = {
+            "request": idx,
+            "token_index": d,
+            "kind": kind,
+            "step": step_of(idx, d),
+            "ref_token": want[d] if d < len(want) else None,
+            "arm_token": have[d] if d < len(have) else None,
+        }
+        if want_d is not None:
+            row["ref_depth"] = want_d[d] if d < len(want_d) else None
+            row["arm_depth"] = have_d[d] if have_d is not None and d < len(have_d) else None
+        out.append(row)
+    return out
+
+
+def _head(values: list[int] | None, n: int) -> list[int] | None:
+    return None if values is None else values[:n]
+
+
 def compare_pair(rec: dict[str, Any], base: dict[str, Any]) -> tuple[bool, int | None]:
     """(compared, first divergence) of one request against the reference's same request.
 
     Both finished ok: the whole sequences are compared. Otherwise (a timeout, an error, a cell cut
     by the global deadline) only the tokens both produced are: a difference there is a real
     divergence, while a shorter, merely unfinished sequence is not compared (it is no evidence of a
-    kernel difference and must never raise the exact-arm alarm). No token ids: not compared."""
+    kernel difference and must never raise the exact-arm alarm). No token ids: not compared. Exit
+    depths, where both records have them, are compared like the ids (`generation_divergence`)."""
     a, b = rec.get("token_ids"), base.get("token_ids")
     if a is None or b is None:
         return False, None
+    da, db = rec.get("exit_depths"), base.get("exit_depths")
     if rec.get("status", "ok") == "ok" and base.get("status", "ok") == "ok":
-        return True, first_divergence(a, b)
+        return True, generation_divergence(a, b, da, db)[0]
     n = min(len(a), len(b))
-    d = first_divergence(a[:n], b[:n])
+    d, _kind = generation_divergence(a[:n], b[:n], _head(da, n), _head(db, n))
     return (True, d) if d is not None else (False, None)
 
 
@@ -318,7 +377,10 @@ def mismatch_text(m: dict[str, Any]) -> str:
     fd = m.get("first_divergence")
     if isinstance(fd, dict):
         s += f" (first: rep {fd['rep']} request {fd['request']}, step {fd['step']}, "
-        s += f"token {fd['token_index']})"
+        s += f"token {fd['token_index']}"
+        if fd.get("kind") == "depth":
+            s += f", exit depth {fd.get('arm_depth')} vs {fd.get('ref_depth')}"
+        s += ")"
     elif m.get("first_divergence_min") is not None:
         s += f" (first divergence at token {m['first_divergence_min']})"
     return s

@@ -17,6 +17,7 @@ import typer
 from rltbench import arms as armspec
 from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
+from rltbench.backends.engine import parse_prefix_cache
 from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN, DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
 from rltbench.engine.types import EngineConfig
@@ -84,6 +85,17 @@ def e2e_command(
     stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
     deadline: Annotated[float, typer.Option(help="Global deadline for the whole run (s, 0 = none).")] = 0.0,
     live: Annotated[bool, typer.Option(help="Rich live table (off when not a terminal).")] = True,
+    prefix_cache: Annotated[
+        str | None,
+        typer.Option(help="on, off, or both (off,on): every arm runs with the cache off (its own name, "
+                          "the reference) and on (NAME+cache), interleaved like arms (default: sessions on, "
+                          "bursts off)."),
+    ] = None,
+    exit_threshold: Annotated[
+        float | None,
+        typer.Option(help="Ouro exit gate threshold in (0, 1): each token exits at the first loop whose "
+                          "exit CDF reaches it; exit depths are recorded and compared like tokens."),
+    ] = None,
 ) -> None:
     """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
     t_start = time.perf_counter()
@@ -112,8 +124,11 @@ def e2e_command(
         raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
+    cache = parse_prefix_cache(prefix_cache) if prefix_cache is not None else ()
+    if backend == "openai" and (cache or exit_threshold is not None):
+        raise UsageError("--prefix-cache and --exit-threshold are engine options (a server sets its own)")
     spec = E2ESpec(
-        source=runtime.ModelSource(model, weights, seed),
+        source=runtime.ModelSource(model, weights, seed, exit_threshold=exit_threshold),
         arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),
@@ -136,6 +151,7 @@ def e2e_command(
         timeouts=Timeouts(ttft_timeout, stall_timeout, (t_start + deadline) if deadline > 0 else None),
         live=live,
         argv=list(sys.argv),
+        prefix_cache=cache,
     )
     _path, mismatch = run(spec)
     if mismatch:

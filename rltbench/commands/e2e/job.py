@@ -16,7 +16,7 @@ from typing import Any
 from rltbench import runtime
 from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_exact, reference_arm
 from rltbench.backends.base import Request, Timeouts
-from rltbench.backends.engine import EngineBackend
+from rltbench.backends.engine import EngineBackend, EngineVariant, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import (
     BURST_INPUT_LEN,
@@ -74,6 +74,9 @@ class E2ESpec:
     live: bool = True
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
     notes: list[str] = field(default_factory=list)  # the defaults resolve_defaults chose, said aloud
+    # engine backend: the prefix-cache settings every arm runs under, in schedule order (empty: the
+    # workload's own, on for sessions, off for bursts); two settings make each arm two variants
+    prefix_cache: tuple[bool, ...] = ()
 
     @property
     def backend(self) -> str:
@@ -81,7 +84,20 @@ class E2ESpec:
 
     @property
     def arm_names(self) -> list[str]:
-        return list(self.servers or self.arms)
+        return list(self.servers or self.variants)
+
+    @property
+    def cache_settings(self) -> tuple[bool, ...]:
+        return self.prefix_cache or ((self.workload == SESSION),)
+
+    @property
+    def variants(self) -> dict[str, EngineVariant]:
+        """The scheduled arms of the engine backend: each kernel arm under each prefix-cache setting."""
+        return prefix_cache_variants(list(self.arms), self.cache_settings)
+
+    @property
+    def cache_varied(self) -> bool:
+        return len(set(self.cache_settings)) > 1
 
     @property
     def seed(self) -> int:
@@ -211,7 +227,7 @@ def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -
         seqs = spec.max_num_seqs or 128
         per_req = max(len(r.prompt) + r.output_len for r in session.requests)
         need_blocks = math.ceil(per_req / bs)
-    cfg = dataclasses.replace(spec.engine, max_num_seqs=seqs, enable_prefix_caching=session is not None,
+    cfg = dataclasses.replace(spec.engine, max_num_seqs=seqs, enable_prefix_caching=any(spec.cache_settings),
                               max_model_len=min(per_req, model_len))
     return cfg, need_blocks
 
@@ -234,7 +250,8 @@ def _engine_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
         "dtype": runtime.dtype_name(dt),
         "random_weights": bool(getattr(model, "random_weights", spec.source.random)),
     }
-    return EngineBackend(engine, spec.arm_names), config, facts, session, sess_info
+    backend = EngineBackend(engine, spec.arm_names, variants=spec.variants)
+    return backend, config, facts, session, sess_info
 
 
 def _server_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace | None, dict | None]:
@@ -255,13 +272,15 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     backend, config, facts, session, sess_info = (_engine_side if engine_side else _server_side)(spec)
     arm_names = spec.arm_names
     if engine_side:
-        arm_specs: dict[str, Any] = {n: s.settings() for n, s in spec.arms.items()}
-        exact_arms = {n for n, s in spec.arms.items() if is_exact(s)}
+        arm_specs, exact_arms, own_eager = _variant_facts(spec)
     else:
         arm_specs = dict(spec.servers)
         exact_arms = {a for a in arm_names if a.split("#")[0] == "exact"}
-    own_eager = eager_kernel_arms(spec.arms) if engine_side else set()
+    if not engine_side:
+        own_eager = set()
     plan = make_plan(config, spec, exact_arms, session, own_eager)
+    if engine_side and spec.cache_varied:
+        plan.replay_ref = _cache_on_reference(spec, plan.ref)
     cfg = _manifest_config(spec, backend, plan, arm_specs, exact_arms, sess_info, facts)
     notes: list[str] = list(spec.notes)
     if engine_side:
@@ -321,6 +340,32 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     return run_dir.path, bool(a and a["summary"]["exact_arm_mismatch"])
 
 
+def _variant_facts(spec: E2ESpec) -> tuple[dict[str, Any], set[str], set[str]]:
+    """Per scheduled arm of the engine backend: its settings for the manifest; the arms that must
+    reproduce the reference bit for bit (exact arms, and with the cache varied every bitwise arm: the
+    prefix cache must not change a token); the arms that get a session warm-up pass of their own
+    (eager kernels of their own, or the first arm of another prefix-cache setting, whose prefill
+    shapes differ)."""
+    variants = spec.variants
+    specs = {n: spec.arms[v.engine_arm] for n, v in variants.items()}
+    arm_specs = {n: {**s.settings(), "prefix_cache": "on" if variants[n].prefix_caching else "off"}
+                 for n, s in specs.items()}
+    must_match = {n for n, s in specs.items() if is_exact(s) or (spec.cache_varied and s.bitwise)}
+    if spec.cache_varied:  # the arm whose schedule the others replay is not compared with itself
+        must_match.discard(_cache_on_reference(spec, reference_arm(list(variants))))
+    own = eager_kernel_arms(spec.arms)
+    eager = {n for n, v in variants.items() if v.engine_arm in own}
+    firsts = {next(n for n, v in variants.items() if v.prefix_caching == on) for on in spec.cache_settings}
+    return arm_specs, must_match, eager | firsts
+
+
+def _cache_on_reference(spec: E2ESpec, ref: str) -> str:
+    """The cache-on run of the reference arm: its schedule is the one every other arm replays (a
+    cache-on schedule replays with the cache off too, by recomputing each hit prefix)."""
+    engine_arm = spec.variants[ref].engine_arm
+    return next(n for n, v in spec.variants.items() if v.engine_arm == engine_arm and v.prefix_caching)
+
+
 def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[str, Any], exact_arms: set[str],
                      sess_info: dict | None, facts: dict[str, Any]) -> dict[str, Any]:
     """The run's configuration as manifest.json stores it (what the report reads back)."""
@@ -335,7 +380,8 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
             f"session replay of {sess_info['trace']}: {sess_info['requests']} requests "
             f"(dropped {sess_info['dropped_too_long']} too long), time x{sess_info['time_scale']}, "
             f"length x{sess_info['length_scale']} (block {sess_info['block_size']} tokens), prefix cache "
-            f"on, reset per arm-repetition after warm-up, history fixed by the trace; theoretical "
+            f"{' and '.join('on' if on else 'off' for on in spec.cache_settings)}, reset per "
+            "arm-repetition after warm-up, history fixed by the trace; theoretical "
             f"prefix-hit rate {sess_info['theoretical_prefix_hit_rate']:.1%}"
         )
         if spec.backend == "openai":
@@ -348,6 +394,9 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "arm_names": spec.arm_names,
         "arm_specs": arm_specs,
         "reference_arm": plan.ref,
+        "replay_reference_arm": plan.replay_ref or plan.ref,
+        "prefix_cache": ["on" if on else "off" for on in spec.cache_settings],
+        "exit_threshold": spec.source.exit_threshold,
         "exact_arms": sorted(exact_arms),
         "workload": spec.workload,
         "concurrency": spec.concurrency,
@@ -384,10 +433,11 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     con = display.console
     s = a["summary"]
     method = s.get("identity_method", "free-running")
+    replay_ref = a["config"].get("replay_reference_arm") or a["ref"]
     for r in a["replay_identity"]:
         con.print(
             f"identity ({method}) {r['cell']:>8} {r['arm']:<10} {r['identical']}/{r['compared']} "
-            "identical to " + a["ref"] + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
+            "identical to " + replay_ref + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
             highlight=False,
             soft_wrap=True,
         )
@@ -399,7 +449,8 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
         )
     for m in s["exact_arm_mismatches"]:
         con.print(
-            f"[bold red]EXACT ARM MISMATCH ({method}): {report.mismatch_text(m)} identical to {a['ref']}[/]",
+            f"[bold red]EXACT ARM MISMATCH ({method}): {report.mismatch_text(m)} identical to "
+            f"{replay_ref}[/]",
             highlight=False,
             soft_wrap=True,
         )
@@ -436,6 +487,13 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    depths: dict[str, list[float]] = {}
+    for c in a["cells"]:
+        if c.get("mean_exit_depth"):
+            depths.setdefault(c["arm"], []).append(c["mean_exit_depth"])
+    if depths:
+        means = ", ".join(f"{k} {sum(v) / len(v):.3f}" for k, v in depths.items())
+        con.print(f"mean exit depth (loops): {means}", highlight=False, soft_wrap=True)
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
     con.print(

@@ -305,6 +305,7 @@ def table_markdown(a: dict[str, Any]) -> str:
             "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
             "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
         ]
+    L += _depth_section(a)
     L += _cold_section(cells)
     bad = [c for c in cells if not c["valid"]]
     if bad:
@@ -343,9 +344,23 @@ def table_markdown(a: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+def _depth_section(a: dict[str, Any]) -> list[str]:
+    """Mean exit depth per arm (a model with an exit gate): the loops its tokens used."""
+    rows = []
+    for arm in a["arms"]:
+        vals = [c["mean_exit_depth"] for c in a["cells"] if c["arm"] == arm and c.get("mean_exit_depth")]
+        if vals:
+            rows.append([arm, f"{sum(vals) / len(vals):.3f}", len(vals)])
+    if not rows:
+        return []
+    L = ["", f"## Exit depths (threshold {a['config'].get('exit_threshold')})", ""]
+    L += table(["arm", "mean exit depth (loops)", "cells"], rows)
+    return L + ["", "Each token's exit depth is part of identity: a depth difference is a divergence."]
+
+
 def _replay_section(a: dict[str, Any]) -> list[str]:
     """The identity verdict: every other arm run untimed on the reference's recorded batches."""
-    ref, rows = a["ref"], a.get("replay_identity") or []
+    ref, rows = a["config"].get("replay_reference_arm") or a["ref"], a.get("replay_identity") or []
     L = ["", f"## Token identity vs {ref} under schedule replay (the verdict)", ""]
     if a["config"].get("backend", "engine") != "engine":
         return L + ["Replay needs the in-process engine: with servers only free-running identity exists."]

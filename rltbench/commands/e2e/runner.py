@@ -22,9 +22,8 @@ import pandas as pd
 from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
 from rltbench.bench.workload import Cell, SessionTrace, schedule, theoretical_prefix_hit_rate
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.engine.schedule import first_divergence
 from rltbench.results.serving import cell_summary, compute_cells
-from rltbench.results.serving_stats import REPLAY_FILE, compare_pair
+from rltbench.results.serving_stats import REPLAY_FILE, compare_pair, replay_divergences
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
@@ -53,6 +52,9 @@ class Plan:
     # eager prefill shapes vary with timing, so only a pass over the trace meets the kernel
     # specialisations, cuBLAS shapes and allocator sizes a timed cell will need)
     warmup_pass_arms: set[str] = field(default_factory=set)
+    # the arm whose timed schedule the others replay (default `ref`): the cache-on run when the
+    # prefix cache is varied, because a cache-on schedule also replays with the cache off
+    replay_ref: str | None = None
 
 
 def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
@@ -157,20 +159,25 @@ def _replay_block(
     """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
     identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
     finish cleanly (a cut cell's schedule stops mid-request)."""
-    ref_sched, ref_reqs, ref_recs = runs[plan.ref]
-    ref_tokens = {r["request"]: r.get("token_ids") for r in ref_recs}
+    ref = plan.replay_ref or plan.ref
+    ref_sched, ref_reqs, ref_recs = runs[ref]
     clean = all(r.get("status") == "ok" for r in ref_recs)
     ref_sig = ref_sched.signature()
+    index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
+
+    def step_of(index: int, token_index: int) -> int | None:
+        return ref_sched.step_of_token(index_to_rid[index], token_index)
+
     for arm in plan.arms:
-        if arm == plan.ref:
+        if arm == ref:
             continue
-        row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": plan.ref}
+        row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": ref}
         row["same_schedule_free_running"] = runs[arm][0].signature() == ref_sig
         if not clean:
-            row["skipped"] = f"the {plan.ref} cell has unfinished requests: its schedule cannot be replayed"
+            row["skipped"] = f"the {ref} cell has unfinished requests: its schedule cannot be replayed"
             run.append_jsonl(REPLAY_FILE, row)
             continue
-        display.note(f"identity replay: {arm} on {plan.ref}'s schedule ({cell.name} rep {rep}, untimed)")
+        display.note(f"identity replay: {arm} on {ref}'s schedule ({cell.name} rep {rep}, untimed)")
         t0 = time.perf_counter()
         try:
             got = backend.replay(arm, ref_sched, ref_reqs)
@@ -179,25 +186,12 @@ def _replay_block(
             run.append_jsonl(REPLAY_FILE, row)
             continue
         row["seconds"] = time.perf_counter() - t0
-        index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
-        divergences = []
-        for idx, want in sorted(ref_tokens.items()):
-            have = got.get(idx, [])
-            d = first_divergence(have, want or [])
-            if d is not None:
-                step = ref_sched.step_of_token(index_to_rid[idx], d)
-                divergences.append(
-                    {
-                        "request": idx,
-                        "token_index": d,
-                        "step": step,
-                        "ref_token": want[d] if want and d < len(want) else None,
-                        "arm_token": have[d] if d < len(have) else None,
-                    }
-                )
+        divergences = replay_divergences(
+            ref_recs, got, getattr(backend, "last_replay_depths", {}), step_of
+        )
         row.update(
-            compared=len(ref_tokens),
-            identical=len(ref_tokens) - len(divergences),
+            compared=len(ref_recs),
+            identical=len(ref_recs) - len(divergences),
             divergences=divergences,
             exact_arm=arm in plan.exact_arms,
             steps=ref_sched.summary()["steps"],
@@ -219,7 +213,9 @@ def _display_row(
     summ = cell_summary(recs, burst=plan.workload == "burst")
     row = {"arm": arm, "cell": cell.name, "rep": rep, **summ}
     stored[(arm, cell.name, rep)] = {
-        r["request"]: {"token_ids": r.get("token_ids"), "status": r.get("status")} for r in recs
+        r["request"]: {"token_ids": r.get("token_ids"), "exit_depths": r.get("exit_depths"),
+                       "status": r.get("status")}
+        for r in recs
     }
     ref_recs = stored.get((plan.ref, cell.name, rep))
     others = [arm] if arm != plan.ref else [a for a in plan.arms if a != plan.ref]

@@ -7,10 +7,9 @@
 // half2 multiply, which rounds the exact product once: equal to rounding the fp32 product (see
 // common.cuh). fp32 multiplies in fp32.
 //
-// Body: 16-byte vectors, a grid of at most the resident blocks walking the rows (one row of
-// rows * n elements when the inputs are contiguous), cut so that every thread makes the same number
-// of trips; loads marked streaming (gate and up are read once); the few elements past the last
-// whole vector of a row (the tail) in the same launch, scalar.
+// Body: 16-byte vectors, kUnroll per thread, a grid that covers every row once (one row of
+// rows * n elements when the inputs are contiguous); loads marked streaming (gate and up are read
+// once); the few elements past the last whole vector of a row (the tail) in the same launch, scalar.
 #include "common.cuh"
 #include "native.h"
 
@@ -111,16 +110,13 @@ bool vector_ok(const SiluMulArgs& a, int64_t elem) {
 template <typename T>
 cudaError_t launch_typed(const SiluMulArgs& a, bool vec, cudaStream_t stream) {
   void (*kernel)(SiluMulArgs) = vec ? silu_mul_kernel<T, true> : silu_mul_kernel<T, false>;
-  // Elements a block covers per loop trip; at most the resident blocks, and as many trips for every
-  // thread as possible: the grid is cut so that the trips divide the row evenly (no tail wave in
-  // which a few threads finish the work while the rest of the GPU idles).
+  // One loop trip per block: every block covers per_trip elements of a row and the grid covers
+  // the rows once. Blocks finish at different times, so one block's loads overlap another's stores
+  // (a grid capped at the resident blocks walked the row in lockstep: 84% of the device copy at
+  // 4096 x 5632 bf16 on an H200, against the Triton kernel's 94.5% with one tile per program).
   const int64_t per_trip = (vec ? static_cast<int64_t>(16 / sizeof(T)) * kUnroll : 1) * kThreads;
-  const int64_t resident = static_cast<int64_t>(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads)) * sm_count();
   const int64_t grid_y = a.rows < 65535 ? a.rows : 65535;
-  const int64_t cap_x = (resident + grid_y - 1) / grid_y;
-  const int64_t block_trips = (a.n + per_trip - 1) / per_trip;   // trips if one block did the row
-  const int64_t trips = (block_trips + cap_x - 1) / cap_x;        // per block, with cap_x blocks
-  const int64_t grid_x = (block_trips + trips - 1) / trips;
+  const int64_t grid_x = (a.n + per_trip - 1) / per_trip;
   kernel<<<dim3(static_cast<unsigned>(grid_x > 0 ? grid_x : 1), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }

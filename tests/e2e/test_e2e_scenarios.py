@@ -1,0 +1,119 @@
+"""The serving scenarios of the e2e command on tiny models (CPU, fp32): Huginn sessions with the prefix
+cache off and on, and Ouro with an exit gate whose depths are part of identity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rltbench.backends.engine import EngineBackend
+from rltbench.cli import main
+from rltbench.results import RunDir
+
+
+def _run(args: list[str], tmp_path, name: str, model: str = "ouro-tiny"):
+    out = tmp_path / name
+    rc = main(["e2e", "--model", model, "--device", "cpu", "--no-live", "--result-dir", str(out), *args])
+    return rc, out
+
+
+def _conversation(tmp_path) -> str:
+    """4 turns of one conversation: each turn extends the previous prompt (shared hash ids)."""
+    trace = tmp_path / "conv.jsonl"
+    recs = [
+        {"timestamp": 300 * i, "input_length": 512 * (i + 2) - 100, "output_length": 64,
+         "hash_ids": list(range(i + 2))}
+        for i in range(4)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(trace)
+
+
+def test_huginn_session_cache_off_and_on(tmp_path, capsys):
+    """Cache off (torch, its A/A copy torch#2) and on (torch+cache), interleaved: the cache-on run hits,
+    the cache-off runs do not, and every cache-off run replays the cache-on schedule, hit prefixes
+    recomputed, to the same tokens."""
+    args = (f"--workload session --trace {_conversation(tmp_path)} --trace-length-scale 0.0625 "
+            "--trace-time-scale 0.1 --arms torch,torch --prefix-cache off,on --repeats 2 --warmup-requests 1")
+    rc, out = _run(args.split(), tmp_path, "cache", model="huginn-tiny")
+    assert rc == 0
+    run = RunDir.open(out)
+    cfg = run.manifest["config"]
+    assert cfg["arm_names"] == ["torch", "torch#2", "torch+cache"]
+    assert cfg["reference_arm"] == "torch" and cfg["replay_reference_arm"] == "torch+cache"
+    assert cfg["arm_specs"]["torch+cache"]["prefix_cache"] == "on"
+    assert cfg["arm_specs"]["torch#2"]["prefix_cache"] == "off"
+    cells = run.read_json("cells.json")
+    hit = {c["arm"]: c["measured_prefix_hit_rate"] for c in cells}
+    assert hit["torch+cache"] > 0 and hit["torch"] == hit["torch#2"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    replays = {r["arm"]: r for r in summary["replay_identity"]}
+    assert set(replays) == {"torch", "torch#2"}
+    assert all(r["identical"] == r["compared"] == 8 and r["exact_arm"] for r in replays.values())
+    assert summary["exact_arm_mismatch"] is False
+    comparison = json.loads((out / "comparison.json").read_text())
+    metrics = {(r["arm"], r["metric"]) for r in comparison if r["delta"] is not None}
+    assert {("torch+cache", "output_tok_s"), ("torch+cache", "ttft")} <= metrics
+    printed = capsys.readouterr().out
+    assert "torch+cache" in printed and "identical to torch+cache" in printed
+
+
+def _gated_burst(tmp_path, name: str):
+    args = ("--arms torch,exact --scope all --exit-threshold 0.75 --concurrency 2 --input-len 6 "
+            "--output-len 3 --repeats 1 --warmup-requests 1")
+    return _run(args.split(), tmp_path, name)
+
+
+def test_exit_depths_recorded_and_identical(tmp_path):
+    rc, out = _gated_burst(tmp_path, "depths")
+    assert rc == 0
+    run = RunDir.open(out)
+    assert run.manifest["config"]["exit_threshold"] == 0.75
+    recs = run.read_jsonl("requests.jsonl")
+    assert all(len(r["exit_depths"]) == len(r["token_ids"]) == 3 for r in recs)
+    assert {d for r in recs for d in r["exit_depths"]} <= {1, 2, 3}
+    cells = run.read_json("cells.json")
+    assert all(1 <= c["mean_exit_depth"] <= 3 for c in cells)
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["replay_identity"]
+    assert row["arm"] == "exact" and row["identical"] == row["compared"] == 2
+    assert "mean exit depth" in (out / "table.md").read_text()
+
+
+def test_exit_depth_mismatch_fails_the_exact_arm(tmp_path, monkeypatch, capsys):
+    """Same tokens, one exit depth off: an exactness failure, reported as a depth and exit 1."""
+    orig = EngineBackend.replay
+
+    def shifted(self, arm, schedule, requests):
+        got = orig(self, arm, schedule, requests)
+        first = min(self.last_replay_depths)
+        depths = self.last_replay_depths[first]
+        depths[1] = 1 + depths[1] % 3
+        return got
+
+    monkeypatch.setattr(EngineBackend, "replay", shifted)
+    rc, out = _gated_burst(tmp_path, "mismatch")
+    assert rc == 1
+    summary = json.loads((out / "summary.json").read_text())
+    (m,) = summary["exact_arm_mismatches"]
+    assert m["arm"] == "exact" and m["first_divergence"]["kind"] == "depth"
+    assert m["first_divergence"]["token_index"] == 1
+    assert "exit depth" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,model",
+    [
+        (["--exit-threshold", "1.5"], "ouro-tiny"),
+        (["--exit-threshold", "0.5"], "huginn-tiny"),
+        (["--prefix-cache", "maybe"], "ouro-tiny"),
+        (["--prefix-cache", "on,on"], "ouro-tiny"),
+        (["--backend", "openai", "--arm", "a=http://127.0.0.1:1", "--prefix-cache", "off,on"], "ouro-tiny"),
+    ],
+)
+def test_bad_scenario_flags_exit_2(args, model, tmp_path, capsys):
+    rc, out = _run(["--input-len", "8", "--output-len", "2", *args], tmp_path, "bad", model=model)
+    assert rc == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err
