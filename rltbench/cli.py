@@ -1,50 +1,39 @@
 """The `rltbench` command line: one typer app, one sub-command per measurement.
 
-Each command lives in its own package under `rltbench.commands` (kernels, e2e, profile, gsm8k, serve)
-as a plain function with typer annotations; this module only registers them (name -> module and
-function) and turns user errors into one clear line with exit code 2 (never a traceback).
+Each command lives in its own package under `rltbench.commands` as a plain function with typer
+annotations; this module names them (name -> module and function), loads a command's module only
+when that command runs or shows its help (so `rltbench --help` does not import torch),
+and turns user errors into one clear line with exit code 2 and Ctrl-C (or SIGTERM) into one line
+with exit code 130, never a traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import importlib.util
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import torch
-import typer
-from rich.console import Console
+try:  # a Ctrl-C while the CLI itself loads is an interrupt like any other: exit 130, no traceback
+    import typer
+    from rich.console import Console
+    from typer.core import TyperGroup
+except KeyboardInterrupt:
+    sys.exit(130)
 
 from rltbench import knobs, tuned
 from rltbench.errors import UsageError
-from rltbench.results import RunDir
 
-app = typer.Typer(
-    name="rltbench",
-    help="Benchmark and profile looped language models (Ouro, Huginn) across kernel arms: "
-    "torch (reference), exact (fused, bitwise equal) and approx (fused, faster, may differ).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 err_console = Console(stderr=True)
 
 
-
-def _use_triton_interpreter_without_gpu() -> None:
-    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide first."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-
-
-_use_triton_interpreter_without_gpu()
-
-# command name -> (module, function) for the commands and for `report` re-rendering.
+# command name -> (module, function); a module is imported only when its command runs or shows help
 COMMANDS = {
     "kernels": ("rltbench.commands.kernels.cli", "kernels_command"),
     "e2e": ("rltbench.commands.e2e.cli", "e2e_command"),
@@ -67,34 +56,149 @@ RENDERERS = {
 }
 
 
-def _load(module: str, attr: str):
+def _use_triton_interpreter_without_gpu() -> None:
+    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide before any
+    command module is imported. torch (seconds to import) loads here, not at `rltbench --help`."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch  # heavy: only once a command or a report is about to run
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _quiet_profiler_log() -> None:
+    """torch's profiler (kineto) prints `USDT: ... profiler_start` / `profiler_stop` on stderr around
+    every profiled region (profile, the kernel counts of kernels): noise between a command's own
+    lines. Level 6 is above all of kineto's console levels; set KINETO_LOG_LEVEL yourself to see
+    them (e.g. 4 for its errors)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
+def _load(module: str, attr: str) -> Any:
+    _use_triton_interpreter_without_gpu()
+    _quiet_profiler_log()
     return getattr(importlib.import_module(module), attr)
 
 
+def _end_unfinished_runs(exc: BaseException) -> None:
+    """A command ended by an exception: every run directory it left `running` says how it ended, and
+    one that stored nothing but its manifest after a UsageError is removed (rltbench.results)."""
+    rundir = sys.modules.get("rltbench.results.rundir")
+    if rundir is not None:  # no command got as far as importing the results layer: no run exists
+        rundir.end_unfinished_runs(exc)
+
+
+def _forget_earlier_runs() -> None:
+    """A command starts: the runs an earlier command of this process created are not its own."""
+    rundir = sys.modules.get("rltbench.results.rundir")
+    if rundir is not None:
+        rundir.forget_created_runs()
+
+
+def _say_interrupted(exc: BaseException) -> None:
+    """After Ctrl-C: end the runs left `running`, and one line saying where the finished results are."""
+    _end_unfinished_runs(exc)
+    rundir = sys.modules.get("rltbench.results.rundir")
+    paths = rundir.runs_created() if rundir is not None else []
+    line = ("interrupted before any result was written" if not paths
+            else f"interrupted: finished results were kept in {', '.join(str(p) for p in paths)}")
+    err_console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True)
+
+
 def _user_errors_exit_2(func, takes_arms: bool = False):
-    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner. A command
-    that runs kernels first refuses RLTBENCH_* variables nothing reads (an older release's arm or
-    launch knobs would silently do nothing) and a bad RLTBENCH_TUNED file, before any work."""
+    """Wrap a command so a UsageError prints one red line and exits 2, also under CliRunner, and
+    Ctrl-C is one line and exit 130. A command that runs kernels first refuses RLTBENCH_* variables
+    nothing reads (an older release's arm or launch knobs would silently do nothing) and a bad
+    RLTBENCH_TUNED file, before any work."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        _forget_earlier_runs()
         try:
             if takes_arms:
                 knobs.check_environment()
                 tuned.check()
             return func(*args, **kwargs)
         except UsageError as exc:
+            _end_unfinished_runs(exc)
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
-        except KeyboardInterrupt:  # typer would exit 130 silently
-            err_console.print("[yellow]interrupted: finished results were kept on disk[/]")
+        except KeyboardInterrupt as exc:  # typer would exit 130 silently
+            _say_interrupted(exc)
             raise typer.Exit(code=130) from None
+        except typer.Exit:
+            raise
+        except Exception as exc:
+            _end_unfinished_runs(exc)
+            raise
 
     return wrapper
 
 
-for _name, (_module, _attr) in COMMANDS.items():
-    app.command(_name)(_user_errors_exit_2(_load(_module, _attr), takes_arms=True))
+def command_summary(module: str, function: str) -> str:
+    """The first paragraph of a command function's docstring (what its own --help starts with), read
+    from the module's source with `ast` so that `rltbench --help` imports no command module."""
+    spec = importlib.util.find_spec(module)  # imports the parent packages only (no torch there)
+    origin = spec.origin if spec is not None else None
+    if origin is None:
+        return ""
+    tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            doc = ast.get_docstring(node) or ""
+            return " ".join(doc.split("\n\n")[0].split())
+    return ""
+
+
+def _command(name: str) -> Any:
+    """The click command of `name`, built from its module on first use (same options, same help)."""
+    sub = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+    sub.command(name)(_user_errors_exit_2(_load(*COMMANDS[name]), takes_arms=True))
+    return typer.main.get_command(sub)
+
+
+class LazyCommands(TyperGroup):
+    """The app's command group. Importing every command (torch, the engine, pandas, aiohttp) took
+    seconds before `rltbench --help` could print a line; here a command's module is imported only
+    when that command runs or shows its own help, and the list comes from COMMANDS."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*COMMANDS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            try:
+                self.add_command(_command(cmd_name), cmd_name)
+            except KeyboardInterrupt as exc:  # while torch imports; typer then exits 130 silently
+                _say_interrupted(exc)
+                raise
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(n, command_summary(*where)) for n, where in COMMANDS.items()]
+        rows += [(n, c.get_short_help_str(limit=200)) for n, c in self.commands.items() if n not in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+# Plain (click) help, not rich panels: rich squeezes option names into a fixed column and cut them
+# at 80 columns (--trace-length-sca...); click puts a long option on its own line instead.
+app = typer.Typer(
+    name="rltbench",
+    cls=LazyCommands,
+    help="Benchmark and profile looped language models (Ouro, Huginn) across kernel arms: "
+    "torch (reference), exact (fused, bitwise equal) and approx (fused, faster, may differ).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _group() -> None:
+    """The app is a group even though only `report` is registered up front (the rest load lazily)."""
 
 
 @app.command("report")
@@ -103,7 +207,11 @@ def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by any rltbench command.")],
 ) -> None:
     """Re-render table.md and the plots of a stored run from its raw result files."""
+    from rltbench.results import RunDir  # pandas: loaded when a report runs, not at `rltbench --help`
+
     run = RunDir.open(run_dir)
+    if run.command in COMMANDS and run.command not in RENDERERS:
+        raise UsageError(f"{run_dir}: a {run.command} run has nothing to re-render (its files are final)")
     if run.command not in RENDERERS:
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")
     render = _load(*RENDERERS[run.command])
@@ -131,20 +239,43 @@ def _click_kind(exc: Exception) -> str | None:
     return None
 
 
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM (a job scheduler, `timeout`, `kill`) ends a run the way Ctrl-C does: what finished is
+    kept and the manifest says `interrupted`, instead of a run left `running` without its table."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: run the app, map UsageError to one line + exit 2."""
+    """Console-script entry point: run the app, map UsageError to one line + exit 2, Ctrl-C (or
+    SIGTERM) to one line + exit 130."""
+    own_sigterm = (os.name == "posix" and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+                   and threading.current_thread() is threading.main_thread())
+    if own_sigterm:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return _run_app(argv)
+    finally:
+        if own_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_app(argv: list[str] | None) -> int:
+    _forget_earlier_runs()
     try:
         rv = app(args=argv, standalone_mode=False)
     except UsageError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted: finished results were kept on disk[/]")
+    except KeyboardInterrupt as exc:  # before or after typer's own handler (which exits 130 silently)
+        _say_interrupted(exc)
         return 130
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click usage errors and typer exits
         kind = _click_kind(exc)
+        if kind == "usage" and type(exc).__name__ == "NoArgsIsHelpError":  # bare `rltbench`: the help
+            print(exc.format_message())
+            return 0
         if kind == "usage":
             ctx = getattr(exc, "ctx", None)
             hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""

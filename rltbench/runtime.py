@@ -6,7 +6,8 @@ weights (device, dtype, preset or checkpoint config) is checked by `check` befor
 exists, and fails as one UsageError line.
 
 - device: `auto` (or none given) = cuda when a GPU is visible, else cpu; cuda without a GPU is an error.
-- dtype: `auto` = bfloat16 on CUDA, float32 on the CPU; bf16/fp16/fp32 and the torch names are accepted.
+- dtype: `auto` = bf16 on CUDA, fp32 on the CPU; bf16/fp16/fp32 (the names help shows in every command)
+  and the torch names (bfloat16, float16, float32) are accepted.
 - model: `--weights random` builds preset `--model` with weights drawn from `--seed`; `--weights DIR`
   loads an HF checkpoint directory (config.json + safetensors).
 - engine: `build_engine` sizes a CPU pool to what the load needs (and refuses one that cannot fit in
@@ -44,8 +45,8 @@ WeightsOption = Annotated[str, typer.Option(help="'random' (weights drawn from -
                                                  "DIR (config.json + safetensors).")]
 DeviceOption = Annotated[str | None, typer.Option(help="auto (cuda if a GPU is visible, else cpu), cpu, cuda "
                                                        "or cuda:N.")]
-DtypeOption = Annotated[str | None, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), bf16, fp16 "
-                                                      "or fp32.")]
+DtypeOption = Annotated[str | None, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or "
+                                                      "fp32.")]
 SeedOption = Annotated[int, typer.Option(help="Seed of random weights (and of the prompts a command draws).")]
 ResultDirOption = Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
                                                          "(default results/<command>-<UTC time>).")]
@@ -64,13 +65,21 @@ PrefillGraphsOption = Annotated[bool, typer.Option(help="Capture prefill steps w
 
 
 
+def comma_list(text: str, flag: str, example: str) -> list[str]:
+    """The items of a comma-separated flag value, stripped. An empty item (`1,,8`, a trailing comma)
+    is a UsageError, not skipped: it is usually a typo for a value that was meant to be there."""
+    items = [part.strip() for part in str(text).split(",")]
+    if not any(items):
+        raise UsageError(f"{flag} is empty (e.g. {flag} {example})")
+    if not all(items):
+        raise UsageError(f"{flag} {text!r}: an empty item between commas (e.g. {flag} {example})")
+    return items
+
+
 def parse_concurrency(text: str) -> list[int]:
     """`--concurrency 1,8,32,128` -> [1, 8, 32, 128] (positive, unique, in the given order)."""
     out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in comma_list(text, "--concurrency", "1,8,32,128"):
         try:
             c = int(part)
         except ValueError:
@@ -79,8 +88,6 @@ def parse_concurrency(text: str) -> list[int]:
             raise UsageError(f"--concurrency: {c} must be >= 1")
         if c not in out:
             out.append(c)
-    if not out:
-        raise UsageError("--concurrency is empty (e.g. 1,8,32,128)")
     return out
 
 def resolve_device(device: str | None) -> str:
@@ -99,7 +106,11 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
     """`auto`/None -> bfloat16 on CUDA, float32 on the CPU; else the named dtype (UsageError if unknown)."""
     if dtype in (None, AUTO):
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return dtype_from_name(dtype)
+    try:
+        return dtype_from_name(dtype)
+    except UsageError:
+        raise UsageError(f"--dtype {dtype}: use auto, bf16, fp16 or fp32 (bfloat16, float16, float32 "
+                         "are accepted too)") from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

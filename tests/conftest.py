@@ -22,6 +22,13 @@ if "--run-gpu" in sys.argv:
 elif os.environ.get("RLTBENCH_PYTEST_RUN_GPU") != "1" or "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.interpreter_ieee import install as _install_quiet_ieee
+    from tests.interpreter_speed import install as _install_interpreter_speedup
+
+    _install_interpreter_speedup()
+    _install_quiet_ieee()
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-gpu", action="store_true", default=False, help="run tests marked gpu on CUDA")

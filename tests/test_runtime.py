@@ -10,11 +10,12 @@ from rltbench.errors import UsageError
 
 
 def test_concurrency_keeps_the_order_and_drops_repeats() -> None:
-    assert runtime.parse_concurrency(" 8,1,, 8,32 ") == [8, 1, 32]
+    assert runtime.parse_concurrency(" 8,1, 8,32 ") == [8, 1, 32]
 
 
 @pytest.mark.parametrize(
-    "text, needle", [("1,x", "not an integer"), ("4,0", "must be >= 1"), (" , ", "empty")]
+    "text, needle", [("1,x", "not an integer"), ("4,0", "must be >= 1"), (" , ", "empty"),
+                     ("1,,8", "an empty item")]
 )
 def test_bad_concurrency_is_a_usage_error(text: str, needle: str) -> None:
     with pytest.raises(UsageError, match=needle):

@@ -19,6 +19,10 @@ from rltbench.backends.base import Request
 from rltbench.errors import UsageError
 
 TRACE_BLOCK = 512  # Mooncake hash ids cover 512-token blocks
+BURST_INPUT_LEN = 512  # a burst's prompt and output lengths where the model's context holds them
+BURST_OUTPUT_LEN = 128
+DEFAULT_TRACE = "mooncake"  # the session trace of a model whose context holds its records
+SMALL_MODEL_TRACE = "mooncake-tiny"  # the preset whose records fit a tiny model (workloads/presets.json)
 WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "workloads"
 
 # Special-token id ranges known per family (clipped to the vocab): never put these in random prompts.
@@ -36,6 +40,33 @@ class SessionTrace:
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
 
+
+
+def fit_burst_lengths(input_len: int | None, output_len: int | None, context: int,
+                      model: str = "the model") -> tuple[int, int, str | None]:
+    """(input_len, output_len, note) of a burst on a model of `context` tokens.
+
+    Why: the defaults (512 in, 128 out) do not fit a tiny preset's 512-token context, and a newcomer's
+    first run should work. A length left at its default (None) shrinks to fit, and the note says what
+    was chosen; a length the user gave is kept, and one that cannot fit is a UsageError naming the
+    flag and a value that works.
+    """
+    out = output_len if output_len is not None else min(BURST_OUTPUT_LEN, max(1, context // 4))
+    inp = input_len if input_len is not None else min(BURST_INPUT_LEN, context - out)
+    if inp + out > context or inp < 1:
+        if input_len is not None and context - out >= 1:
+            fix = f"use --input-len {context - out} or less"
+        elif context - inp >= 1 and inp >= 1:
+            fix = f"use --output-len {context - inp} or less"
+        else:
+            fix = f"use --output-len {max(1, context // 4)} or less"
+        raise UsageError(f"--input-len {inp} + --output-len {out} = {inp + out} tokens exceeds {model}'s "
+                         f"context of {context}: {fix}")
+    note = None
+    if (input_len is None and inp != BURST_INPUT_LEN) or (output_len is None and out != BURST_OUTPUT_LEN):
+        note = (f"--input-len {inp} --output-len {out}: the default {BURST_INPUT_LEN} + {BURST_OUTPUT_LEN} "
+                f"tokens do not fit {model}'s context of {context}")
+    return inp, out, note
 
 
 @dataclass
@@ -156,6 +187,30 @@ def _hash_block(hash_id: int, block_size: int, ids: np.ndarray, seed: int) -> li
     return ids[rng.integers(0, ids.size, size=block_size)].tolist()
 
 
+def _record_lengths(rec: dict[str, Any], length_scale: float, block_size: int,
+                    output_len: int | None = None) -> tuple[int, int]:
+    """(prompt tokens, output tokens) of one trace record at `length_scale`."""
+    n_hash = len(rec["hash_ids"])
+    n_in = min(max(1, round(rec["input_length"] * length_scale)), n_hash * block_size)
+    n_in = max(n_in, (n_hash - 1) * block_size + 1)  # keep every hash block represented
+    n_out = output_len if output_len is not None else max(1, round(rec["output_length"] * length_scale))
+    return n_in, n_out
+
+
+def default_trace(max_model_len: int) -> tuple[str, str | None]:
+    """The session trace when --trace is not given: DEFAULT_TRACE, or SMALL_MODEL_TRACE (with a note
+    saying so) for a model whose context holds none of DEFAULT_TRACE's records (the tiny presets:
+    every Mooncake conversation is longer than their 512 tokens)."""
+    path, preset = resolve_trace(DEFAULT_TRACE)
+    scale = preset.get("length_scale", 1.0)
+    bs = scaled_block_size(scale)
+    for rec in load_trace(path, preset.get("max_requests")):
+        if sum(_record_lengths(rec, scale, bs)) <= max_model_len:
+            return DEFAULT_TRACE, None
+    return SMALL_MODEL_TRACE, (f"--trace {SMALL_MODEL_TRACE}: no record of the {DEFAULT_TRACE} trace fits "
+                               f"the model's context of {max_model_len} tokens")
+
+
 def materialize_session(
     config: Any,
     records: list[dict[str, Any]],
@@ -181,10 +236,7 @@ def materialize_session(
     t0 = records[0]["timestamp"]
     for rec in records:
         hids = rec["hash_ids"]
-        n_in = max(1, round(rec["input_length"] * length_scale))
-        n_in = min(n_in, len(hids) * bs)
-        n_in = max(n_in, (len(hids) - 1) * bs + 1)  # keep every hash block represented
-        n_out = output_len if output_len is not None else max(1, round(rec["output_length"] * length_scale))
+        n_in, n_out = _record_lengths(rec, length_scale, bs, output_len)
         if max_model_len is not None and n_in + n_out > max_model_len:
             dropped += 1
             continue
@@ -204,7 +256,8 @@ def materialize_session(
         )
     if not reqs:
         raise UsageError(
-            f"every trace record exceeds the model length {max_model_len}: lower --trace-length-scale"
+            f"every trace record exceeds the model length {max_model_len}: use --trace {SMALL_MODEL_TRACE} "
+            "(the preset for small models) or lower --trace-length-scale"
         )
     return SessionTrace(requests=reqs, block_size=bs, dropped_too_long=dropped)
 

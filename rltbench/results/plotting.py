@@ -47,6 +47,15 @@ def log_axis(ax: Any, ticks: list[int], label: str) -> None:
     ax.set_xlabel(label)
 
 
+def caveat(fig: Any, reasons: list[str | None]) -> None:
+    """Write on the figure itself why its numbers carry no verdict (CPU timings, the Triton
+    interpreter, random weights): a plot is often seen without the table that says so."""
+    text = "; ".join(r for r in reasons if r)
+    if text:
+        # below the figure (the saved PNG's tight box grows to hold it), clear of titles and legends
+        fig.text(0.5, -0.01, text, ha="center", va="top", fontsize=8, color="#b22222")
+
+
 def png_bytes(fig: Any) -> bytes:
     """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
     buf = io.BytesIO()

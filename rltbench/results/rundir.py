@@ -108,6 +108,38 @@ def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
     return path
 
 
+# every run the current command created, in order: what the CLI reports after Ctrl-C, and what it
+# closes when the command ends by an exception before saying how its run ended (end_unfinished_runs)
+_CREATED: list[RunDir] = []
+
+
+def forget_created_runs() -> None:
+    """A new command starts (the CLI calls this): runs of earlier commands in this process are not
+    its runs."""
+    _CREATED.clear()
+
+
+def runs_created() -> list[Path]:
+    """The run directories this process created (and did not remove)."""
+    return [r.path for r in _CREATED if (r.path / "manifest.json").exists()]
+
+
+def end_unfinished_runs(exc: BaseException) -> None:
+    """A command ended by `exc`: each run it created whose manifest on disk still says `running` is
+    ended by `RunDir.mark_ended` (interrupted / failed, or removed when a UsageError came before it
+    stored anything). Runs that already recorded their end are left alone; the manifest is re-read
+    from disk first, since another process (a pd rank) may have written it since."""
+    for run in _CREATED:
+        mf = run.path / "manifest.json"
+        try:
+            on_disk = json.loads(mf.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if on_disk.get("status") == "running":
+            run.manifest = on_disk
+            run.mark_ended(exc)
+
+
 class RunDir:
     """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`.
 
@@ -119,6 +151,7 @@ class RunDir:
         self.path = Path(path)
         self.manifest = manifest
         self.read_only_manifest = read_only_manifest
+        self.made_dir = False  # create() made the directory itself (so discard() may remove it)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -129,6 +162,7 @@ class RunDir:
         Raises UsageError when the directory cannot be created or written, before any work starts.
         """
         path = Path(result_dir) if result_dir else default_run_path(command)
+        made = not path.exists()
         if (path / "manifest.json").exists():
             # appending to another run's rows.jsonl would mix two runs under one manifest
             raise UsageError(f"{path} already holds an rltbench run (manifest.json); choose a new "
@@ -149,7 +183,9 @@ class RunDir:
             "files": [],
         }
         run = cls(path, manifest)
+        run.made_dir = made
         run._write_manifest()
+        _CREATED.append(run)
         return run
 
     @classmethod
@@ -190,9 +226,25 @@ class RunDir:
 
     def mark_ended(self, exc: BaseException) -> None:
         """The run ended early: `interrupted` for Ctrl-C, else `failed`, with the error's first line
-        stored (what is already on disk stays and `rltbench report` can render it)."""
+        stored (what is already on disk stays and `rltbench report` can render it). Bad input found
+        only after the directory was made (a corrupt weights file) leaves no directory behind when
+        nothing but the manifest was stored: there is nothing to keep, and it is not a run."""
+        if isinstance(exc, UsageError) and not self.manifest.get("files"):
+            self.discard()
+            return
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self.update_manifest(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def discard(self) -> None:
+        """Remove the manifest and the directory if create() made it and nothing else is in it."""
+        (self.path / "manifest.json").unlink(missing_ok=True)
+        if self.made_dir:
+            try:
+                self.path.rmdir()
+            except OSError:  # something else is in it: leave it
+                pass
+        if self in _CREATED:
+            _CREATED.remove(self)
 
     def finish(self, table_md: str, **json_files: Any) -> str:
         """Write the raw JSON files (name without .json -> object) and table.md, then mark the run

@@ -211,6 +211,13 @@ def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def random_weights_line(no_verdict: str | None) -> str:
+    """The table's line for a run on random weights: its text means nothing, its token ids do, and its
+    timings do only where a speed verdict is possible (`no_verdict` None)."""
+    valid = "token ids and timings are" if not no_verdict else "token ids are; timings carry no verdict here"
+    return f"**random weights: text is not meaningful** ({valid})"
+
+
 def _boot_two_stage(per_rep: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
     reps = [v for v in per_rep if v.size]
     meds = np.empty((len(reps), BOOTSTRAP))

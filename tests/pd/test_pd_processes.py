@@ -92,7 +92,7 @@ def test_pd_command_over_gloo_matches_the_colocated_engine(tmp_path, model, layo
         (["--devices", "cpu"], "give two devices"),
         (["--kv-layout", "compress"], "Huginn option"),
         (["--arm", "torch,exact"], "one kernel arm"),
-        (["--input-len", "600"], "exceeds the model context"),
+        (["--input-len", "600"], "context of 512: use --input-len 384 or less"),
     ],
 )
 def test_bad_input_is_one_line_before_any_run_directory(tmp_path, capsys, argv, needle) -> None:

@@ -60,7 +60,8 @@ def _app() -> typer.Typer:
 def test_no_gpu_is_a_usage_error(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    res = CliRunner().invoke(_app(), ["profile", "--model", "ouro-tiny", "--result-dir", str(tmp_path / "r")])
+    args = ["profile", "--model", "ouro-tiny", "--device", "cuda", "--result-dir", str(tmp_path / "r")]
+    res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 2
     assert "--device cpu" in res.output and "Traceback" not in res.output
 

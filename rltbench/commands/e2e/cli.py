@@ -18,7 +18,8 @@ from rltbench import arms as armspec
 from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.backends.engine import parse_prefix_cache
-from rltbench.commands.e2e.job import BURST, SESSION, E2ESpec, run
+from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN, DEFAULT_TRACE, SMALL_MODEL_TRACE
+from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
@@ -34,17 +35,28 @@ def e2e_command(
     workload: Annotated[
         str, typer.Option(help="burst (C requests at once) or session (trace replay).")
     ] = BURST,
-    concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32,128",
-    input_len: Annotated[int, typer.Option(help="Burst prompt length (token ids).")] = 512,
-    output_len: Annotated[int, typer.Option(help="Burst generated tokens per request (EOS ignored).")] = 128,
+    concurrency: Annotated[
+        str | None, typer.Option(help=f"Burst sizes C, comma list (default {GPU_CONCURRENCY}; on CPU "
+                                 f"{CPU_CONCURRENCY}).")
+    ] = None,
+    input_len: Annotated[
+        int | None, typer.Option(help=f"Burst prompt length in token ids (default {BURST_INPUT_LEN}, less "
+                                 "where the model's context is shorter).")
+    ] = None,
+    output_len: Annotated[
+        int | None, typer.Option(help=f"Burst generated tokens per request, EOS ignored (default "
+                                 f"{BURST_OUTPUT_LEN}, less where the model's context is shorter).")
+    ] = None,
     repeats: Annotated[
         int | None,
         typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
     ] = None,
     seed: runtime.SeedOption = 0,
     trace: Annotated[
-        str, typer.Option(help="Session trace: JSONL path or preset of workloads/presets.json.")
-    ] = "mooncake",
+        str | None, typer.Option(help=f"Session trace: JSONL path or preset of workloads/presets.json "
+                                 f"(default {DEFAULT_TRACE}; {SMALL_MODEL_TRACE} for a model too short "
+                                 "for its records).")
+    ] = None,
     trace_time_scale: Annotated[
         float | None, typer.Option(help="Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).")
     ] = None,
@@ -95,7 +107,7 @@ def e2e_command(
         repeats = 3 if workload == SESSION else 2
     if repeats < 1:
         raise UsageError("--repeats must be >= 1")
-    if input_len < 1 or output_len < 1:
+    if (input_len is not None and input_len < 1) or (output_len is not None and output_len < 1):
         raise UsageError("--input-len and --output-len must be >= 1")
     if ttft_timeout <= 0 or stall_timeout <= 0 or deadline < 0:
         raise UsageError("--ttft-timeout/--stall-timeout must be > 0 and --deadline >= 0")
@@ -121,7 +133,7 @@ def e2e_command(
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),
         workload=workload,
-        concurrency=runtime.parse_concurrency(concurrency),
+        concurrency=None if concurrency is None else runtime.parse_concurrency(concurrency),
         input_len=input_len,
         output_len=output_len,
         repeats=repeats,

@@ -19,9 +19,13 @@ from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend, EngineVariant, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import (
+    BURST_INPUT_LEN,
+    BURST_OUTPUT_LEN,
     Cell,
     SessionTrace,
     burst_prompts,
+    default_trace,
+    fit_burst_lengths,
     load_trace,
     materialize_session,
     resolve_trace,
@@ -37,6 +41,8 @@ from rltbench.results import RunDir
 
 BURST = "burst"
 SESSION = "session"
+GPU_CONCURRENCY = "1,8,32,128"  # the burst sizes when --concurrency is not given
+CPU_CONCURRENCY = "1,8"  # on CPU, where C=128 of even a tiny model takes many minutes per cell
 
 
 @dataclass
@@ -47,11 +53,12 @@ class E2ESpec:
     arms: dict[str, ArmSpec] = field(default_factory=dict)  # engine backend
     servers: dict[str, str] = field(default_factory=dict)  # openai backend: arm -> server root
     workload: str = BURST
-    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 128])
-    input_len: int = 512
-    output_len: int = 128
+    # None: chosen by resolve_defaults from the device and the model's context (noted in `notes`)
+    concurrency: list[int] | None = None
+    input_len: int | None = None
+    output_len: int | None = None
     repeats: int = 2
-    trace: str = "mooncake"
+    trace: str | None = None
     trace_time_scale: float | None = None
     trace_length_scale: float | None = None
     max_requests: int | None = None
@@ -66,6 +73,7 @@ class E2ESpec:
     timeouts: Timeouts = field(default_factory=Timeouts)
     live: bool = True
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
+    notes: list[str] = field(default_factory=list)  # the defaults resolve_defaults chose, said aloud
     # engine backend: the prefix-cache settings every arm runs under, in schedule order (empty: the
     # workload's own, on for sessions, off for bursts); two settings make each arm two variants
     prefix_cache: tuple[bool, ...] = ()
@@ -172,14 +180,36 @@ def make_plan(
     )
 
 
-def _check_context(spec: E2ESpec, config: Any) -> None:
-    """A burst must fit the model's context (sessions drop their too-long records, counted)."""
-    max_len = int(getattr(config, "max_position_embeddings", 1 << 30))
-    if spec.workload == BURST and spec.input_len + spec.output_len > max_len:
-        raise UsageError(
-            f"--input-len + --output-len = {spec.input_len + spec.output_len} exceeds the "
-            f"model context {max_len}"
-        )
+def resolve_defaults(spec: E2ESpec) -> E2ESpec:
+    """The spec with the defaults that depend on the device and the model filled in, each choice that
+    differs from the GPU default noted, so `e2e --model ouro-tiny` works as given: burst lengths that
+    fit the model's context (a burst the user sized must fit: UsageError naming the flag), fewer
+    burst sizes on CPU, and the small-model session trace for a model too short for the default one
+    (sessions drop their too-long records, counted). Nothing is built: a bad preset fails here."""
+    if spec.backend == "engine":
+        dev, _dt, config = runtime.check(spec.source, spec.device, spec.dtype)
+    else:
+        dev, config = "remote", spec.source.config()
+    context = int(config.max_position_embeddings)
+    notes = list(spec.notes)
+    concurrency = spec.concurrency
+    if concurrency is None:
+        text = CPU_CONCURRENCY if dev == "cpu" else GPU_CONCURRENCY
+        concurrency = runtime.parse_concurrency(text)
+        if dev == "cpu" and spec.workload == BURST:
+            notes.append(f"--concurrency {text} on CPU (the GPU default is {GPU_CONCURRENCY})")
+    trace = spec.trace
+    if spec.workload == SESSION and trace is None:
+        trace, note = default_trace(context)
+        notes += [note] if note else []
+    if spec.workload == BURST:
+        input_len, output_len, note = fit_burst_lengths(spec.input_len, spec.output_len, context,
+                                                        spec.source.label)
+        notes += [note] if note else []
+    else:  # a session's lengths come from the trace; these only name the unused burst defaults
+        input_len, output_len = spec.input_len or BURST_INPUT_LEN, spec.output_len or BURST_OUTPUT_LEN
+    return dataclasses.replace(spec, concurrency=concurrency, input_len=input_len, output_len=output_len,
+                               trace=trace, notes=notes)
 
 
 def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -> tuple[EngineConfig, int]:
@@ -210,7 +240,6 @@ def _engine_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
     max_len = int(config.max_position_embeddings)
     if spec.workload == SESSION:
         load_session(config, spec, max_len)
-    _check_context(spec, config)
     model, _tok = runtime.load(spec.source, dev, dt)
     config = model.config
     session, sess_info = load_session(config, spec, max_len) if spec.workload == SESSION else (None, None)
@@ -231,7 +260,6 @@ def _server_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
     config = spec.source.config()
     max_len = int(config.max_position_embeddings)
     session, sess_info = load_session(config, spec, max_len) if spec.workload == SESSION else (None, None)
-    _check_context(spec, config)
     facts = {"device": "remote", "dtype": "server", "random_weights": spec.source.random}
     return OpenAIBackend(spec.servers, spec.served_model_name), config, facts, session, sess_info
 
@@ -239,6 +267,7 @@ def _server_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
 def run(spec: E2ESpec) -> tuple[Path, bool]:
     """Everything after flag parsing: returns the run directory and whether an exact arm mismatched
     (under schedule replay; the command then exits 1)."""
+    spec = resolve_defaults(spec)
     engine_side = spec.backend == "engine"
     backend, config, facts, session, sess_info = (_engine_side if engine_side else _server_side)(spec)
     arm_names = spec.arm_names
@@ -253,7 +282,7 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     if engine_side and spec.cache_varied:
         plan.replay_ref = _cache_on_reference(spec, plan.ref)
     cfg = _manifest_config(spec, backend, plan, arm_specs, exact_arms, sess_info, facts)
-    notes: list[str] = []
+    notes: list[str] = list(spec.notes)
     if engine_side:
         eng = backend.engine
         same = eager_reference_arms(spec.arms, bool(eng.use_graphs))

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from rltbench.results import RunDir
-from rltbench.results.plotting import arm_color, figure, log_axis
+from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
     CELL_KEYS,
     METRIC_DEFINITIONS,
@@ -33,6 +33,7 @@ from rltbench.results.serving_stats import (
     mismatch_text,
     no_verdict_reason,
     paired_deltas,
+    random_weights_line,
     replay_identity,
 )
 from rltbench.results.stats import is_aa
@@ -173,7 +174,7 @@ def table_markdown(a: dict[str, Any]) -> str:
     cfg, ref, arms = a["config"], a["ref"], a["arms"]
     L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
     if cfg.get("random_weights"):
-        L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+        L += [random_weights_line(a["summary"].get("no_verdict")), ""]
     notes = list(cfg.get("notes") or [])
     if len(arms) > 1 and not any(is_aa(arm, ref) for arm in arms):
         notes.append(
@@ -438,8 +439,16 @@ def _c_axis(ax: Any, cs: list[int]) -> None:
     log_axis(ax, cs, "concurrency C")
 
 
+def plot_caveats(a: dict[str, Any]) -> list[str | None]:
+    """What every plot of the run says above itself: no speed verdict (CPU), random weights."""
+    no_verdict = a["summary"].get("no_verdict")
+    return [no_verdict and f"no speed verdict: {no_verdict}",
+            "random weights (text not meaningful)" if a["config"].get("random_weights") else None]
+
+
 def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
+    caveats = plot_caveats(a)
     pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
     if not pooled:
         return
@@ -450,6 +459,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     _c_axis(ax, cs)
     ax.set(ylabel="output tok/s", title="Output throughput vs C (median over repetitions)")
     _legend(ax)
+    caveat(fig, caveats)
     run.save_plot("throughput.png", fig)
     fig, _ = figure(11, 4.5)
     fig.clf()
@@ -459,6 +469,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
         _c_axis(ax, cs)
         ax.set(ylabel=label, title=label + " vs C")
         _legend(ax)
+    caveat(fig, caveats)
     run.save_plot("latency.png", fig)
     rows = [r for r in a["comparison"] if r["metric"] == "output_tok_s" and r["delta"] is not None]
     comp = pd.DataFrame(rows)
@@ -485,6 +496,7 @@ def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     _c_axis(ax, cs)
     ax.set(ylabel=f"speedup vs {a['ref']} (output tok/s)", title="Speedup vs C (bars: interval)")
     _legend(ax)
+    caveat(fig, caveats)
     run.save_plot("speedup.png", fig)
 
 

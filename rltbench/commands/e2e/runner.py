@@ -75,7 +75,7 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     if plan.session is not None:
         theo = theoretical_prefix_hit_rate(plan.session.requests, plan.session.block_size)
     for arm in plan.arms:
-        display.note(f"warm-up {arm} (graph capture + {len(plan.warmup_requests)} requests, not measured)")
+        display.note(f"warm-up {arm} ({len(plan.warmup_requests)} requests, graphs if any; not measured)")
         backend.warmup(arm, plan.warmup_requests, plan.timeouts)
         if arm in plan.warmup_pass_arms and plan.cells:
             reqs = plan.prompts(plan.cells[0], 0)

@@ -49,6 +49,7 @@ from rltbench.results import RunDir
 
 console = Console()
 GSM8K_TEST_SIZE = 1319
+CPU_LIMIT = 8  # questions when --limit is not given and the engine runs on the CPU (the full set: hours)
 DEFAULT_ARMS = "torch,exact,approx"
 DEFAULT_MODEL = "ouro-1.4b"
 ENGINE_CONTEXT_CAP = 4096  # GSM8K 8-shot prompts are ~1k tokens; caps the decode graphs' block tables
@@ -282,7 +283,10 @@ def gsm8k_command(
         str, typer.Option(help="lm-eval task: gsm8k_cot (8-shot CoT) or gsm8k (5-shot).")
     ] = "gsm8k_cot",
     num_fewshot: Annotated[int | None, typer.Option(help="Exemplars (default: the task's).")] = None,
-    limit: Annotated[int | None, typer.Option(help="First N test questions (default all 1319).")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help=f"First N test questions (default all {GSM8K_TEST_SIZE}; {CPU_LIMIT} "
+                                 "when the engine runs on the CPU).")
+    ] = None,
     batch_size: Annotated[
         int, typer.Option(help="Concurrent sequences (engine max_num_seqs / requests in flight).")
     ] = 32,
@@ -318,8 +322,14 @@ def gsm8k_command(
     specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope))
     label = model_label(model, weights, backend)
     source = runtime.ModelSource(label if weights == "random" else DEFAULT_MODEL, weights, seed)
+    notes: list[str] = []
     if backend == "engine":
         check_model_inputs(source, tokenizer, device, dtype)
+        if limit is None and runtime.resolve_device(device) == "cpu":
+            limit = CPU_LIMIT
+            notes.append(f"--limit {CPU_LIMIT} on CPU (all {GSM8K_TEST_SIZE} questions would take hours "
+                         f"here; pass --limit {GSM8K_TEST_SIZE} for the full set)")
+            console.print(f"[yellow]note: {notes[-1]}[/]", highlight=False, soft_wrap=True)
     build_task(task)  # fail fast (lm-eval missing, data missing) before any model work
     config: dict[str, Any] = {
         "model": label,
@@ -342,6 +352,7 @@ def gsm8k_command(
         "random_weights": backend == "engine" and weights == "random",
         "lm_eval_version": lm_eval_version(),
         "data_dir": str(DATA_DIR),
+        "notes": notes,
     }
     if backend == "engine":
         config["arm_specs"] = {n: s.settings() for n, s in specs.items() if s is not None}
@@ -361,8 +372,8 @@ def gsm8k_command(
             f"[yellow]interrupted; finished arms are in {run.path}{done}[/]", highlight=False, soft_wrap=True
         )
         raise
-    except BaseException:
-        run.update_manifest(status="failed")
+    except BaseException as exc:
+        run.mark_ended(exc)  # failed; removed when bad input (a corrupt checkpoint) stored nothing
         raise
     raise typer.Exit(code=summary["exit_code"])
 
@@ -389,11 +400,11 @@ def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, sp
     engine = make_engine(model, specs, config["batch_size"], max_context)
     same = armspec.eager_reference_arms(specs, bool(engine.use_graphs))
     if same:
-        config["notes"] = [
+        config["notes"].append(
             f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
             "reference ops, so this gate compares torch with itself"
-        ]
-        console.print(f"[yellow]note: {config['notes'][0]}[/]", highlight=False, soft_wrap=True)
+        )
+        console.print(f"[yellow]note: {config['notes'][-1]}[/]", highlight=False, soft_wrap=True)
     questions = QuestionCodec(codec, tuple(model.config.eos_token_ids), max_context)
     return InterleavedGenerator(EngineBackend(engine, arms, codec), questions=questions, **common)
 

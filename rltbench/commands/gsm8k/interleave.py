@@ -64,7 +64,8 @@ class InterleavedGenerator:
             reqs, _ = self.questions.requests(prompts[:1], until[:1], [min(2, max_new[0])])
             probe = reqs
         for arm in self.arms:
-            what = " (graph capture)" if self.replays else ""
+            graphs = bool(getattr(getattr(self.backend, "engine", None), "use_graphs", False))
+            what = " (graph capture)" if graphs else ""
             self.note(f"[bold]arm {arm}[/]: warming up{what} ...")
             self.backend.warmup(arm, probe, self.timeouts)
 

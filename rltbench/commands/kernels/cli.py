@@ -35,11 +35,12 @@ MODE_CHOICES = {"graph": ["graph"], "eager": ["eager"], "hot": ["hot"], "both": 
                 "all": ["graph", "eager", "hot"]}
 
 
+FLAG_EXAMPLES = {"--tokens": "1,8,128", "--widths": "2048,5632", "--ops": "rmsnorm,silu_mul",
+                 "--dtypes": "bf16,fp32"}
+
+
 def _split(text: str, flag: str) -> list[str]:
-    items = [s.strip() for s in str(text).split(",") if s.strip()]
-    if not items:
-        raise UsageError(f"{flag}: give a comma-separated list, got {text!r}")
-    return list(dict.fromkeys(items))
+    return list(dict.fromkeys(runtime.comma_list(text, flag, FLAG_EXAMPLES.get(flag, "a,b"))))
 
 
 def _positive_ints(text: str, flag: str, what: str, hint: str) -> list[int]:

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from rltbench import runtime
 from rltbench.arms import is_exact, parse_arms
+from rltbench.bench.workload import fit_burst_lengths
 from rltbench.commands.pd import report
 from rltbench.commands.pd.link import NO_MULTICAST_ENV
 from rltbench.engine.kv_transfer import KVGeometry
@@ -97,7 +98,7 @@ def _free_port() -> int:
 def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every option checked before any work: (the spec both ranks get, facts for the manifest)."""
     for name in ("input_len", "output_len", "repeats", "block_size", "max_num_batched_tokens", "probe_reps"):
-        if opts[name] < 1:
+        if opts[name] is not None and opts[name] < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if opts["warmup_requests"] < 0:
         raise UsageError("--warmup-requests must be >= 0")
@@ -113,11 +114,9 @@ def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     devices = _parse_devices(opts["devices"])
     backend = _backend(opts["backend"], devices)
     config = runtime.ModelSource(opts["model"], opts["weights"], opts["seed"], opts["kv_layout"]).config()
-    if opts["input_len"] + opts["output_len"] > int(config.max_position_embeddings):
-        raise UsageError(
-            f"--input-len + --output-len = {opts['input_len'] + opts['output_len']} exceeds the "
-            f"model context {config.max_position_embeddings}"
-        )
+    input_len, output_len, note = fit_burst_lengths(opts["input_len"], opts["output_len"],
+                                                    int(config.max_position_embeddings), opts["model"])
+    opts = {**opts, "input_len": input_len, "output_len": output_len}
     dtype = runtime.resolve_dtype(opts["dtype"], devices[0])
     geo = KVGeometry(
         int(config.num_kv_planes), opts["block_size"], int(config.num_kv_heads), int(config.head_dim), dtype
@@ -177,6 +176,7 @@ def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         "random_weights": opts["weights"] == "random",
         "device": devices[0],
         "torch": torch.__version__,
+        "notes": [note] if note else [],
     }
     return spec, facts
 
@@ -255,6 +255,8 @@ def run(opts: dict[str, Any]) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    for note in facts["notes"]:
+        con.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
     ranks = [_Rank(r, spec, env) for r in (0, 1)]
     interrupted = False
     try:

@@ -25,6 +25,7 @@ from rltbench.results.serving_stats import (
     identity,
     no_verdict_reason,
     paired_deltas,
+    random_weights_line,
     replay_identity,
 )
 
@@ -221,7 +222,9 @@ def table_markdown(a: dict[str, Any]) -> str:
     layout = f", KV layout {cfg['kv_layout']}" if cfg.get("kv_layout") else ""
     L = [f"# rltbench pd: {cfg.get('model')}{layout}, {cfg.get('num_kv_planes')} KV planes", ""]
     if s["random_weights"]:
-        L += ["**random weights: text is not meaningful** (token ids and timings are)", ""]
+        L += [random_weights_line(s["no_verdict"]), ""]
+    for note in cfg.get("notes") or []:
+        L += [f"**note: {note}**", ""]
     if s["no_verdict"]:
         L += [f"**note: no speed verdicts: {s['no_verdict']} cannot say whether pd is faster**", ""]
     if s["exact_arm_mismatch"]:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -14,7 +14,7 @@ from rich.console import Console
 
 from rltbench import arms as armspec
 from rltbench import runtime
-from rltbench.commands.profile.collect import ProfileSpec, run_profile
+from rltbench.commands.profile.collect import DEFAULT_CONTEXT, ProfileSpec, fit_context, run_profile
 from rltbench.commands.profile.report import SUMMARY, render, table_markdown
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
@@ -26,25 +26,34 @@ def _console() -> Console:
     return con if con.is_terminal else Console(width=max(con.width, 160))
 
 
-def profile_device(device: str, cpu: bool) -> str:
-    """The device of the profile: a GPU unless `--device cpu` (or the older `--cpu`) asks for the
-    labelled CPU profile, which makes no GPU claim."""
+def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
+    """(device, note): a GPU unless `--device cpu` (or the older `--cpu`) asks for the labelled CPU
+    profile, which makes no GPU claim; `auto` is the GPU where there is one, else the CPU profile
+    (with a note saying so), so `rltbench profile --model ouro-tiny` works on any machine."""
     if cpu:
-        if device not in ("cuda", "cpu"):
+        if device not in ("cuda", "cpu", runtime.AUTO):
             raise UsageError(f"--cpu is --device cpu; it cannot go with --device {device}")
         device = "cpu"
+    if device == runtime.AUTO:
+        if torch.cuda.is_available():
+            return runtime.resolve_device("cuda"), None
+        return "cpu", "no CUDA GPU here: a labelled CPU profile (CPU ops and host times, no GPU claims)"
     if device != "cpu" and not torch.cuda.is_available():
         raise UsageError(
-            "rltbench profile needs a CUDA GPU (none found); use --device cpu for a labelled CPU profile"
+            f"--device {device}: rltbench profile found no CUDA GPU; use --device cpu for a labelled CPU "
+            "profile"
         )
-    return runtime.resolve_device(device)
+    return runtime.resolve_device(device), None
 
 
 def profile_command(
     model: runtime.ModelOption = "ouro-1.4b",
     weights: runtime.WeightsOption = "random",
     batch: Annotated[int, typer.Option(help="Sequences per decode step.")] = 1,
-    context: Annotated[int, typer.Option(help="Cached tokens per sequence.")] = 512,
+    context: Annotated[
+        int | None, typer.Option(help=f"Cached tokens per sequence (default {DEFAULT_CONTEXT}, less where "
+                                 "the model's context cannot also hold the profiled steps).")
+    ] = None,
     arms: armspec.ArmsOption = "torch,exact,approx",
     norm: armspec.NormOption = None,
     rope: armspec.RopeOption = None,
@@ -52,9 +61,9 @@ def profile_command(
     scope: armspec.ScopeOption = None,
     dtype: runtime.DtypeOption = None,
     device: Annotated[
-        str, typer.Option(help="cuda, cuda:N or cpu (cpu: the eager CPU path, CPU op counts and host "
-                          "times, no GPU claims).")
-    ] = "cuda",
+        str, typer.Option(help="auto (cuda if a GPU is visible, else cpu), cuda, cuda:N or cpu (cpu: the "
+                          "eager CPU path, CPU op counts and host times, no GPU claims).")
+    ] = runtime.AUTO,
     seed: runtime.SeedOption = 0,
     iters: Annotated[int, typer.Option(help="Timed replays per arm (events, no profiler).")] = 200,
     rounds: Annotated[
@@ -76,17 +85,20 @@ def profile_command(
         ("--replays", replays),
         ("--steps", steps),
     ):
-        if val < 1:
+        if val is not None and val < 1:
             raise UsageError(f"{flag} must be a positive integer (got {val})")
-    dev = profile_device(device, cpu)
+    dev, device_note = profile_device(device, cpu)
     specs = armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
     source = runtime.ModelSource(model, weights, seed)
-    # config.json checked before any run directory exists; the manifest names what was loaded
-    label = source.config().name if not source.random else model
+    # preset or config.json, dtype and lengths checked before any run directory exists
+    _dev, dt, model_config = runtime.check(source, dev, dtype)
+    label = model if source.random else model_config.name
+    context, context_note = fit_context(context, int(model_config.max_position_embeddings), steps, iters,
+                                        dev == "cpu", label)
     spec = ProfileSpec(
         source=source,
         device=dev,
-        dtype=runtime.resolve_dtype(dtype, dev),
+        dtype=dt,
         batch=batch,
         context=context,
         arms=specs,
@@ -96,6 +108,10 @@ def profile_command(
         steps=steps,
     )
     console = _console()
+    notes = [n for n in (device_note, context_note) if n]
+    for note in notes:
+        console.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
+    loaded, _tok = runtime.load(source, dev, dt)  # a corrupt checkpoint fails here, before the run directory
     config = {
         "model": label,
         "weights": None if source.random else weights,
@@ -110,21 +126,42 @@ def profile_command(
         "steps": steps,
         "mode": "cpu" if spec.cpu else "gpu",
         "selections": {a: s.to_dict() for a, s in specs.items()},
+        "notes": notes,
     }
     run = RunDir.create("profile", result_dir=result_dir, argv=sys.argv, config=config)
     mode_note = "  [yellow](CPU mode: no GPU claims)[/]" if spec.cpu else ""
     console.print(f"[bold]rltbench profile[/] -> {run.path}{mode_note}")
+    extra = {"model": label, "weights": config["weights"], "dtype": config["dtype"], "notes": notes,
+             "arms_planned": list(specs)}
+
+    def save(out: dict[str, Any]) -> None:
+        """summary.json (and the traces) of every arm finished so far: what a Ctrl-C keeps."""
+        for arm, tr in out.get("_traces", {}).items():
+            if not run.file(f"trace-{arm}.json.gz").exists():
+                run.write_json_gz(f"trace-{arm}.json.gz", tr)
+        run.write_json(SUMMARY, {k: v for k, v in out.items() if k != "_traces"} | extra)
+
     try:
-        out = run_profile(spec, log=lambda m: console.print(f"  {m}"))
+        out = run_profile(spec, log=lambda m: console.print(f"  {m}"), model=loaded, on_arm=save)
     except BaseException as exc:
         run.mark_ended(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            _keep_finished_arms(run, console)
         raise
-    traces = out.pop("_traces", {})
-    out.update(model=label, weights=config["weights"], dtype=config["dtype"])
-    for arm, tr in traces.items():
-        run.write_json_gz(f"trace-{arm}.json.gz", tr)
-    run.write_json(SUMMARY, out)
+    save(out)
     render(run.path)
     run.update_manifest(status="complete")
-    console.print(table_markdown(out).split("## ")[0])
+    console.print(table_markdown(run.read_json(SUMMARY)).split("## ")[0])
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")
+
+
+def _keep_finished_arms(run: RunDir, console: Console) -> None:
+    """After Ctrl-C: table.md and the plot of the arms that finished, and a line saying where."""
+    if not run.file(SUMMARY).is_file():
+        console.print(f"[yellow]interrupted before any arm finished: {run.path} holds the manifest only[/]",
+                      highlight=False, soft_wrap=True)
+        return
+    render(run.path)
+    done = ", ".join(run.read_json(SUMMARY).get("arms", {}))
+    console.print(f"[yellow]interrupted: finished arm(s) {done} kept in {run.path} (table.md rendered)[/]",
+                  highlight=False, soft_wrap=True)

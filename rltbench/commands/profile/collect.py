@@ -38,9 +38,11 @@ from rltbench.commands.profile.graph_nodes import graph_census
 from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
 from rltbench.engine.engine import Engine
 from rltbench.engine.types import SamplingParams
+from rltbench.errors import UsageError
 from rltbench.kernels import make_ops
 from rltbench.results.quantiles import summarize
 
+DEFAULT_CONTEXT = 512  # cached tokens per sequence when --context is not given (and the model holds them)
 PHASE_REPLAYS = "rltbench.replays"
 PHASE_STEPS = "rltbench.engine_steps"
 TOP_KERNELS = 40
@@ -80,11 +82,39 @@ def decode_tokens(spec: ProfileSpec) -> int:
     return spec.steps + (spec.iters if spec.cpu else 0)
 
 
+def extra_tokens(steps: int, iters: int, cpu: bool) -> int:
+    """Positions a profiled request needs beyond its `--context` tokens (decode_tokens plus slack)."""
+    return max(64, steps + (iters if cpu else 0) + 16)
+
+
+def fit_context(context: int | None, model_len: int, steps: int, iters: int, cpu: bool,
+                model: str) -> tuple[int, str | None]:
+    """(--context, note): the cached tokens per sequence. Left at its default it is DEFAULT_CONTEXT,
+    or less where the model's context cannot also hold the profiled decode steps (the tiny presets
+    hold 512 tokens), and the note says so; a value the user gave must fit, else a UsageError names
+    the flags and the largest value that works."""
+    extra = extra_tokens(steps, iters, cpu)
+    room = model_len - extra
+    why = f"{extra} decode positions (--steps {steps}" + (f" + --iters {iters}" if cpu else "") + " + slack)"
+    if room < 1:
+        raise UsageError(f"{model}'s context of {model_len} tokens cannot hold {why}: lower "
+                         + ("--iters" if cpu else "--steps"))
+    if context is None:
+        if room >= DEFAULT_CONTEXT:
+            return DEFAULT_CONTEXT, None
+        return room, (f"--context {room}: the default {DEFAULT_CONTEXT} plus {why} does not fit {model}'s "
+                      f"context of {model_len} tokens")
+    if context > room:
+        raise UsageError(f"--context {context} plus {why} exceeds {model}'s context of {model_len} tokens: "
+                         f"use --context {room} or less")
+    return context, None
+
+
 def build_engine(model: Any, spec: ProfileSpec) -> Engine:
     """The engine of the decode-step figure (rltbench.bench.decode.decode_engine_config, shared with
     the engine's decode table): the serving context class and graph bucket for (batch, context) and,
     on a GPU, the serving KV pool; on CPU a pool just big enough for the profiled requests."""
-    extra = max(64, decode_tokens(spec) + 16)
+    extra = extra_tokens(spec.steps, spec.iters, spec.cpu)
     cfg = decode_engine_config(spec.batch, spec.context, extra_tokens=extra, use_cuda_graph=not spec.cpu,
                                model_max_len=int(model.config.max_position_embeddings))
     if spec.cpu:
@@ -252,10 +282,16 @@ def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[s
         per[c][0] += 1.0 / spec.steps
         per[c][1] += event_time_us(e) / spec.steps
     counts = [{"class": c, "count": v[0], "time_us": v[1]} for c, v in per.items()]
-    names: dict[str, float] = {}
-    for e in ops:
-        names[e.name] = names.get(e.name, 0.0) + 1.0 / spec.steps
-    top = [{"name": k, "count": v} for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]]
+    names: dict[str, dict[str, Any]] = {}
+    for e, c in zip(ops, classes, strict=False):  # per op name: count and host time per step, its class
+        row = names.setdefault(e.name, {"name": e.name, "count": 0.0, "time_us": 0.0, "_classes": {}})
+        row["count"] += 1.0 / spec.steps
+        row["time_us"] += event_time_us(e) / spec.steps
+        row["_classes"][c] = row["_classes"].get(c, 0) + 1
+    top = sorted(names.values(), key=lambda r: -r["time_us"])[:TOP_KERNELS]
+    for row in top:  # an op name seen in several classes (a mul in norm and in act): its most frequent
+        cls = row.pop("_classes")
+        row["class"] = max(cls, key=cls.get)
     return {
         "cpu_ops_per_step": len(ops) / spec.steps,
         "kernels_per_step": len(ops) / spec.steps,
@@ -267,9 +303,14 @@ def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[s
     }
 
 
-def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
-    """Everything the command measures, as one JSON-able dict (+ traces under key `_traces`)."""
-    model, _tok = runtime.load(spec.source, spec.device, spec.dtype)
+def run_profile(spec: ProfileSpec, log: Any = print, model: Any = None,
+                on_arm: Any = None) -> dict[str, Any]:
+    """Everything the command measures, as one JSON-able dict (+ traces under key `_traces`).
+    `model`: the loaded model (else loaded here); `on_arm(out)` is called after each arm finished,
+    with everything measured so far, so an interrupted run keeps its finished arms."""
+    if model is None:
+        model, _tok = runtime.load(spec.source, spec.device, spec.dtype)
+    done = on_arm or (lambda out: None)
     vocab = int(model.config.vocab_size)
     eng = build_engine(model, spec)
     out: dict[str, Any] = {
@@ -286,6 +327,7 @@ def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
         for arm in spec.arms:
             log(f"profiling arm {arm} on CPU")
             out["arms"][arm] = profile_arm_cpu(eng, spec, arm, vocab)
+            done(out)
         return out
     out["device_name"] = torch.cuda.get_device_name()
     log("measuring device-to-device copy bandwidth")
@@ -302,4 +344,5 @@ def run_profile(spec: ProfileSpec, log: Any = print) -> dict[str, Any]:
         res["replay_stats_us"] = summarize(samples[arm]).to_dict()
         out["arms"][arm] = res
         out["_traces"][arm] = small
+        done(out)
     return out

@@ -14,11 +14,12 @@ from typing import Any
 from rltbench.commands.profile.classify import CLASSES
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
-from rltbench.results.plotting import colormap, figure
+from rltbench.results.plotting import caveat, colormap, figure
 from rltbench.results.quantiles import summarize
 from rltbench.results.tables import table
 
 SUMMARY = "summary.json"
+CPU_NO_VERDICT = "host timings of eager CPU steps say nothing about GPU kernels"
 GAP = "launch gaps/idle"
 
 
@@ -61,11 +62,18 @@ def table_markdown(s: dict[str, Any]) -> str:
     mode, batch = s.get("mode", "gpu"), int(s.get("batch", 1))
     arms: dict[str, Any] = s.get("arms", {})
     lines = [f"# rltbench profile: {s.get('model', '?')} batch {batch} context {s.get('context', '?')}", ""]
+    missing = [a for a in s.get("arms_planned", []) if a not in arms]
+    if missing:
+        lines += [f"**interrupted: no results for arm(s) {', '.join(missing)}; the table covers the "
+                  "arms that finished**", ""]
+    for note in s.get("notes") or []:
+        lines += [f"**note: {note}**", ""]
     if mode == "cpu":
         lines += [
             "**CPU mode**: counts are CPU `aten::` leaf ops per decode step (not GPU kernels) and times "
-            "are host wall-clock of eager steps; arms with scope `graph` run torch's reference here. "
-            "No GPU claim is made.",
+            "are host wall-clock of eager steps; arms with scope `graph` run torch's reference here "
+            f"and the others the Triton interpreter or torch. **No speed verdict: {CPU_NO_VERDICT}**; "
+            "no GPU claim is made.",
             "",
         ]
         unit, tunit = "CPU ops", "host ms"
@@ -78,16 +86,18 @@ def table_markdown(s: dict[str, Any]) -> str:
         unit, tunit = "kernels", "GPU ms"
         lines += _decode_step_facts(s.get("decode_step"))
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
+    gpu = mode != "cpu"  # on CPU there are no graph nodes to compare and no speed ratio to show
     rows = []
     for name, a in arms.items():
         k = a.get("kernels_per_step")
         med, p10, p90 = _step_ms(a, mode)
         ratio = ref / med if med and math.isfinite(med) and math.isfinite(ref) else float("nan")
         agree = {True: "yes", False: "**NO**", None: "n/a"}[a.get("agree")]
-        rows.append([name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"), agree,
-                     f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch), f"{_f(ratio, '.2f')}x"])
-    header = ["arm", f"{unit}/step", f"{unit}/token", "graph nodes = profiler", f"{tunit}/step (p10-p90)",
-              f"{tunit}/token", "vs torch"]
+        rows.append([name, _f(k, ".0f"), _f(k / batch if k is not None else None, ".1f"),
+                     *([agree] if gpu else []), f"{_f(med)} ({_f(p10)}-{_f(p90)})", _f(med / batch),
+                     *([f"{_f(ratio, '.2f')}x"] if gpu else [])])
+    header = ["arm", f"{unit}/step", f"{unit}/token", *(["graph nodes = profiler"] if gpu else []),
+              f"{tunit}/step (p10-p90)", f"{tunit}/token", *(["vs torch"] if gpu else [])]
     lines += table(header, rows)
     lines.append("")
     wb = s.get("weight_bytes") or {}
@@ -145,7 +155,9 @@ def table_markdown(s: dict[str, Any]) -> str:
             kname = (r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "...").replace("|", "\\|")
             top.append([f"`{kname}`", r.get("class", ""), _f(r.get("count"), ".1f"),
                         _f(r.get("time_us"), ".1f")])
-        lines += [f"### Top kernels: {name}", "", *table(["kernel", "class", "count/step", "us/step"], top)]
+        title, head = (("Top CPU ops", ["op", "class", "count/step", "host us/step"]) if mode == "cpu"
+                       else ("Top kernels", ["kernel", "class", "count/step", "us/step"]))
+        lines += [f"### {title}: {name}", "", *table(head, top)]
         lines.append("")
     return "\n".join(lines)
 
@@ -184,6 +196,7 @@ def breakdown_figure(s: dict[str, Any]) -> Any:
         + (" - CPU mode" if mode == "cpu" else "")
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    caveat(fig, [f"no speed verdict: {CPU_NO_VERDICT}" if mode == "cpu" else None])
     return fig
 
 

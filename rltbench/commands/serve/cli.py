@@ -22,7 +22,7 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
     try:
-        return tuple(int(p) for p in text.split(",") if p.strip())
+        return tuple(int(p) for p in runtime.comma_list(text, "--warmup-prefill-len", "512,1024"))
     except ValueError:
         raise UsageError(f"--warmup-prefill-len {text!r}: expected integers, e.g. 512,1024") from None
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from rltbench import knobs, tuned
+from rltbench import knobs, runtime, tuned
 from rltbench.bench.timing import measure_copy_bandwidth
 from rltbench.commands.tune import attention, kernels, select
 from rltbench.errors import UsageError
@@ -36,7 +36,7 @@ ATTENTION_FILE = "sweep.json"
 
 def _ints(text: str, flag: str) -> list[int]:
     try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
+        values = [int(v) for v in runtime.comma_list(text, flag, "1,8,128")]
     except ValueError:
         raise UsageError(f"{flag}: give comma-separated integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
@@ -45,7 +45,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _parts(text: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    parts = runtime.comma_list(text, "--parts", ",".join(kernels.PARTS))
     unknown = sorted(set(parts) - set(kernels.PARTS))
     if not parts or unknown:
         raise UsageError(f"--parts: unknown {unknown or text!r} (known: {', '.join(kernels.PARTS)})")
