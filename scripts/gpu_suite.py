@@ -128,6 +128,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                         "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
+    # the exact arm alone against torch with an A/A arm: the burst headline without the other arms' time
+    "e2e-exact": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
+                           "--input-len 512 --output-len 128 --repeats 2 --deadline 210", "e2e-exact")),
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
     "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
                              "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
