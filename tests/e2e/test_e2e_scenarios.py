@@ -9,6 +9,7 @@ import pytest
 
 from rltbench.backends.engine import EngineBackend
 from rltbench.cli import main
+from rltbench.commands.e2e.report import mismatch_cause
 from rltbench.results import RunDir
 
 
@@ -117,3 +118,10 @@ def test_bad_scenario_flags_exit_2(args, model, tmp_path, capsys):
     assert rc == 2 and not out.exists()
     err = capsys.readouterr().err
     assert "error" in err and "Traceback" not in err
+
+
+def test_mismatch_cause_names_the_prefix_cache_when_it_is_varied():
+    """With the cache varied, a replay mismatch may come from prefix K/V computed in steps of other
+    shapes, so the report does not call it a kernel bug outright."""
+    assert mismatch_cause({"prefix_cache": ["off"]}) == "a kernel bug"
+    assert "batch-invariant" in mismatch_cause({"prefix_cache": ["off", "on"]})
