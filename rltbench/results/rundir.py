@@ -140,6 +140,28 @@ def end_unfinished_runs(exc: BaseException) -> None:
             run.mark_ended(exc)
 
 
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSONL file, or of `path`.gz where a stored run keeps a bulky raw file
+    compressed (scripts/compact_results.py); [] when neither exists. A line torn by a hard kill is
+    skipped, the rest kept."""
+    packed = path.with_name(path.name + ".gz")
+    if path.exists():
+        text = path.read_text()
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
+        return []
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
 class RunDir:
     """One run's directory. Create with `RunDir.create(...)`, open a stored one with `RunDir.open(...)`.
 
@@ -306,18 +328,7 @@ class RunDir:
         self._note_file(name)
 
     def read_jsonl(self, name: str) -> list[Any]:
-        path = self.path / name
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a line torn by a hard kill: skip it, keep the rest
-                    continue
-        return rows
+        return read_jsonl(self.path / name)
 
     def write_table(self, name: str, df: Any) -> Path:
         """A pandas DataFrame as `<name>.csv` and `<name>.json` (records)."""

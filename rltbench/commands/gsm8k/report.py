@@ -410,7 +410,7 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
 
 def render_run(run: RunDir) -> Path:
     """summary.json, table.md and accuracy.png of `run` from its raw files; the path of table.md."""
-    if not (run.path / QUESTIONS_FILE).exists():
+    if not any((run.path / name).exists() for name in (QUESTIONS_FILE, f"{QUESTIONS_FILE}.gz")):
         raise UsageError(f"{run.path} has no {QUESTIONS_FILE}: the gsm8k run stored no results")
     summary = summarize_run(run)
     if summary["n"] == 0:

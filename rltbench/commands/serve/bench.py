@@ -31,6 +31,7 @@ from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import burst_prompts
 from rltbench.commands.serve.metrics import parse_text
 from rltbench.models import get_config
+from rltbench.results.rundir import read_jsonl
 from rltbench.results.serving import cell_summary
 from rltbench.results.tables import table
 
@@ -159,7 +160,7 @@ def _pct(new: float | None, base: float | None) -> str:
 
 def run_cells(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     """rltbench e2e run -> {C: [cell_summary of each repetition]} (single-arm runs)."""
-    recs = [json.loads(x) for x in (Path(run_dir) / "requests.jsonl").read_text().splitlines() if x.strip()]
+    recs = read_jsonl(Path(run_dir) / "requests.jsonl")
     groups: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         groups[(int(r["C"]), int(r["rep"]))].append(r)
@@ -170,7 +171,7 @@ def run_cells(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def run_tokens(run_dir: Path) -> dict[tuple[int, int, int], list[int] | None]:
-    recs = [json.loads(x) for x in (Path(run_dir) / "requests.jsonl").read_text().splitlines() if x.strip()]
+    recs = read_jsonl(Path(run_dir) / "requests.jsonl")
     return {(int(r["C"]), int(r["rep"]), int(r["request"])): r.get("token_ids") for r in recs}
 
 
