@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import json
 
+from rltbench.backends.engine import EngineBackend
 from rltbench.cli import main
 
 TINY = ["capacity", "--models", "ouro-tiny,huginn-tiny", "--input-len", "16", "--output-len", "4",
         "--device", "cpu"]
 
 
-def test_capacity_rows_burst_and_rerender(tmp_path):
+def test_capacity_rows_burst_and_rerender(tmp_path, monkeypatch):
     out = tmp_path / "run"
+    warmups: list[int] = []
+    original = EngineBackend.warmup
+
+    def counted(self, arm, prompts, *args, **kwargs):
+        warmups.append(len(prompts))
+        return original(self, arm, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(EngineBackend, "warmup", counted)
     assert main([*TINY, "--memory-gib", "0.0005", "--burst", "--result-dir", str(out)]) == 0
     rows = json.loads((out / "capacity.json").read_text())
     assert [(r["model"], r["layout"], r["kind"]) for r in rows] == [
@@ -23,6 +32,7 @@ def test_capacity_rows_burst_and_rerender(tmp_path):
     assert by[("huginn-tiny", "compress")]["max_seqs"] >= 2 * by[("huginn-tiny", "full")]["max_seqs"]
     cells = json.loads((out / "cells.json").read_text())
     assert len(cells) == 3
+    assert warmups == [c["C"] for c in cells]   # every burst size is warmed up before it is timed
     for c in cells:
         assert c["valid"] and not c["cold"]
         assert c["max_decode_batch"] == c["C"] == c["requests"]

@@ -30,7 +30,7 @@ from rltbench.engine.schedule import DECODE
 from rltbench.engine.types import EngineConfig
 from rltbench.results import RunDir
 
-WARMUP_REQUESTS = 4
+WARMUP_TOKENS = 4   # generated tokens per warm-up request
 
 
 @dataclass
@@ -82,8 +82,9 @@ def _burst(spec: CapacitySpec, row: dict[str, Any], run: RunDir) -> None:
         return
     backend = EngineBackend(engine, [spec.arm])
     timeouts = Timeouts()
-    warm = warmup_prompts(model.config, min(WARMUP_REQUESTS, c), row["input_len"],
-                          min(row["output_len"], 4), spec.seed)
+    # all C requests, short: every batch size up to C and the whole prefill run once before the
+    # timed burst (a 4-request warm-up left Huginn compress's C=176 burst one buffer growth cold)
+    warm = warmup_prompts(model.config, c, row["input_len"], min(row["output_len"], WARMUP_TOKENS), spec.seed)
     backend.warmup(spec.arm, warm, timeouts)
     for rep in range(spec.repeats):
         reqs = burst_prompts(model.config, c, row["input_len"], row["output_len"], spec.seed, rep, c)
