@@ -33,27 +33,14 @@ from rltbench.errors import UsageError
 err_console = Console(stderr=True)
 
 
-# command name -> (module, function); a module is imported only when its command runs or shows help
-COMMANDS = {
-    "kernels": ("rltbench.commands.kernels.cli", "kernels_command"),
-    "e2e": ("rltbench.commands.e2e.cli", "e2e_command"),
-    "profile": ("rltbench.commands.profile.cli", "profile_command"),
-    "gsm8k": ("rltbench.commands.gsm8k.cli", "gsm8k_command"),
-    "serve": ("rltbench.commands.serve.cli", "serve_command"),
-    "tune": ("rltbench.commands.tune.cli", "tune_command"),
-    "pd": ("rltbench.commands.pd.cli", "pd_command"),
-    "capacity": ("rltbench.commands.capacity.cli", "capacity_command"),
-    "prefill": ("rltbench.commands.prefill.cli", "prefill_command"),
-}
-RENDERERS = {
-    "kernels": ("rltbench.commands.kernels.report", "render"),
-    "e2e": ("rltbench.commands.e2e.report", "render"),
-    "profile": ("rltbench.commands.profile.report", "render"),
-    "gsm8k": ("rltbench.commands.gsm8k.report", "render"),
-    "pd": ("rltbench.commands.pd.report", "render"),
-    "capacity": ("rltbench.commands.capacity.report", "render"),
-    "prefill": ("rltbench.commands.prefill.report", "render"),
-}
+# command name -> (module, function). Every command is a package rltbench.commands.<name> whose cli.py
+# holds <name>_command and, for a command that stores runs, whose report.py holds the `render` that
+# `rltbench report` uses (serve and tune store none). A module is imported only when its command
+# runs or shows help.
+COMMANDS = {name: (f"rltbench.commands.{name}.cli", f"{name}_command")
+            for name in ("kernels", "e2e", "profile", "gsm8k", "serve", "tune", "pd", "capacity", "prefill")}
+RENDERERS = {name: (f"rltbench.commands.{name}.report", "render") for name in COMMANDS
+             if name not in ("serve", "tune")}
 
 
 def _use_triton_interpreter_without_gpu() -> None:

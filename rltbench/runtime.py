@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 
 from rltbench.arms import ArmSpec
+from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN
 from rltbench.engine.engine import Engine
 from rltbench.engine.paged_context import kv_bytes_per_block
 from rltbench.engine.types import EngineConfig
@@ -54,6 +55,13 @@ BackendOption = Annotated[str, typer.Option(help="engine (every arm in this proc
                                                  "per arm, each given by --arm NAME=URL).")]
 ServersOption = Annotated[list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible "
                                                                        "server, one per arm (repeatable).")]
+# a burst's lengths (e2e and pd): None = the default, shortened to fit the model's context (fit_burst_lengths)
+BurstInputLenOption = Annotated[int | None, typer.Option(
+    help=f"Burst prompt length in token ids (default {BURST_INPUT_LEN}, less where the model's context is "
+         "shorter).")]
+BurstOutputLenOption = Annotated[int | None, typer.Option(
+    help=f"Burst generated tokens per request, EOS ignored (default {BURST_OUTPUT_LEN}, less where the "
+         "model's context is shorter).")]
 # the engine's flags (e2e and serve); names follow vLLM where the meaning is the same
 KvCacheGibOption = Annotated[float | None, typer.Option(help="KV pool size in GiB (default: the free GPU "
                                                              "memory minus headroom).")]

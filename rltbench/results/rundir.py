@@ -19,6 +19,8 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +258,21 @@ class RunDir:
             return
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self.update_manifest(status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    @contextmanager
+    def recording(self, render: Callable[[Path], Any]) -> Iterator[RunDir]:
+        """The body of a run: `complete` when it returns, `mark_ended` (interrupted / failed) and
+        re-raised when it raises, and `render(path)` either way, so that an interrupted run still
+        gets the tables of what it finished. One place for that order, which every command that
+        renders its own run directory needs."""
+        try:
+            yield self
+            self.update_manifest(status="complete")
+        except BaseException as exc:
+            self.mark_ended(exc)
+            raise
+        finally:
+            render(self.path)
 
     def discard(self) -> None:
         """Remove the manifest and the directory if create() made it and nothing else is in it."""

@@ -16,13 +16,7 @@ from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.schedule import PREFILL, Schedule
 from rltbench.errors import UsageError
 from rltbench.models import build_model
-from tests.engine.engine_testutil import prompts
-
-
-def _engine(model, **kw) -> Engine:
-    cfg = dict(num_blocks=96, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, use_cuda_graph=False)
-    cfg.update(kw)
-    return Engine(model, config=EngineConfig(**cfg))
+from tests.engine.engine_testutil import prompts, record_run, small_engine
 
 
 def _record_session(eng: Engine) -> tuple[Schedule, dict, dict, dict]:
@@ -31,25 +25,20 @@ def _record_session(eng: Engine) -> tuple[Schedule, dict, dict, dict]:
     tails = prompts(4, [5, 7, 3])
     ps = {"a": shared + tails[0], "b": shared + tails[0] + tails[1], "c": shared + tails[2]}
     mt = {"a": 4, "b": 5, "c": 3}
-    eng.reset_prefix_cache()
-    eng.start_recording()
-    out: dict[str, list[int]] = {}
-    eng.add_request("a", ps["a"], SamplingParams(max_tokens=mt["a"], ignore_eos=True))
-    steps = 0
-    while eng.has_unfinished() or steps < 6:
-        for ev in eng.step():
-            out.setdefault(ev.request_id, []).extend(ev.token_ids)
-        steps += 1
-        if steps == 5:
-            for rid in ("b", "c"):
-                eng.add_request(rid, ps[rid], SamplingParams(max_tokens=mt[rid], ignore_eos=True))
-    return eng.stop_recording(), ps, mt, out
+    arrivals = {0: ["a"], 5: ["b", "c"]}
+
+    def on_step(step: int, out: dict[str, list[int]]) -> None:
+        for rid in arrivals.get(step, []):
+            eng.add_request(rid, ps[rid], SamplingParams(max_tokens=mt[rid], ignore_eos=True))
+
+    sched, out = record_run(eng, on_step, min_steps=6)
+    return sched, ps, mt, out
 
 
 def test_cache_on_schedule_replays_with_the_cache_off(huginn_tiny):
     """A hit cannot be replayed without the cache; recomputing each hit prefix in a step of its own
     keeps every recorded step, and the tokens are those of the cache-on run."""
-    eng = _engine(huginn_tiny)
+    eng = small_engine(huginn_tiny)
     sched, ps, mt, out = _record_session(eng)
     assert sched.prefix_caching
     hits = [r for st in sched.steps if st.kind == PREFILL for r in st.rows if r[0] != "a" and r[1] > 0]
@@ -70,7 +59,7 @@ def test_cache_on_schedule_replays_with_the_cache_off(huginn_tiny):
 
 def test_prefix_cache_toggle_refuses_random_state_noise():
     model = build_model("huginn-tiny", dtype=torch.float32, seed=0, state_noise="random")
-    eng = _engine(model, enable_prefix_caching=False)
+    eng = small_engine(model, enable_prefix_caching=False)
     with pytest.raises(UsageError, match="prefix caching is unsafe"):
         eng.set_prefix_caching(True)
     assert not eng.prefix_caching and eng.stats()["prefix_caching"] is False
@@ -80,7 +69,7 @@ def test_exit_depths_reach_every_token_and_replays():
     """Threshold 0.75 splits ouro-tiny's random gates between loops 2 and 3 (seed 1): every generated
     token carries its depth, batched or alone, and a replay reports the same depths."""
     model = build_model("ouro-tiny", dtype=torch.float32, seed=1, early_exit_threshold=0.75)
-    eng = _engine(model)
+    eng = small_engine(model)
     assert eng.track_exit_depths
     ps = prompts(5, [9, 14, 6])
     eng.start_recording()
@@ -89,7 +78,7 @@ def test_exit_depths_reach_every_token_and_replays():
     depths = [d for o in outs for d in o.exit_depths]
     assert all(len(o.exit_depths) == len(o.token_ids) == 6 for o in outs)
     assert set(depths) <= {1, 2, 3} and len(set(depths)) > 1, depths
-    alone = [_engine(model).generate([p], SamplingParams(max_tokens=6, ignore_eos=True))[0] for p in ps]
+    alone = [small_engine(model).generate([p], SamplingParams(max_tokens=6, ignore_eos=True))[0] for p in ps]
     assert [o.exit_depths for o in alone] == [o.exit_depths for o in outs]
     rids = {o.request_id: (o.prompt_token_ids, 6) for o in outs}
     got = eng.replay(sched, {r: p for r, (p, _) in rids.items()}, {r: m for r, (_, m) in rids.items()})
@@ -98,7 +87,7 @@ def test_exit_depths_reach_every_token_and_replays():
 
 
 def test_no_gate_no_depths(ouro_tiny):
-    eng = _engine(ouro_tiny)
+    eng = small_engine(ouro_tiny)
     assert not eng.track_exit_depths
     (out,) = eng.generate(prompts(6, [5]), SamplingParams(max_tokens=3, ignore_eos=True))
     assert out.exit_depths == [] and len(out.token_ids) == 3
@@ -130,7 +119,7 @@ def test_gpu_exit_depths_graphs_equal_eager_and_exact_equals_torch(dtype):
 @pytest.mark.gpu
 def test_gpu_cache_on_schedule_replays_with_the_cache_off():
     model = build_model("huginn-tiny", device="cuda", dtype=torch.bfloat16, seed=0)
-    eng = _engine(model, use_cuda_graph=True)
+    eng = small_engine(model, use_cuda_graph=True)
     sched, ps, mt, out = _record_session(eng)
     eng.set_prefix_caching(False)
     assert eng.replay(sched, ps, mt) == out

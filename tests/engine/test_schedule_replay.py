@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.engine import Engine, EngineConfig, SamplingParams
+from rltbench.engine import Engine, SamplingParams
 from rltbench.engine.schedule import ABORT, DECODE, PREFILL, ReplayError, Schedule
-from tests.engine.engine_testutil import prompts
+from tests.engine.engine_testutil import prompts, record_run, small_engine
 
 
 def _engine(model, **kw) -> Engine:
-    cfg = dict(num_blocks=96, block_size=4, max_num_seqs=3, max_num_batched_tokens=12, use_cuda_graph=False)
-    cfg.update(kw)
-    return Engine(model, config=EngineConfig(**cfg))
+    return small_engine(model, **{"max_num_seqs": 3, "max_num_batched_tokens": 12, **kw})
 
 
 def _record_mixed_run(eng: Engine) -> tuple[Schedule, dict, dict, dict]:
@@ -25,23 +23,15 @@ def _record_mixed_run(eng: Engine) -> tuple[Schedule, dict, dict, dict]:
     shared = prompts(1, [8])[0]
     ps = [shared + p for p in prompts(2, [5, 9, 3, 14])]
     sent = {f"r{i}": (p, 6 + i) for i, p in enumerate(ps)}
-    eng.reset_prefix_cache()
-    eng.start_recording()
-    out: dict[str, list[int]] = {}
-    eng.add_request("r0", ps[0], SamplingParams(max_tokens=6, ignore_eos=True))
-    eng.add_request("r1", ps[1], SamplingParams(max_tokens=7, ignore_eos=True))
-    steps = 0
-    while eng.has_unfinished() or steps < 3:
-        for ev in eng.step():
-            out.setdefault(ev.request_id, []).extend(ev.token_ids)
-        steps += 1
-        if steps == 2:
-            eng.add_request("r2", ps[2], SamplingParams(max_tokens=8, ignore_eos=True))
-        if steps == 4:
-            eng.add_request("r3", ps[3], SamplingParams(max_tokens=9, ignore_eos=True))
-        if steps == 7 and "r1" in out:
+    arrivals = {0: ["r0", "r1"], 2: ["r2"], 4: ["r3"]}
+
+    def on_step(step: int, out: dict[str, list[int]]) -> None:
+        for rid in arrivals.get(step, []):
+            eng.add_request(rid, sent[rid][0], SamplingParams(max_tokens=sent[rid][1], ignore_eos=True))
+        if step == 7 and "r1" in out:
             eng.abort_request("r1")
-    sched = eng.stop_recording()
+
+    sched, out = record_run(eng, on_step, min_steps=3)
     prompts_by_id = {rid: p for rid, (p, _) in sent.items()}
     max_tokens = {rid: m for rid, (_, m) in sent.items()}
     return sched, prompts_by_id, max_tokens, out

@@ -8,35 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-import triton.language as tl
 
 from rltbench import tuned
 from rltbench.kernels import OpSelection, make_ops, op_case
-from rltbench.kernels.rounding import add_rn, div_rn, dtype_code, exp_torch, mul_rn, round_to, rsqrt_torch
+from rltbench.kernels.rounding import dtype_code
+from tests.kernels._rounding_kernel import HELPER_OPS, helper_kernel
 from tests.kernels._util import BIG, arm_bitwise_cuda, assert_bitwise, graph_replay_bitwise, strided_rows
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-@triton.jit
-def _helpers_kernel(x_ptr, y_ptr, out_ptr, N, OP: tl.constexpr, DT: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + i, mask=i < N, other=1.0)
-    y = tl.load(y_ptr + i, mask=i < N, other=1.0)
-    if OP == 0:
-        r = round_to(x, DT, False)
-    elif OP == 1:
-        r = mul_rn(x, y, False)
-    elif OP == 2:
-        r = add_rn(mul_rn(x, y, False), y, False)
-    elif OP == 3:
-        r = div_rn(x, y, False)
-    elif OP == 4:
-        r = rsqrt_torch(x, False)
-    else:
-        r = exp_torch(x, False)
-    tl.store(out_ptr + i, r, mask=i < N)
 
 
 @pytest.fixture(autouse=True)
@@ -58,18 +38,19 @@ def test_ptx_helpers_match_torch_cuda() -> None:
     out = torch.empty_like(x)
     grid = (triton.cdiv(n, 1024),)
     for dt in (torch.bfloat16, torch.float16):
-        _helpers_kernel[grid](x, y, out, n, OP=0, DT=dtype_code(dt), BLOCK=1024)
+        helper_kernel[grid](x, y, out, n, OP=HELPER_OPS.index("round"), DT=dtype_code(dt), INTERPRET=False,
+                            BLOCK=1024)
         assert_bitwise(out, x.to(dt).float(), f"round_to {dt}")
     xs = torch.randn(n, device="cuda", generator=g) * 10
     for op, want in (
-        (1, xs * y),
-        (2, xs * y + y),
-        (3, xs / y),
-        (4, torch.rsqrt(xs.abs())),
-        (5, torch.exp(xs)),
+        ("mul", xs * y),
+        ("mul_add", xs * y + y),
+        ("div", xs / y),
+        ("rsqrt", torch.rsqrt(xs.abs())),
+        ("exp", torch.exp(xs)),
     ):
-        arg = xs.abs() if op == 4 else xs
-        _helpers_kernel[grid](arg, y, out, n, OP=op, DT=0, BLOCK=1024)
+        arg = xs.abs() if op == "rsqrt" else xs
+        helper_kernel[grid](arg, y, out, n, OP=HELPER_OPS.index(op), DT=0, INTERPRET=False, BLOCK=1024)
         assert_bitwise(out, want, f"helper op {op}")
 
 

@@ -108,7 +108,9 @@ def test_pdl_kernels_wait_before_reading_what_earlier_kernels_wrote() -> None:
     run_sm90_script(PDL_SCRIPT, "PDL_OK")
 
 
-LOWWARP_SASS_SCRIPT = textwrap.dedent(r'''
+# what both SASS checks of the lowwarp single norm need: its signature (pointers and row strides
+# 16-divisible, as the launcher promises), a compile for sm_90 and the cubin disassembled
+LOWWARP_SASS_PRELUDE = textwrap.dedent(r'''
     import os, re, subprocess, tempfile
     import triton
     from triton.backends.compiler import GPUTarget
@@ -118,23 +120,32 @@ LOWWARP_SASS_SCRIPT = textwrap.dedent(r'''
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
            "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
+
+    def compile_lowwarp(consts, nw):
+        full = {**sig, **{c: "constexpr" for c in consts}}
+        names = list(full)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+                 if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
+        return triton.compile(ASTSource(fn=nol._lowwarp_norm_kernel, signature=full, constexprs=consts,
+                                        attrs=attrs),
+                              target=target, options={"num_warps": nw})
+
+    def sass_of(k):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+''')
+
+LOWWARP_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
     for nw in (4, 8, 16):
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
                   "TL_SUM": True, "OUT_CHUNK": 2048, "OUT_CHUNKS": 1}
-        full = {**sig, **{c: "constexpr" for c in consts}}
-        names = list(full)
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-                 if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
-        k = triton.compile(ASTSource(fn=nol._lowwarp_norm_kernel, signature=full, constexprs=consts,
-                                     attrs=attrs),
-                           target=target, options={"num_warps": nw})
+        k = compile_lowwarp(consts, nw)
         assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        sass = sass_of(k)
         steps = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)|(BAR\.SYNC)|(STS)|(LDS)", sass)
         seq = [s[0] or s[1] or s[2] or s[3] for s in steps]
         print(nw, seq)
@@ -158,32 +169,13 @@ def test_lowwarp_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
     run_sm90_script(LOWWARP_SASS_SCRIPT, "SASS_OK")
 
 
-OUTPUT_PASS_SASS_SCRIPT = textwrap.dedent(r'''
-    import os, re, subprocess, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from rltbench.kernels.norm import onelaunch as nol
-    target = GPUTarget("cuda", 90, 32)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    sig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "r_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
-           "N": "i32", "sx": "i32", "sb": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
+OUTPUT_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
     for has_r in (False, True):
         # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
         consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
                   "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True,
                   "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
-        full = {**sig, **{c: "constexpr" for c in consts}}
-        names = list(full)
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-                 if full[n].startswith("*") or n in ("N", "sx", "sb", "sr")}
-        k = triton.compile(ASTSource(fn=nol._lowwarp_norm_kernel, signature=full, constexprs=consts,
-                                     attrs=attrs),
-                           target=target, options={"num_warps": 1})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        sass = sass_of(compile_lowwarp(consts, 1))
         mem = re.findall(r"\b(LDG|STG)\.", sass)
         store_then_load = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
         print(has_r, store_then_load, mem.count("LDG"), mem.count("STG"))

@@ -6,35 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-import triton.language as tl
 
-from rltbench.kernels.rounding import add_rn, div_rn, dtype_code, mul_rn, round_to, rsqrt_torch, sub_rn
+from rltbench.kernels.rounding import dtype_code
+from tests.kernels._rounding_kernel import HELPER_OPS, helper_kernel
 from tests.kernels._util import assert_bitwise
-
-
-@triton.jit
-def _round_kernel(x_ptr, out_ptr, N, DT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + i, mask=i < N)
-    tl.store(out_ptr + i, round_to(x, DT, INTERPRET), mask=i < N)
-
-
-@triton.jit
-def _binop_kernel(a_ptr, b_ptr, out_ptr, N, OP: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    a = tl.load(a_ptr + i, mask=i < N, other=1.0)
-    b = tl.load(b_ptr + i, mask=i < N, other=1.0)
-    if OP == 0:
-        r = mul_rn(a, b, INTERPRET)
-    elif OP == 1:
-        r = add_rn(a, b, INTERPRET)
-    elif OP == 2:
-        r = sub_rn(a, b, INTERPRET)
-    elif OP == 3:
-        r = div_rn(a, b, INTERPRET)
-    else:
-        r = rsqrt_torch(a, INTERPRET)
-    tl.store(out_ptr + i, r, mask=i < N)
 
 
 def _fp32_cases(gen: torch.Generator) -> torch.Tensor:
@@ -72,8 +47,8 @@ def _fp32_cases(gen: torch.Generator) -> torch.Tensor:
 def test_round_to_interpreter_rounds_to_nearest_even(dtype: torch.dtype) -> None:
     x = _fp32_cases(torch.Generator().manual_seed(1))
     out = torch.empty_like(x)
-    _round_kernel[(triton.cdiv(x.numel(), 4096),)](
-        x, out, x.numel(), DT=dtype_code(dtype), INTERPRET=True, BLOCK=4096
+    helper_kernel[(triton.cdiv(x.numel(), 4096),)](
+        x, x, out, x.numel(), OP=HELPER_OPS.index("round"), DT=dtype_code(dtype), INTERPRET=True, BLOCK=4096
     )
     assert not torch.equal(out, x)  # it must change values that are not representable
     assert_bitwise(out, x.to(dtype).float(), f"round_to {dtype}")
@@ -96,10 +71,10 @@ def test_fp32_helpers_match_torch_cpu(op: str) -> None:
             torch.tensor([1.0, 0.0, 2.0, 1.0, 1e-39, 11.0]),
         ]
     )
-    code = ["mul", "add", "sub", "div", "rsqrt"].index(op)
     if op == "rsqrt":
         a = a.abs()
     out = torch.empty_like(a)
-    _binop_kernel[(triton.cdiv(a.numel(), 4096),)](a, b, out, a.numel(), OP=code, INTERPRET=True, BLOCK=4096)
+    helper_kernel[(triton.cdiv(a.numel(), 4096),)](a, b, out, a.numel(), OP=HELPER_OPS.index(op), DT=0,
+                                                    INTERPRET=True, BLOCK=4096)
     ref = {"mul": a * b, "add": a + b, "sub": a - b, "div": a / b, "rsqrt": torch.rsqrt(a)}[op]
     assert_bitwise(out, ref, op)

@@ -119,16 +119,10 @@ def run(spec: CapacitySpec) -> Path:
     }
     run_dir = RunDir.create("capacity", result_dir=spec.result_dir, argv=spec.argv, config=config)
     run_dir.write_table("capacity", pd.DataFrame(spec.rows))
-    try:
+    with run_dir.recording(report.render):
         if spec.burst:
             for row in spec.rows:
                 if row["kind"] == ENGINE:
                     _burst(spec, row, run_dir)
                     _release()
-        run_dir.update_manifest(status="complete")
-    except BaseException as exc:
-        run_dir.mark_ended(exc)
-        raise
-    finally:
-        report.render(run_dir.path)
     return run_dir.path

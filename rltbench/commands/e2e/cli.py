@@ -18,7 +18,7 @@ from rltbench import arms as armspec
 from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.backends.engine import parse_prefix_cache
-from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN, DEFAULT_TRACE, SMALL_MODEL_TRACE
+from rltbench.bench.workload import DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
@@ -39,14 +39,8 @@ def e2e_command(
         str | None, typer.Option(help=f"Burst sizes C, comma list (default {GPU_CONCURRENCY}; on CPU "
                                  f"{CPU_CONCURRENCY}).")
     ] = None,
-    input_len: Annotated[
-        int | None, typer.Option(help=f"Burst prompt length in token ids (default {BURST_INPUT_LEN}, less "
-                                 "where the model's context is shorter).")
-    ] = None,
-    output_len: Annotated[
-        int | None, typer.Option(help=f"Burst generated tokens per request, EOS ignored (default "
-                                 f"{BURST_OUTPUT_LEN}, less where the model's context is shorter).")
-    ] = None,
+    input_len: runtime.BurstInputLenOption = None,
+    output_len: runtime.BurstOutputLenOption = None,
     repeats: Annotated[
         int | None,
         typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),

@@ -17,7 +17,6 @@ from typing import Annotated, Any
 import typer
 
 from rltbench import runtime
-from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN
 from rltbench.commands.pd.launch import run
 from rltbench.errors import UsageError
 
@@ -45,14 +44,8 @@ def pd_command(
         str, typer.Option(help="Payload transport: auto (NCCL between two GPUs, else gloo), nccl or gloo.")
     ] = "auto",
     concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32",
-    input_len: Annotated[
-        int | None, typer.Option(help=f"Burst prompt length in token ids (default {BURST_INPUT_LEN}, less "
-                                 "where the model's context is shorter).")
-    ] = None,
-    output_len: Annotated[
-        int | None, typer.Option(help=f"Generated tokens per request, EOS ignored (default "
-                                 f"{BURST_OUTPUT_LEN}, less where the model's context is shorter).")
-    ] = None,
+    input_len: runtime.BurstInputLenOption = None,
+    output_len: runtime.BurstOutputLenOption = None,
     repeats: Annotated[int, typer.Option(help="Repetitions; mode order reversed each time.")] = 2,
     aa: Annotated[
         bool, typer.Option(help="Run the colocated engine twice per cell (A/A noise floor).")

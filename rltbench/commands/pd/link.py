@@ -53,6 +53,7 @@ NO_MULTICAST_ENV = {
 TAG_JSON_LEN, TAG_JSON = 1, 2
 _TAG_SPAN = 1 << 28
 TAG_HEADER, TAG_REPLY, TAG_PAYLOAD = _TAG_SPAN, 2 * _TAG_SPAN, 3 * _TAG_SPAN
+_NUMBERED_TAGS = {"header": TAG_HEADER, "reply": TAG_REPLY, "payload": TAG_PAYLOAD}
 LINK_GROUP_TIMEOUT = timedelta(days=7)  # deadlines are this module's, not gloo's or NCCL's
 PAYLOAD_TRAILER = 16  # int64 KV byte count, int64 message number
 
@@ -281,6 +282,14 @@ class Link:
             fatal_timeout=fatal_timeout or nccl,
         )
 
+    def _post_numbered(self, op: Callable[..., Any], tensor: Tensor, kind: str, seq: int, timeout_s: float,
+                       **kw: Any) -> Pending:
+        """Post a per-request message: its tag is its kind's base plus its message number (within
+        _TAG_SPAN), so messages of one kind match by number and kinds never cross; its errors name
+        it "kind seq". `kw` as for _post."""
+        tag = _NUMBERED_TAGS[kind] + seq % _TAG_SPAN
+        return self._post(op, tensor, tag, f"{kind} {seq}", timeout_s, **kw)
+
     # ---- control messages (blocking) ------------------------------------------------------------
     def send_json(self, obj: Any, timeout_s: float) -> None:
         data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
@@ -300,43 +309,24 @@ class Link:
     def send_header(self, seq: int, header: Tensor) -> Pending:
         self.sent["header"] += 1
         # a header the receiver never took leaves the message numbers of both sides out of step
-        return self._post(
-            dist.isend,
-            header,
-            TAG_HEADER + seq % _TAG_SPAN,
-            f"header {seq}",
-            self.transfer_timeout_s,
-            fatal_timeout=True,
-        )
+        return self._post_numbered(dist.isend, header, "header", seq, self.transfer_timeout_s,
+                                   fatal_timeout=True)
 
     def recv_header(self, seq: int, timeout_s: float) -> Pending:
         buf = torch.zeros(HEADER_WORDS, dtype=torch.int64)
         # a header that never comes leaves the sequence numbers of both sides out of step
-        return self._post(
-            dist.irecv,
-            buf,
-            TAG_HEADER + seq % _TAG_SPAN,
-            f"header {seq}",
-            timeout_s,
-            on_done=lambda: buf,
-            fatal_timeout=True,
-        )
+        return self._post_numbered(dist.irecv, buf, "header", seq, timeout_s, on_done=lambda: buf,
+                                   fatal_timeout=True)
 
     def send_reply(self, seq: int, status: int, reason: str, nbytes: int) -> Pending:
         self.sent["reply"] += 1
         t = torch.tensor([seq, status, REASONS.index(reason), nbytes], dtype=torch.int64)
-        return self._post(dist.isend, t, TAG_REPLY + seq % _TAG_SPAN, f"reply {seq}", self.transfer_timeout_s)
+        return self._post_numbered(dist.isend, t, "reply", seq, self.transfer_timeout_s)
 
     def recv_reply(self, seq: int) -> Pending:
         buf = torch.zeros(REPLY_WORDS, dtype=torch.int64)
-        return self._post(
-            dist.irecv,
-            buf,
-            TAG_REPLY + seq % _TAG_SPAN,
-            f"reply {seq}",
-            self.transfer_timeout_s,
-            on_done=lambda: [int(x) for x in buf.tolist()],
-        )
+        return self._post_numbered(dist.irecv, buf, "reply", seq, self.transfer_timeout_s,
+                                   on_done=lambda: [int(x) for x in buf.tolist()])
 
     def send_payload(self, seq: int, packed: Tensor) -> Pending:
         """Post one request's packed KV: `packed` (uint8, on the KV's device) holds the KV bytes and
@@ -349,14 +339,7 @@ class Link:
         if self._stage_host:
             buf = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
             buf.copy_(packed)
-        return self._post(
-            dist.isend,
-            buf,
-            TAG_PAYLOAD + seq % _TAG_SPAN,
-            f"payload {seq}",
-            self.transfer_timeout_s,
-            data=True,
-        )
+        return self._post_numbered(dist.isend, buf, "payload", seq, self.transfer_timeout_s, data=True)
 
     def recv_payload(self, seq: int, nbytes: int) -> Pending:
         """Post the receive of one payload of `nbytes` KV bytes; its result is those bytes on this
@@ -377,12 +360,5 @@ class Link:
                 )
             return buf[:nbytes].to(self.device)
 
-        return self._post(
-            dist.irecv,
-            buf,
-            TAG_PAYLOAD + seq % _TAG_SPAN,
-            f"payload {seq}",
-            self.transfer_timeout_s,
-            data=True,
-            on_done=checked,
-        )
+        return self._post_numbered(dist.irecv, buf, "payload", seq, self.transfer_timeout_s, data=True,
+                                   on_done=checked)

@@ -125,16 +125,10 @@ def run(spec: PrefillSpec) -> Path:
         "device": spec.device, "dtype": runtime.dtype_name(spec.dtype), "random_weights": True,
     }
     run_dir = RunDir.create("prefill", result_dir=spec.result_dir, argv=spec.argv, config=config)
-    try:
+    with run_dir.recording(report.render):
         for preset in spec.lengths:
             _model_runs(spec, preset, run_dir)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        run_dir.update_manifest(status="complete")
-    except BaseException as exc:
-        run_dir.mark_ended(exc)
-        raise
-    finally:
-        report.render(run_dir.path)
     return run_dir.path
