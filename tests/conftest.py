@@ -32,6 +32,8 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-gpu", action="store_true", default=False, help="run tests marked gpu on CUDA")
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run tests marked slow (long interpreter or multi-process runs; CI runs them)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,12 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-gpu"):
-        return
-    skip = pytest.mark.skip(reason="GPU test: run with --run-gpu on a CUDA machine")
+    """GPU tests need --run-gpu; slow CPU tests need --slow, so the default run stays quick on two
+    cores while CI (.ci/run passes --slow) keeps every test."""
+    skip_gpu = pytest.mark.skip(reason="GPU test: run with --run-gpu on a CUDA machine")
+    skip_slow = pytest.mark.skip(reason="slow CPU test: run with --slow (CI does)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not config.getoption("--run-gpu"):
+            item.add_marker(skip_gpu)
+        elif "slow" in item.keywords and not config.getoption("--slow") and not config.getoption("--run-gpu"):
+            item.add_marker(skip_slow)
 
 
 # GPU memory under pytest-xdist: each worker is a process with its own caching allocator, which

@@ -27,3 +27,15 @@ def test_interpreter_only_without_run_gpu(run_gpu: bool, workers: str | None) ->
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "1 passed" in proc.stdout
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_slow_tests_run_only_with_the_slow_flag(slow: bool) -> None:
+    """The default run skips tests marked slow (quick on two cores); --slow, which CI passes, runs
+    them."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/_probe_slow.py", "-rs"]
+    cmd += ["--slow"] if slow else []
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("1 passed" if slow else "1 skipped") in proc.stdout
+    assert slow or "run with --slow" in proc.stdout

@@ -20,6 +20,7 @@ def _run(args, tmp_path, name):
     return rc, out
 
 
+@pytest.mark.slow  # about 25 s: a burst with the exact kernels interpreted
 def test_burst_torch_vs_exact_all_scope(tmp_path):
     args = "--arms torch,exact --scope all --concurrency 2 --input-len 8 --output-len 3 --repeats 2"
     rc, out = _run([*args.split(), "--warmup-requests", "1"], tmp_path, "burst")

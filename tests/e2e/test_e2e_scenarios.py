@@ -66,6 +66,7 @@ def _gated_burst(tmp_path, name: str):
     return _run(args.split(), tmp_path, name)
 
 
+@pytest.mark.slow  # about 13 s
 def test_exit_depths_recorded_and_identical(tmp_path):
     rc, out = _gated_burst(tmp_path, "depths")
     assert rc == 0

@@ -27,6 +27,7 @@ def cpu_bench(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+@pytest.mark.slow  # about 10 s
 def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest.CaptureFixture) -> None:
     names = ("default", "v1", "t64h2w8s2", "t64h2w8-1split", "t32h1w4-fused")
     variants = {k: ab.SWEEP_VARIANTS[k] for k in names}

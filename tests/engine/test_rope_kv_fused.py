@@ -229,6 +229,7 @@ def ouro_gqa_bf16() -> torch.nn.Module:
     return build_model("ouro-tiny", device="cpu", dtype=torch.bfloat16, seed=4, num_kv_heads=2).eval()
 
 
+@pytest.mark.slow  # about 15 s over its arms
 @pytest.mark.parametrize("arm", ["exact", "approx"])
 def test_engine_flag_on_equals_off_and_takes_fused_path(ouro_gqa_bf16, monkeypatch, arm: str) -> None:
     """Prefill (chunked) and decode steps both fuse: no write_kv call at all with the flag on; with the

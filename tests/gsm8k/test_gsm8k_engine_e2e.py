@@ -53,6 +53,7 @@ def _run(tmp_path, arms: str, device: str, *extra: str):
     return res, out
 
 
+@pytest.mark.slow  # about 50 s: both arms through the interpreter
 def test_tiny_model_two_arms(tmp_path) -> None:
     """torch vs exact with the exact kernels really running: on CPU the default scope 'graph' would
     run torch's ops in both arms (no capture), so the exact arm runs with --scope all here and its

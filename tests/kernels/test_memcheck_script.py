@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # about 35 s: every kernel of the memcheck workload, interpreted
 def test_memcheck_workload_runs_on_cpu() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "memcheck_kernels.py")], env=env,
