@@ -146,7 +146,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # Huginn-0125 sessions with the prefix cache off (torch, A/A torch#2) and on (torch+cache), ABBA over
     # 3 repetitions: output tok/s and TTFT on/off with the A/A spread, prefix-hit rates, and every
     # cache-off run replaying the cache-on schedule (hit prefixes recomputed) to the same tokens; at a
-    # 150 s deadline the third cache-on repetition did not finish on an H200 (about 70 s per repetition)
+    # 150 s deadline the third cache-on repetition did not finish on an H200 (results/gpu/huginn-cache)
     "huginn-cache": (290, rlt("e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
                               "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
                               "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 3 "
