@@ -77,7 +77,6 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 MAX_ITERS = 16    # lowwarp: the static unroll bound (width 2048 at every plan, 5280 down to 128 lanes)
-OUT_CHUNK_PER_WARP = 1024   # lowwarp output pass: columns per warp per chunk (32 per thread)
 
 
 
@@ -310,66 +309,61 @@ def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: t
 
 
 @triton.jit
-def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
-             TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
-    """(variance, rstd) of a one-pass row whose values are in registers (masked lanes add 0)."""
-    total = _tree(_sq_of(v, m, INTERPRET), R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+def _rstd_of(v, m, it, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+             LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
+    """(variance, rstd) of a row held in registers as a _lanes3 tile (masked lanes add 0)."""
+    lane_sums = _fold(_sq_of(v, m, INTERPRET), it, ITERS, INTERPRET)
+    total = _tree(lane_sums, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
     return _rstd(total, factor, eps, INTERPRET)
 
 
 @triton.jit
-def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
-           INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
-           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
-    """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW."""
+def _lanes3(R: tl.constexpr, NW: tl.constexpr, IT: tl.constexpr):
+    """The whole row as one [IT, R * NW * 32, 4] tile: vector index k = it * lanes + torch lane
+    (it: the lane's it-th vector, in registers), the iteration index and the [1, 1, 4] columns.
+    The tile's middle axis is _lanes' flat axis, so every lane holds its own vectors: the row is
+    loaded once, summed in torch's order and written from the same registers."""
     lane, i = _lanes(R, NW)
-    acc = tl.zeros([R * NW * 32, 4], dtype=tl.float32)
-    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
-        k = it * (R * 32 * NW) + lane
-        m = (k < nvec) & (i < 4)
-        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
-                     INTERPRET)
-    return _tree(acc, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+    it = tl.arange(0, IT)[:, None, None]
+    return it * (R * 32 * NW) + lane[None, :, :], it, i[None, :, :]
+
+
+@triton.jit
+def _fold(sq, it, IT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Each lane's 4 accumulators fed its vectors in order, ((s0 + s1) + s2) + ..: torch's per-thread
+    loop. Slice j is taken by a sum with -0.0 everywhere else, exact in any order (x + -0.0 == x;
+    the compiler folds it away, the slice index being constant per register); slices past the row
+    are squares of masked lanes, +0, which leave a sum of squares unchanged."""
+    acc = tl.sum(tl.where(it == 0, sq, -0.0), axis=0)            # 0 + s0 == s0
+    for j in tl.static_range(1, IT):
+        acc = add_rn(acc, tl.sum(tl.where(it == j, sq, -0.0), axis=0), INTERPRET)
+    return acc
 
 
 @triton.jit
 def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                          MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
-                         LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
-                         OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
-    """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual). A row one
-    pass covers (ITERS == 1) is loaded once, weight first, and kept in registers. A longer row is
-    read twice: the sum in torch's lane order, then the output over flat chunks of OUT_CHUNK
-    columns, each loaded whole before any of it is stored (``out`` may alias an input as far as the
-    compiler knows, so a load after a store waits for it: per-vector epilogues serialised a row
-    into ITERS round trips)."""
+                         LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual), read once:
+    the whole row is one register tile in torch's lane layout (_lanes3, ITERS vectors per lane, a
+    power of two, masked past the row), weight first, summed in torch's order and written from the
+    same registers. Every load comes before the one store, so nothing waits on a store that might
+    alias it."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
-    b_row = b_ptr + row * sb
-    r_row = r_ptr + row * sr
-    out_row = out_ptr + row * N
-    nvec = N // 4
-    lane, i = _lanes(R, NW)
-    if ITERS == 1:
-        cols = lane * 4 + i
-        m = (lane < nvec) & (i < 4)
-        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
-        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
-        if HAS_R:
-            r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
-        y = _scaled(v, w, rstd, DT, INTERPRET)
-        if HAS_R:
-            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
-        store_f32(out_row + cols, y, m, DT, INTERPRET)
-    else:
-        total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, nvec, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
-                       ITERS, TL_SUM)
-        var, rstd = _rstd(total, factor, eps, INTERPRET)
-        for c in tl.static_range(OUT_CHUNKS):
-            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET)
+    k, it, i = _lanes3(R, NW, ITERS)
+    cols = k * 4 + i
+    m = (k < N // 4) & (i < 4)
+    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+    v = _vals(x_row, b_ptr + row * sb, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+    if HAS_R:
+        r = load_f32(r_ptr + row * sr + cols, m, DT, INTERPRET)
+    var, rstd = _rstd_of(v, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    y = _scaled(v, w, rstd, DT, INTERPRET)
+    if HAS_R:
+        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+    store_f32(out_ptr + row * N + cols, y, m, DT, INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -378,40 +372,23 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
 def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
-                              ITERS: tl.constexpr, TL_SUM: tl.constexpr, OUT_CHUNK: tl.constexpr,
-                              OUT_CHUNKS: tl.constexpr):
-    """h = r + rms_norm(a, w1); y = rms_norm(h, w2). One-pass rows keep a, r, h in registers;
-    longer rows are written over flat chunks, as in _lowwarp_norm_kernel."""
+                              ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2), the row read once as in _lowwarp_norm_kernel:
+    a, r and h stay in registers, w2 is loaded after the first sum (fewer live registers; it does
+    not depend on it, so the load still overlaps the first reduction)."""
     row = tl.program_id(0).to(tl.int64)
-    a_row = a_ptr + row * sa
-    r_row = r_ptr + row * sr
-    h_row = h_ptr + row * N
-    y_row = y_ptr + row * N
-    nvec = N // 4
-    lane, i = _lanes(R, NW)
-    if ITERS == 1:
-        cols = lane * 4 + i
-        m = (lane < nvec) & (i < 4)
-        w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
-        w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
-        a = load_f32(a_row + cols, m, DT, INTERPRET)
-        r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
-        h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-        var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
-        store_f32(h_row + cols, h, m, DT, INTERPRET)
-        store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
-    else:
-        t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, nvec, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
-                    TL_SUM)
-        var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
-        t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, nvec, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
-                    TL_SUM)
-        var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
-        for c in tl.static_range(OUT_CHUNKS):
-            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, cols < N, DT,
-                           INTERPRET)
+    k, it, i = _lanes3(R, NW, ITERS)
+    cols = k * 4 + i
+    m = (k < N // 4) & (i < 4)
+    w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
+    a = load_f32(a_ptr + row * sa + cols, m, DT, INTERPRET)
+    r = load_f32(r_ptr + row * sr + cols, m, DT, INTERPRET)
+    var1, rstd1 = _rstd_of(a, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+    h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
+    var2, rstd2 = _rstd_of(h, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    store_f32(h_ptr + row * N + cols, h, m, DT, INTERPRET)
+    store_f32(y_ptr + row * N + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row * 2, var1)
         tl.store(var_ptr + row * 2 + 1, var2)
@@ -468,10 +445,9 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         nw = min(cfg.warps, plan.lanes // 32)
         r = plan.lanes // (32 * nw)
         consts |= {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
-                   "ITERS": triton.cdiv(W // 4, plan.lanes), "TL_SUM": cfg.tree == "tl_sum" and not interp,
+                   "ITERS": triton.next_power_of_2(triton.cdiv(W // 4, plan.lanes)),
+                   "TL_SUM": cfg.tree == "tl_sum" and not interp,
                    "num_warps": 1 if interp else nw}   # the interpreter runs the same layout
-        chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
-        consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk)}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
