@@ -177,7 +177,11 @@ OUTPUT_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
                   "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True}
         k = compile_lowwarp(consts, 1)
         assert "ld.local" not in k.asm["ptx"], "register spills"
-        mem = re.findall(r"\b(LDG|STG)\.", sass_of(k))
+        sass = sass_of(k)
+        # the lane's 16 vectors in its registers: the fold is in-thread, the only shuffles are the
+        # five butterfly levels (a tile with its vectors on the lanes compiled to thousands)
+        assert len(re.findall(r"\bSHFL\.", sass)) == 5 and "STL" not in sass, has_r
+        mem = re.findall(r"\b(LDG|STG)\.", sass)
         print(has_r, mem.count("LDG"), mem.count("STG"))
         # x, w (and r): 16 vectors each, loaded once; then the 16 stores, none followed by a load
         assert mem.count("LDG") == 16 * (3 if has_r else 2) and mem.count("STG") == 16, (has_r, mem)

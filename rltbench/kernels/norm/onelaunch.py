@@ -309,35 +309,40 @@ def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: t
 
 
 @triton.jit
-def _rstd_of(v, m, it, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+def _row_tile(R: tl.constexpr, NW: tl.constexpr, IT: tl.constexpr):
+    """The whole row as one flat [IT * lanes, 1] tile of vector indices plus the [1, 4] columns:
+    tile row m = it * lanes + (_lanes' row), vector k = it * lanes + torch lane, so every lane
+    holds its own IT vectors in registers (it is a higher register index than r). Like _lanes'
+    tile it has one non-contiguous dim, which every Triton lays out with m's low five bits on the
+    lanes; a 3-D [IT, lanes, 4] tile was laid out with `it` on the lanes by Triton 3.6."""
+    L: tl.constexpr = R * 32 * NW
+    lane, i = _lanes(R * IT, NW)            # r' = it * R + r: torch lane r' * 32 NW + h * NW + w
+    it = lane // L
+    return it * L + lane % L, i
+
+
+@triton.jit
+def _fold(sq, L: tl.constexpr, IT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Each lane's 4 accumulators fed its vectors in order, ((s0 + s1) + s2) + ..: torch's
+    per-thread loop, over the [IT * L, 4] squares of a _row_tile. Slice j is taken by a sum with
+    -0.0 everywhere else, exact in any order (x + -0.0 == x; `it` is a register index, so the
+    compiler folds it away); slices past the row are squares of masked lanes, +0, which leave a sum
+    of squares unchanged. Returns [L, 4]."""
+    s3 = tl.reshape(sq, [IT, L, 4])
+    it = tl.arange(0, IT)[:, None, None]
+    acc = tl.sum(tl.where(it == 0, s3, -0.0), axis=0)            # 0 + s0 == s0
+    for j in tl.static_range(1, IT):
+        acc = add_rn(acc, tl.sum(tl.where(it == j, s3, -0.0), axis=0), INTERPRET)
+    return acc
+
+
+@triton.jit
+def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
              LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
-    """(variance, rstd) of a row held in registers as a _lanes3 tile (masked lanes add 0)."""
-    lane_sums = _fold(_sq_of(v, m, INTERPRET), it, ITERS, INTERPRET)
+    """(variance, rstd) of a row held in registers as a _row_tile (masked lanes add 0)."""
+    lane_sums = _fold(_sq_of(v, m, INTERPRET), R * 32 * NW, ITERS, INTERPRET)
     total = _tree(lane_sums, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
     return _rstd(total, factor, eps, INTERPRET)
-
-
-@triton.jit
-def _lanes3(R: tl.constexpr, NW: tl.constexpr, IT: tl.constexpr):
-    """The whole row as one [IT, R * NW * 32, 4] tile: vector index k = it * lanes + torch lane
-    (it: the lane's it-th vector, in registers), the iteration index and the [1, 1, 4] columns.
-    The tile's middle axis is _lanes' flat axis, so every lane holds its own vectors: the row is
-    loaded once, summed in torch's order and written from the same registers."""
-    lane, i = _lanes(R, NW)
-    it = tl.arange(0, IT)[:, None, None]
-    return it * (R * 32 * NW) + lane[None, :, :], it, i[None, :, :]
-
-
-@triton.jit
-def _fold(sq, it, IT: tl.constexpr, INTERPRET: tl.constexpr):
-    """Each lane's 4 accumulators fed its vectors in order, ((s0 + s1) + s2) + ..: torch's per-thread
-    loop. Slice j is taken by a sum with -0.0 everywhere else, exact in any order (x + -0.0 == x;
-    the compiler folds it away, the slice index being constant per register); slices past the row
-    are squares of masked lanes, +0, which leave a sum of squares unchanged."""
-    acc = tl.sum(tl.where(it == 0, sq, -0.0), axis=0)            # 0 + s0 == s0
-    for j in tl.static_range(1, IT):
-        acc = add_rn(acc, tl.sum(tl.where(it == j, sq, -0.0), axis=0), INTERPRET)
-    return acc
 
 
 @triton.jit
@@ -346,20 +351,20 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
                          LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual), read once:
-    the whole row is one register tile in torch's lane layout (_lanes3, ITERS vectors per lane, a
+    the whole row is one register tile in torch's lane layout (_row_tile, ITERS vectors per lane, a
     power of two, masked past the row), weight first, summed in torch's order and written from the
     same registers. Every load comes before the one store, so nothing waits on a store that might
     alias it."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
-    k, it, i = _lanes3(R, NW, ITERS)
+    k, i = _row_tile(R, NW, ITERS)
     cols = k * 4 + i
     m = (k < N // 4) & (i < 4)
     w = load_f32(w_ptr + cols, m, DT, INTERPRET)
     v = _vals(x_row, b_ptr + row * sb, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
     if HAS_R:
         r = load_f32(r_ptr + row * sr + cols, m, DT, INTERPRET)
-    var, rstd = _rstd_of(v, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
     y = _scaled(v, w, rstd, DT, INTERPRET)
     if HAS_R:
         y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
@@ -377,16 +382,16 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
     a, r and h stay in registers, w2 is loaded after the first sum (fewer live registers; it does
     not depend on it, so the load still overlaps the first reduction)."""
     row = tl.program_id(0).to(tl.int64)
-    k, it, i = _lanes3(R, NW, ITERS)
+    k, i = _row_tile(R, NW, ITERS)
     cols = k * 4 + i
     m = (k < N // 4) & (i < 4)
     w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
     a = load_f32(a_ptr + row * sa + cols, m, DT, INTERPRET)
     r = load_f32(r_ptr + row * sr + cols, m, DT, INTERPRET)
-    var1, rstd1 = _rstd_of(a, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
     w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
     h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-    var2, rstd2 = _rstd_of(h, m, it, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+    var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
     store_f32(h_ptr + row * N + cols, h, m, DT, INTERPRET)
     store_f32(y_ptr + row * N + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
     if STORE_VAR:
