@@ -108,11 +108,13 @@ class EngineBackend:
         if requests:
             self.run_cell(arm, "warmup", requests, timeouts.without_deadline(), timed=False)
 
-    def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request]) -> dict[int, list[int]]:
+    def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request],
+               row_invariant_tile: int | None = None) -> dict[int, list[int]]:
         """Run `arm` untimed through `schedule` (recorded on another arm's timed cell of `requests`):
         request index -> generated ids. Eager steps run the arm's kernels (scope forced to all) on
         a GPU, so prefill is compared too; on CPU they would run in the Triton interpreter, so eager
-        steps keep the arm's own ops there."""
+        steps keep the arm's own ops there. `row_invariant_tile`: prefill steps run row-invariant
+        (`Engine.row_invariant`)."""
         eng = self.engine
         self._select(arm)
         fused = eng.fused_ops if eng.device.type == "cuda" else None
@@ -121,6 +123,7 @@ class EngineBackend:
             {rid: list(r.prompt) for rid, r in requests.items()},
             {rid: r.output_len for rid, r in requests.items()},
             eager_ops=fused,
+            row_invariant_tile=row_invariant_tile,
         )
         depths = getattr(eng, "last_replay_depths", None) or {}
         self.last_replay_depths = {requests[rid].index: d for rid, d in depths.items()}

@@ -10,11 +10,12 @@ See docs/engine.md for the design and why arms share one pool.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from rltbench.engine.paged_context import (
     kv_bytes_per_block,
     prefill_plan_from_host,
 )
+from rltbench.engine.row_invariant import DEFAULT_TILE_TOKENS, check_model, check_tile_tokens, token_tiles
 from rltbench.engine.schedule import ABORT, DECODE, PREFILL, ReplayError, Schedule, StepRecord
 from rltbench.engine.scheduler import DecodeBatch, PrefillBatch, Scheduler, Sequence
 from rltbench.engine.types import EngineConfig, EngineRequestError, RequestOutput, SamplingParams, TokenEvent
@@ -231,6 +233,7 @@ class _ArmState:
             prefill_graph_captures=0,
             prefill_graph_failures=0,
             prefill_eager=0,
+            row_invariant_tiles=0,
             frozen_graph_misses=0,
             buffer_growths=0,
             batch_size_hist={},
@@ -327,6 +330,7 @@ class Engine:
         self.frozen = False
         self._recording: Schedule | None = None
         self._eager_ops: Any = None  # replay: the ops eager steps use instead of the arm's
+        self._row_tile: int | None = None  # row-invariant prefill: tokens per forward (`row_invariant`)
 
     def _check_prefix_cache_safe(self) -> None:
         """Refuse the prefix cache for a Huginn model whose initial state is drawn per forward: a
@@ -506,6 +510,7 @@ class Engine:
         prompts: Mapping[str, Seq[int]],
         max_tokens: Mapping[str, int],
         eager_ops: Any = None,
+        row_invariant_tile: int | None = None,
     ) -> dict[str, list[int]]:
         """Run the current arm through exactly the batches of `schedule` (recorded on any arm of this
         engine, from an empty prefix cache) and return each request's generated ids (and, with an exit
@@ -518,11 +523,15 @@ class Engine:
         `eager_ops` when given (e.g. the arm's kernels forced on outside graphs, so prefill is
         compared too). A schedule recorded with the prefix cache on replays on an engine with it off
         as `Schedule.recomputing_prefix_hits` (each hit prefix computed in a step of its own).
+        `row_invariant_tile` runs every prefill step under `row_invariant` with that tile size.
         Raises ReplayError when the schedule cannot be reproduced."""
         if self.has_unfinished() or self._bench_active:
             raise RuntimeError("replay needs an idle engine")
         if not schedule.clean_start:
             raise ReplayError("the schedule was recorded on a warm prefix cache and cannot be replayed")
+        if row_invariant_tile is not None:
+            with self.row_invariant(row_invariant_tile):
+                return self.replay(schedule, prompts, max_tokens, eager_ops)
         if not self.prefix_caching:
             schedule = schedule.recomputing_prefix_hits()
         self.reset_prefix_cache()
@@ -576,6 +585,20 @@ class Engine:
         seq.max_new = emitted + 1 if aborted else emitted
         seq.stop_ids = frozenset()
         return seq
+
+    @contextlib.contextmanager
+    def row_invariant(self, tile_tokens: int = DEFAULT_TILE_TOKENS) -> Iterator[None]:
+        """Within the block every prefill step runs eagerly as forwards of exactly `tile_tokens`
+        tokens with one-query attention per token (rltbench.engine.row_invariant), so a token's K/V
+        and logits do not depend on the step's other rows or chunking. Decode steps are unchanged.
+        Refused (UsageError) for a model whose K/V depend on the tiling (Huginn "compress")."""
+        check_tile_tokens(tile_tokens)
+        check_model(self.model)
+        prev, self._row_tile = self._row_tile, tile_tokens
+        try:
+            yield
+        finally:
+            self._row_tile = prev
 
     @property
     def fused_ops(self) -> Any:
@@ -685,6 +708,8 @@ class Engine:
         exit depths, see `_to_host`)."""
         arm = self._arm
         c = arm.counters
+        if self._row_tile is not None:
+            return self._to_host(self._prefill_tiled(step, self._eager_ops or arm.ops, self._row_tile))
         self._upload_prefill(step.packed)
         entry = None
         if self.use_prefill_graphs:
@@ -764,6 +789,30 @@ class Engine:
         if not step.last_idx:
             return None
         return self._with_depths(self.model.compute_logits(hidden[t_last]).argmax(-1), t_last)
+
+    def _prefill_tiled(self, step: _PrefillStep, ops: Any, tile: int) -> Tensor | None:
+        """The row-invariant prefill step (`row_invariant`): forwards of `tile` one-query rows with the
+        full block-table width and attention length, so every kernel sees one shape; the head runs on
+        whole tiles too. Returns what `_prefill_forward` returns."""
+        n, nb, w, p = step.n_tok, step.nb, step.width, step.packed
+        width, bs = self.max_blocks_per_seq, self.config.block_size
+        rows_of = np.repeat(np.arange(nb), np.diff(step.qsl))
+        ids, pos, slots, tables = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[p.size - nb * w :].reshape(nb, w)
+        outs = []
+        for t in token_tiles(ids, pos, slots, rows_of, tables, step.last_idx, tile, width):
+            self._arm.counters["row_invariant_tiles"] += 1
+            t_ids, t_pos, t_slots, t_seq, t_bt = torch.from_numpy(t.packed).to(self.device).split(
+                [tile, tile, tile, tile, tile * width]
+            )
+            ctx = PagedAttentionContext(
+                self.kv, t_slots, t_bt.view(tile, width).to(torch.int32), t_seq.to(torch.int32),
+                max_seq_len_hint=width * bs,
+            )
+            hidden = self.model.forward(t_ids, t_pos, ctx, ops)
+            if t.finishing:
+                rows = torch.tensor(t.finishing, dtype=torch.int64, device=self.device)
+                outs.append(self._with_depths(self.model.compute_logits(hidden).argmax(-1)[rows], rows))
+        return torch.cat(outs, dim=-1) if outs else None
 
     def _capture_prefill(self, step: _PrefillStep) -> tuple[Any, Tensor | None] | None:
         """Capture the current arm's prefill graph for `step.key` (its metadata is in the static buffer:

@@ -33,7 +33,7 @@ from rltbench import knobs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "device.cu", "norm.cu", "act.cu", "rope.cu")
-HEADERS = ("common.cuh", "native.h")
+HEADERS = ("common.cuh", "native.h", "norm_rows.cuh")
 # No fast math anywhere: torch's own kernels are built without it, so expf, the IEEE division and
 # rsqrtf (rsqrt.approx.f32 without FTZ) compile to what torch runs. Order-sensitive arithmetic uses
 # __fmul_rn/__fadd_rn, which are never contracted into FMAs.

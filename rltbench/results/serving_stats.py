@@ -34,6 +34,8 @@ from rltbench.results.serving import request_metrics
 from rltbench.results.stats import is_aa
 
 REPLAY_FILE = "replay.jsonl"  # one identity row per (arm, cell, repetition) under schedule replay
+# one row per (cache-on arm, cache-off arm) pair and cell: both replayed with row-invariant prefill
+ROW_INVARIANT_FILE = "replay_row_invariant.jsonl"
 
 BOOTSTRAP = 2000
 INTERVAL_METHOD = "95% two-stage percentile bootstrap (repetitions, then requests), 2000 resamples"
@@ -202,6 +204,26 @@ def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list
         row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
         rows.append(row)
     return rows
+
+
+def row_invariant_identity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pair and cell (ROW_INVARIANT_FILE rows): identical / compared of the cache-off replay
+    against the cache-on one, both with row-invariant prefill; any difference is a mismatch, since the
+    two replays ran the same kernels on the same batches with every token's values independent of its
+    step (rltbench.engine.row_invariant)."""
+    out = []
+    for r in rows:
+        done = "compared" in r
+        divs = r.get("divergences") or []
+        first = min(divs, key=lambda d: (d["token_index"], d["request"])) if divs else None
+        out.append({
+            "cell": r["cell"], "rep": r["rep"], "arm_on": r["arm_on"], "arm_off": r["arm_off"],
+            "tile_tokens": r.get("tile_tokens"), "compared": r.get("compared", 0),
+            "identical": r.get("identical", 0), "first_divergence": first and dict(first, rep=r["rep"]),
+            "seconds": r.get("seconds"), "skipped": [r["skipped"]] if "skipped" in r else [],
+            "mismatch": bool(done and r["identical"] < r["compared"]),
+        })
+    return out
 
 
 def no_verdict_reason(cfg: dict[str, Any]) -> str | None:

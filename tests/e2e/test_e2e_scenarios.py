@@ -52,7 +52,14 @@ def test_huginn_session_cache_off_and_on(tmp_path, capsys):
     replays = {r["arm"]: r for r in summary["replay_identity"]}
     assert set(replays) == {"torch", "torch#2"}
     assert all(r["identical"] == r["compared"] == 8 and r["exact_arm"] for r in replays.values())
+    assert all(r.get("information") for r in replays.values())  # the cache verdict is row-invariant
     assert summary["exact_arm_mismatch"] is False
+    # the verdict on the cache: torch+cache's schedule replayed with the cache on and off, both with
+    # row-invariant prefill, once per cell
+    assert cfg["row_invariant_pairs"] == [["torch+cache", "torch"]] and cfg["row_invariant_tile"] == 64
+    (inv,) = summary["row_invariant_identity"]
+    assert inv["identical"] == inv["compared"] == 4 and not inv["mismatch"] and not inv["skipped"]
+    assert "under row-invariant replay (the verdict on the cache)" in (out / "table.md").read_text()
     comparison = json.loads((out / "comparison.json").read_text())
     metrics = {(r["arm"], r["metric"]) for r in comparison if r["delta"] is not None}
     assert {("torch+cache", "output_tok_s"), ("torch+cache", "ttft")} <= metrics
@@ -126,3 +133,6 @@ def test_mismatch_cause_names_the_prefix_cache_when_it_is_varied():
     shapes, so the report does not call it a kernel bug outright."""
     assert mismatch_cause({"prefix_cache": ["off"]}) == "a kernel bug"
     assert "batch-invariant" in mismatch_cause({"prefix_cache": ["off", "on"]})
+    # with row-invariant pairs deciding the cache, a remaining replay mismatch is a kernel's
+    pairs = [["torch+cache", "torch"]]
+    assert mismatch_cause({"prefix_cache": ["off", "on"], "row_invariant_pairs": pairs}) == "a kernel bug"

@@ -315,39 +315,90 @@ def test_packed_16bit_mul_and_add_equal_fp32_opmath_then_round(name: str) -> Non
         assert ((np.abs(a * b) < 2.0**-126) & (a * b != 0)).sum() > 1000
 
 
-def _torch_lane(h: int, w: int, k: int, down: bool) -> int:
-    """norm.cu's torch_lane (reduced_bit inlined), ported for the layout check below."""
+def _torch_lane(h: int, w: int, k: int, log_r: int, down: bool) -> int:
+    """norm_rows.cuh's torch_lane (reduced_bit inlined), ported for the layout checks below."""
     def bit(i: int) -> int:
         return k - 1 - i if (down or i < k - 5) else i - (k - 5)
 
-    lane = sum(((h >> j) & 1) << bit(4 - j) for j in range(5))
-    return lane + sum(((w >> j) & 1) << bit(k - 1 - j) for j in range(k - 5))
+    lane = sum(((h >> j) & 1) << bit(log_r + 4 - j) for j in range(5))
+    return lane + sum(((w >> j) & 1) << bit(k - 1 - j) for j in range(k - 5 - log_r))
+
+
+def _butterfly_then_warps(s: np.ndarray) -> np.float32:
+    """s [warp, hardware lane]: a warp butterfly (xor 16..1), then the warps' partials halved from
+    the top (the kernels' shared-memory exchange); thread (0, 0)'s result."""
+    f32 = np.float32
+    for offset in (16, 8, 4, 2, 1):
+        s = (s + s[:, np.arange(32) ^ offset]).astype(f32)
+    q = s[:, 0].copy()
+    half = len(q) // 2
+    while half >= 1:
+        q[:half] = q[:half] + q[half:2 * half]
+        half //= 2
+    return q[0]
 
 
 @pytest.mark.parametrize("order", trm.WARP_ORDERS)
 def test_lane_layout_reproduces_torchs_tree(order: str) -> None:
-    """norm.cu's layout argument: thread (warp w, lane h) plays torch lane torch_lane(h, w); a warp
-    butterfly (xor 16..1), then the warps' partials halved from the top, gives torch's block_x_reduce
-    result bit for bit (torch_reduce_model) for every lane count and both shuffle orders."""
-    f32 = np.float32
+    """The scalar kernel's layout argument: thread (warp w, lane h) plays torch lane
+    torch_lane(h, w); a warp butterfly (xor 16..1), then the warps' partials halved from the top,
+    gives torch's block_x_reduce result bit for bit (torch_reduce_model) for every lane count and
+    both shuffle orders."""
     gen = np.random.default_rng(1)
     for k in range(5, 10):
         nw = 1 << (k - 5)
         for _ in range(20):
-            v = (gen.standard_normal(1 << k) * 2.0 ** gen.integers(-20, 20, 1 << k)).astype(f32)
+            v = (gen.standard_normal(1 << k) * 2.0 ** gen.integers(-20, 20, 1 << k)).astype(np.float32)
             want = trm._block_x_reduce(v.copy(), 32, order)
             down = order == trm.WARP_DOWN
-            lanes = np.array([[_torch_lane(h, w, k, down) for h in range(32)] for w in range(nw)])
+            lanes = np.array([[_torch_lane(h, w, k, 0, down) for h in range(32)] for w in range(nw)])
             assert sorted(lanes.ravel().tolist()) == list(range(1 << k))
-            s = v[lanes]                                           # [warp, hardware lane]
-            for offset in (16, 8, 4, 2, 1):
-                s = (s + s[:, np.arange(32) ^ offset]).astype(f32)
-            q = np.zeros(16, f32)
-            q[:nw] = s[:, 0]
-            for half in (8, 4, 2, 1):
-                if half < nw:
-                    q[:half] = q[:half] + q[half:2 * half]
-            assert q[0].tobytes() == want.tobytes(), (k, order)
+            assert _butterfly_then_warps(v[lanes]).tobytes() == want.tobytes(), (k, order)
+
+
+def _vector_kernel_row_sum(sq: np.ndarray, k: int, log_r: int, down: bool) -> np.float32:
+    """norm_rows.cuh's vector kernel on one aligned row of squares, replayed in numpy: thread
+    (w, h) with base lane b = torch_lane(h, w) adds the vectors b + s * 32 NW (slot s) into
+    accumulator s % R in increasing s, combines each accumulator's four elements, halves over its R
+    registers from the top, then the butterfly and the warps' exchange."""
+    f32 = np.float32
+    r_count, nw = 1 << log_r, 1 << (k - 5 - log_r)
+    stride = 32 * nw
+    vecs = sq.reshape(-1, 4)
+    s = np.zeros((nw, 32), f32)
+    for w in range(nw):
+        for h in range(32):
+            base = _torch_lane(h, w, k, log_r, down)
+            assert base < stride
+            acc = np.zeros((r_count, 4), f32)
+            for slot, v in enumerate(range(base, len(vecs), stride)):
+                acc[slot % r_count] = acc[slot % r_count] + vecs[v]
+            c = ((acc[:, 0] + acc[:, 1]) + acc[:, 2]) + acc[:, 3]
+            half = r_count // 2
+            while half >= 1:
+                c[:half] = c[:half] + c[half:2 * half]
+                half //= 2
+            s[w, h] = c[0]
+    return _butterfly_then_warps(s)
+
+
+@pytest.mark.parametrize("order", trm.WARP_ORDERS)
+def test_vector_kernel_layouts_reproduce_torchs_row_sum(order: str) -> None:
+    """Every (registers, warps) split of every lane count sums an aligned row as torch does
+    (torch_order.row_sum): rows that leave lanes idle, and rows longer than the register cache."""
+    gen = np.random.default_rng(2)
+    down = order == trm.WARP_DOWN
+    for rows in (1, 2, 4, 8, 16):
+        for n in (300, 1000, 2052, 6000):   # idle lanes; one vector per lane; more; past the cache
+            plan = trm.reduce_plan(rows, n)
+            k = plan.lanes.bit_length() - 1
+            assert plan.unsupported_reason is None and plan.lanes == 1 << k
+            x = (gen.standard_normal(n) * 2.0 ** gen.integers(-12, 12, n)).astype(np.float32)
+            sq = (x * x).astype(np.float32)
+            want = trm.row_sum(sq, plan, 0, order)
+            for log_r in range(k - 4):
+                got = _vector_kernel_row_sum(sq, k, log_r, down)
+                assert got.tobytes() == want.tobytes(), (k, log_r, n, order)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from rltbench.bench.workload import (
 from rltbench.commands.e2e import report
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
+from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
@@ -281,6 +282,7 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     plan = make_plan(config, spec, exact_arms, session, own_eager)
     if engine_side and spec.cache_varied:
         plan.replay_ref = _cache_on_reference(spec, plan.ref)
+        plan.row_invariant_pairs = _row_invariant_pairs(spec, backend.engine.model)
     cfg = _manifest_config(spec, backend, plan, arm_specs, exact_arms, sess_info, facts)
     notes: list[str] = list(spec.notes)
     if engine_side:
@@ -359,6 +361,20 @@ def _variant_facts(spec: E2ESpec) -> tuple[dict[str, Any], set[str], set[str]]:
     return arm_specs, must_match, eager | firsts
 
 
+def _row_invariant_pairs(spec: E2ESpec, model: Any) -> list[tuple[str, str]]:
+    """(cache-on arm, cache-off arm) of every engine arm run both ways: the pairs whose row-invariant
+    replays decide cache identity. None for a model the mode refuses (Huginn "compress"), whose
+    identity then rests on the plain replay alone."""
+    try:
+        check_model(model)
+    except UsageError:
+        return []
+    by_arm: dict[str, dict[bool, str]] = {}
+    for name, v in spec.variants.items():
+        by_arm.setdefault(v.engine_arm, {}).setdefault(v.prefix_caching, name)
+    return [(d[True], d[False]) for d in by_arm.values() if len(d) == 2]
+
+
 def _cache_on_reference(spec: E2ESpec, ref: str) -> str:
     """The cache-on run of the reference arm: its schedule is the one every other arm replays (a
     cache-on schedule replays with the cache off too, by recomputing each hit prefix)."""
@@ -396,6 +412,8 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "reference_arm": plan.ref,
         "replay_reference_arm": plan.replay_ref or plan.ref,
         "prefix_cache": ["on" if on else "off" for on in spec.cache_settings],
+        "row_invariant_pairs": [list(p) for p in plan.row_invariant_pairs],
+        "row_invariant_tile": plan.row_invariant_tile if plan.row_invariant_pairs else None,
         "exit_threshold": spec.source.exit_threshold,
         "exact_arms": sorted(exact_arms),
         "workload": spec.workload,

@@ -27,6 +27,7 @@ from rltbench.results.serving import (
 from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
     REPLAY_FILE,
+    ROW_INVARIANT_FILE,
     delta_table,
     fmt_pct,
     identity,
@@ -35,6 +36,7 @@ from rltbench.results.serving_stats import (
     paired_deltas,
     random_weights_line,
     replay_identity,
+    row_invariant_identity,
 )
 from rltbench.results.stats import is_aa
 from rltbench.results.tables import table
@@ -64,6 +66,8 @@ def analyse(run: RunDir) -> dict[str, Any]:
     if replay_on:  # the verdict comes from the replays; free-running identity is information
         for r in ident:
             r["exact_mismatch"] = r["exact_unverified"] = False
+    row_inv = row_invariant_identity(run.read_jsonl(ROW_INVARIANT_FILE))
+    _demote_cache_off_replays(replays, row_inv, cfg.get("arm_specs") or {})
     no_verdict = no_verdict_reason(cfg)
     comp = (
         paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
@@ -101,6 +105,9 @@ def analyse(run: RunDir) -> dict[str, Any]:
     if replay_on:
         missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref})
         mismatch = [_mismatch_row(r) for r in replays if r["exact_mismatch"]]
+        mismatch += [{"arm": f"{r['arm_off']} vs {r['arm_on']} (row-invariant)", "cell": r["cell"],
+                      "compared": r["compared"], "identical": r["identical"],
+                      "first_divergence": r["first_divergence"]} for r in row_inv if r["mismatch"]]
         unverified = [_mismatch_row(r) for r in replays if r["exact_unverified"]]
         unverified += [{"arm": a, "cell": "-", "compared": 0, "identical": 0} for a in missing]
     else:
@@ -121,6 +128,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "exact_arm_unverified": unverified,
         "identity": ident,
         "replay_identity": replays,
+        "row_invariant_identity": row_inv,
         "cold_cells": cold,
         "no_verdict": no_verdict,
         "interval_method": INTERVAL_METHOD,
@@ -130,6 +138,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "cells": cells,
         "identity": ident,
         "replay_identity": replays,
+        "row_invariant_identity": row_inv,
         "comparison": comp,
         "pooled": pooled,
         "summary": summary,
@@ -137,6 +146,21 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "arms": arms,
         "ref": ref,
     }
+
+
+def _demote_cache_off_replays(
+    replays: list[dict[str, Any]], row_inv: list[dict[str, Any]], arm_specs: dict[str, Any]
+) -> None:
+    """Where a row-invariant pair replayed a cell, the plain replay of a cache-off arm on the cache-on
+    schedule is information, not the verdict: its recomputed prefixes ran in steps of other shapes
+    than the cached ones, so it mixes the prefix cache with kernels that are not batch-invariant.
+    Such rows keep their counts and get `information` set instead of an exact-arm flag."""
+    decided = {r["cell"] for r in row_inv if r["compared"]}
+    for r in replays:
+        spec = arm_specs.get(r["arm"])
+        if r["cell"] in decided and isinstance(spec, dict) and spec.get("prefix_cache") == "off":
+            r["information"] = True
+            r["exact_mismatch"] = r["exact_unverified"] = False
 
 
 def _mismatch_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -364,7 +388,7 @@ def mismatch_cause(config: dict[str, Any]) -> str:
     hit prefixes hold K/V computed in earlier steps of other shapes, which the cache-off replay
     recomputes in a step of its own: GEMM results that depend on a step's rows (no batch
     invariance) differ there without any kernel being wrong, so the cause is left open."""
-    if len(config.get("prefix_cache") or []) > 1:
+    if len(config.get("prefix_cache") or []) > 1 and not config.get("row_invariant_pairs"):
         return ("a kernel bug, or cached prefix K/V computed in steps of other shapes than the "
                 "cache-off recomputation (GEMMs that are not batch-invariant)")
     return "a kernel bug"
@@ -391,15 +415,60 @@ def _replay_section(a: dict[str, Any]) -> list[str]:
         note = (
             f"**MISMATCH: exact arm must match ({mismatch_cause(a['config'])})**"
             if r["exact_mismatch"]
-            else ("exact arm" if r["exact_arm"] else "")
+            else (
+                "information: prefixes recomputed in steps of other shapes (the cache verdict is the "
+                "row-invariant replay below)"
+                if r.get("information")
+                else ("exact arm" if r["exact_arm"] else "")
+            )
         )
         if r["skipped"]:
             note += ("; " if note else "") + "; ".join(r["skipped"])
         replay_rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", r["reps"], fdt,
                             f"{r['same_schedule_free_running']}/{r['reps'] + len(r['skipped'])}", note])
-    return L + table(["cell", "arm", "identical / compared", "reps",
-                      "first divergence (rep, request, step, token)", "free-running batches equal", "note"],
-                     replay_rows)
+    L += table(["cell", "arm", "identical / compared", "reps",
+                "first divergence (rep, request, step, token)", "free-running batches equal", "note"],
+               replay_rows)
+    return L + _row_invariant_section(a)
+
+
+def _row_invariant_section(a: dict[str, Any]) -> list[str]:
+    """Prefix cache on vs off with row-invariant prefill: the verdict on the cache's identity."""
+    rows = a.get("row_invariant_identity") or []
+    cfg = a["config"]
+    if not cfg.get("row_invariant_pairs"):
+        return []
+    ref = cfg.get("replay_reference_arm") or a["ref"]
+    L = [
+        "",
+        "## Prefix cache on vs off under row-invariant replay (the verdict on the cache)",
+        "",
+        f"Each pair replayed, untimed, one timed schedule of {ref} twice: with the prefix cache on as "
+        "recorded, and with it off, each hit prefix recomputed in a step of its own. Both replays ran "
+        f"every prefill step in identity mode (row-invariant prefill, {cfg.get('row_invariant_tile')} "
+        "tokens per forward): the step's tokens in fixed-size tiles, each token attending as a one-query "
+        "row over its own prefix, so every GEMM, norm and attention call has one shape and a token's "
+        "K/V do not depend on the step it was computed in. Decode steps are the recorded ones on both "
+        "sides. The timed cells do not run this mode; it changes the prefill kernels' shapes only "
+        "to take step composition out of the comparison, so that a difference here is the prefix "
+        "cache's (or a kernel's), and must be 0. The plain replay above stays as information.",
+        "",
+    ]
+    if not rows:
+        return L + ["Not run (no block whose cache-on reference cell finished cleanly)."]
+    out = []
+    for r in rows:
+        fd = r["first_divergence"]
+        fdt = "-" if fd is None else f"{fd['request']}, {fd['step']}, {fd['token_index']}"
+        note = ("**MISMATCH: cache on and off differ under row-invariant prefill (the prefix cache, or a "
+                "kernel that is not row-invariant)**" if r["mismatch"] else "")
+        if r["skipped"]:
+            note += ("; " if note else "") + "; ".join(r["skipped"])
+        secs = "-" if r.get("seconds") is None else f"{r['seconds']:.1f}"
+        pair, counts = f"{r['arm_off']} vs {r['arm_on']}", f"{r['identical']} / {r['compared']}"
+        out.append([r["cell"], r["rep"], pair, counts, fdt, secs, note])
+    return L + table(["cell", "rep", "cache off vs on", "identical / compared",
+                      "first divergence (request, step, token)", "seconds (both replays)", "note"], out)
 
 
 def _cold_section(cells: list[dict[str, Any]]) -> list[str]:

@@ -22,8 +22,14 @@ import pandas as pd
 from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
 from rltbench.bench.workload import Cell, SessionTrace, schedule, theoretical_prefix_hit_rate
 from rltbench.commands.e2e.display import RunDisplay
+from rltbench.engine.row_invariant import DEFAULT_TILE_TOKENS
 from rltbench.results.serving import cell_summary, compute_cells
-from rltbench.results.serving_stats import REPLAY_FILE, compare_pair, replay_divergences
+from rltbench.results.serving_stats import (
+    REPLAY_FILE,
+    ROW_INVARIANT_FILE,
+    compare_pair,
+    replay_divergences,
+)
 
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
@@ -32,6 +38,10 @@ SCHEDULE_NOTE = (
     "one untimed pass over the trace by the first arm and by every arm whose eager steps run other "
     "kernels); timed cells run frozen (no graph capture) and record their cold work"
 )
+
+
+# per arm of one (cell, repetition) block: its timed cell's schedule, requests by id and records
+BlockRuns = dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]]
 
 
 @dataclass
@@ -55,6 +65,10 @@ class Plan:
     # the arm whose timed schedule the others replay (default `ref`): the cache-on run when the
     # prefix cache is varied, because a cache-on schedule also replays with the cache off
     replay_ref: str | None = None
+    # prefix cache varied: (cache-on arm, cache-off arm) pairs of one engine arm that replay the
+    # reference schedule with row-invariant prefill (once per cell, first clean block), and its tile
+    row_invariant_pairs: list[tuple[str, str]] = field(default_factory=list)
+    row_invariant_tile: int = DEFAULT_TILE_TOKENS
 
 
 def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
@@ -86,7 +100,8 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     sched = schedule(plan.arms, plan.cells, plan.repeats)
     status = "complete"
     replay = bool(getattr(backend, "supports_replay", False))
-    block_runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]] = {}
+    block_runs: BlockRuns = {}
+    row_invariant_done: set[str] = set()
     for order, (rep, cell, arm) in enumerate(sched):
         if plan.timeouts.deadline_passed():
             run.update_manifest(skipped_cells=len(sched) - order)
@@ -143,6 +158,9 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             break
         if replay and len(block_runs) == len(plan.arms):
             _replay_block(plan, backend, run, display, cell, rep, block_runs)
+            if plan.row_invariant_pairs and cell.name not in row_invariant_done:
+                if _row_invariant_block(plan, backend, run, display, (cell, rep), block_runs):
+                    row_invariant_done.add(cell.name)
             block_runs = {}
     return status
 
@@ -154,7 +172,7 @@ def _replay_block(
     display: RunDisplay,
     cell: Cell,
     rep: int,
-    runs: dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]],
+    runs: BlockRuns,
 ) -> None:
     """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
     identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
@@ -197,6 +215,48 @@ def _replay_block(
             steps=ref_sched.summary()["steps"],
         )
         run.append_jsonl(REPLAY_FILE, row)
+
+
+def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay, block: tuple[Cell, int],
+                         runs: BlockRuns) -> bool:
+    """Replay the reference schedule of this block, untimed, with row-invariant prefill on each
+    (cache-on, cache-off) pair and append one row per pair to ROW_INVARIANT_FILE: the cache-off
+    tokens against the cache-on ones. False (nothing run) when the reference cell did not finish
+    cleanly, so a later block of the cell is used instead."""
+    cell, rep = block
+    ref = plan.replay_ref or plan.ref
+    ref_sched, ref_reqs, ref_recs = runs[ref]
+    if not all(r.get("status") == "ok" for r in ref_recs):
+        return False
+    index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
+
+    def step_of(index: int, token_index: int) -> int | None:
+        return ref_sched.step_of_token(index_to_rid[index], token_index)
+
+    for on, off in plan.row_invariant_pairs:
+        row: dict[str, Any] = {"cell": cell.name, "C": cell.C, "rep": rep, "ref": ref, "arm_on": on,
+                               "arm_off": off, "tile_tokens": plan.row_invariant_tile}
+        display.note(f"row-invariant replay: {on} and {off} on {ref}'s schedule ({cell.name} rep {rep}, "
+                     "untimed)")
+        t0 = time.perf_counter()
+        try:
+            got: dict[str, dict[int, list[int]]] = {}
+            depths: dict[str, dict[int, list[int]]] = {}
+            for arm in (on, off):
+                tile = plan.row_invariant_tile
+                got[arm] = backend.replay(arm, ref_sched, ref_reqs, row_invariant_tile=tile)
+                depths[arm] = dict(getattr(backend, "last_replay_depths", {}))
+        except Exception as exc:  # a replay failure is reported, never taken for identity
+            row["skipped"] = f"replay failed: {type(exc).__name__}: {exc}"
+            run.append_jsonl(ROW_INVARIANT_FILE, row)
+            continue
+        row["seconds"] = time.perf_counter() - t0
+        base = [{"request": i, "token_ids": t, "exit_depths": depths[on].get(i)} for i, t in got[on].items()]
+        divergences = replay_divergences(base, got[off], depths[off], step_of)
+        row.update(compared=len(base), identical=len(base) - len(divergences), divergences=divergences,
+                   steps=ref_sched.summary()["steps"])
+        run.append_jsonl(ROW_INVARIANT_FILE, row)
+    return True
 
 
 def _write_cells_so_far(run: Any) -> None:

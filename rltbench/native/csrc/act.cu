@@ -7,17 +7,25 @@
 // half2 multiply, which rounds the exact product once: equal to rounding the fp32 product (see
 // common.cuh). fp32 multiplies in fp32.
 //
-// Body: 16-byte vectors, kUnroll per thread, a grid that covers every row once (one row of
-// rows * n elements when the inputs are contiguous); loads marked streaming (gate and up are read
-// once); the few elements past the last whole vector of a row (the tail) in the same launch, scalar.
+// Body: 16-byte vectors; a block covers kThreads * kUnroll consecutive vectors of a row (thread t
+// takes vectors t, t + kThreads, ...: every access instruction is coalesced) and the grid covers
+// every row once (one row of rows * n elements when the inputs are contiguous). The few elements
+// past the last whole vector of a row (the tail) go in the same launch, scalar.
 #include "common.cuh"
 #include "native.h"
 
 namespace rltb {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kUnroll = 2;  // vectors in flight per thread and loop trip
+// The body's shape, a guess to be confirmed on the GPU (the native benchmark lab compares block
+// sizes, vectors per thread and cache hints): Liger's Triton kernel, which reaches 99% of the
+// device copy on an H200 at 4096 x 5632 bf16, runs 1024 threads per program with one 16-byte
+// vector per thread and operand; 256 threads with two vectors each, a grid stride apart, reached
+// 89%.
+constexpr int kThreads = 1024;
+constexpr int kUnroll = 1;             // vectors per thread and operand
+constexpr bool kStreamLoads = true;    // gate and up are read once: ld.global.cs (evict first)
+constexpr bool kStreamStores = false;  // the output is read by the next matmul: plain stores
 
 // torch's silu in fp32 (ActivationSiluKernel.cu: x / (1 + exp(-x)) in opmath).
 __device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
@@ -60,13 +68,31 @@ __device__ __forceinline__ uint4 silu_mul_vec(uint4 g, uint4 u) {
   return out;
 }
 
+template <bool STREAM>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (STREAM) {
+    return __ldcs(p);
+  } else {
+    return __ldg(p);
+  }
+}
+
+template <bool STREAM>
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+  if constexpr (STREAM) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+
 // VEC: every row 16-byte aligned; the vector body, then the row's last n % (16 / sizeof(T))
 // elements (the tail) one per thread. Else every element one per thread and trip.
-template <typename T, bool VEC>
-__global__ void __launch_bounds__(kThreads) silu_mul_kernel(const SiluMulArgs a) {
+template <typename T, bool VEC, int THREADS, int UNROLL, bool STREAM_LOADS, bool STREAM_STORES>
+__global__ void __launch_bounds__(THREADS) silu_mul_kernel(const SiluMulArgs a) {
   constexpr int kElems = 16 / sizeof(T);
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * THREADS;
   for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
     const T* g = static_cast<const T*>(a.g) + row * a.sg;
     const T* u = static_cast<const T*>(a.u) + row * a.su;
@@ -77,26 +103,38 @@ __global__ void __launch_bounds__(kThreads) silu_mul_kernel(const SiluMulArgs a)
       const uint4* g4 = reinterpret_cast<const uint4*>(g);
       const uint4* u4 = reinterpret_cast<const uint4*>(u);
       uint4* o4 = reinterpret_cast<uint4*>(out);
-      for (int64_t i0 = tid; i0 < nv; i0 += kUnroll * stride) {
-        uint4 gv[kUnroll], uv[kUnroll];
+      const int64_t first = static_cast<int64_t>(blockIdx.x) * (THREADS * UNROLL) + threadIdx.x;
+      uint4 gv[UNROLL], uv[UNROLL];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const int64_t i = i0 + j * stride;
-          if (i < nv) {
-            gv[j] = __ldcs(g4 + i);
-            uv[j] = __ldcs(u4 + i);
-          }
+      for (int j = 0; j < UNROLL; ++j) {
+        const int64_t i = first + j * THREADS;
+        if (i < nv) {
+          gv[j] = load16<STREAM_LOADS>(g4 + i);
+          uv[j] = load16<STREAM_LOADS>(u4 + i);
         }
+      }
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const int64_t i = i0 + j * stride;
-          if (i < nv) o4[i] = silu_mul_vec<T>(gv[j], uv[j]);
-        }
+      for (int j = 0; j < UNROLL; ++j) {
+        const int64_t i = first + j * THREADS;
+        if (i < nv) store16<STREAM_STORES>(o4 + i, silu_mul_vec<T>(gv[j], uv[j]));
       }
       scalar_from = nv * kElems;
     }
     for (int64_t c = scalar_from + tid; c < a.n; c += stride) out[c] = silu_mul_one<T>(g[c], u[c]);
   }
+}
+
+// Grid: blocks of THREADS * UNROLL vectors (VEC) or THREADS elements covering a row once, times
+// the rows. Blocks finish at different times, so one block's loads overlap another's stores (a
+// grid capped at the resident blocks walked the row in lockstep: 84% of the device copy).
+template <typename T, bool VEC, int THREADS, int UNROLL, bool STREAM_LOADS, bool STREAM_STORES>
+cudaError_t launch_shape(const SiluMulArgs& a, cudaStream_t stream) {
+  const int64_t per_block = (VEC ? static_cast<int64_t>(16 / sizeof(T)) * UNROLL : 1) * THREADS;
+  const int64_t grid_y = a.rows < 65535 ? a.rows : 65535;
+  const int64_t grid_x = (a.n + per_block - 1) / per_block;
+  silu_mul_kernel<T, VEC, THREADS, UNROLL, STREAM_LOADS, STREAM_STORES>
+      <<<dim3(static_cast<unsigned>(grid_x > 0 ? grid_x : 1), static_cast<unsigned>(grid_y)), THREADS, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -109,16 +147,8 @@ bool vector_ok(const SiluMulArgs& a, int64_t elem) {
 
 template <typename T>
 cudaError_t launch_typed(const SiluMulArgs& a, bool vec, cudaStream_t stream) {
-  void (*kernel)(SiluMulArgs) = vec ? silu_mul_kernel<T, true> : silu_mul_kernel<T, false>;
-  // One loop trip per block: every block covers per_trip elements of a row and the grid covers
-  // the rows once. Blocks finish at different times, so one block's loads overlap another's stores
-  // (a grid capped at the resident blocks walked the row in lockstep: 84% of the device copy at
-  // 4096 x 5632 bf16 on an H200, against the Triton kernel's 94.5% with one tile per program).
-  const int64_t per_trip = (vec ? static_cast<int64_t>(16 / sizeof(T)) * kUnroll : 1) * kThreads;
-  const int64_t grid_y = a.rows < 65535 ? a.rows : 65535;
-  const int64_t grid_x = (a.n + per_trip - 1) / per_trip;
-  kernel<<<dim3(static_cast<unsigned>(grid_x > 0 ? grid_x : 1), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return vec ? launch_shape<T, true, kThreads, kUnroll, kStreamLoads, kStreamStores>(a, stream)
+             : launch_shape<T, false, kThreads, kUnroll, kStreamLoads, kStreamStores>(a, stream);
 }
 
 }  // namespace

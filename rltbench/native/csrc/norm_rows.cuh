@@ -1,0 +1,327 @@
+// RMSNorm of aligned rows in torch's CUDA reduction order: the shared arithmetic of both norm
+// kernels and the vector kernel, a template over its thread layout (norm.cu picks the layout per
+// lane count; a header so that a benchmark can instantiate other layouts of the same code).
+//
+// torch's order (rltbench/kernels/norm/torch_order.py is the specification): `lanes` = 2^k threads
+// per row, lane l owns the 4-element vectors l, l + lanes, ... with one accumulator per vector
+// element, combines ((a0 + a1) + a2) + a3, and the lanes are added as a balanced tree that reduces
+// the lane bits in a fixed sequence: the highest bit first, down to bit 5 (shared-memory levels),
+// then bits 4..0 (warp shuffles 16..1, torch >= 2.10) or 0..4 (shuffles 1..16, older torch).
+//
+// Layout of the vector kernel. A row gets NW = 2^LOG_NW warps; thread (warp w, hardware lane h)
+// plays R = 2^LOG_R torch lanes, lanes = R * 32 * NW. The tree's first LOG_R steps (always the top
+// lane bits) are reduced in registers, the next five by a warp butterfly (xor 16..1, h's bit 4
+// first), the last LOG_NW through one shared-memory exchange over w, halving from w's top bit.
+// Which lane bit each of h's and w's bits is follows from the step it is reduced at (torch_lane).
+// Under torch >= 2.10 that is lane = r * 32 NW + h * NW + w, the Triton exact kernel's layout.
+// Since r is the lane's top bits, the thread's torch lanes are base + r * 32 NW (base = its r = 0
+// lane) and its vectors are base + s * 32 NW for slots s = it * R + r: slot s feeds accumulator
+// s % R, in increasing s, so each lane adds its vectors in torch's order.
+//
+// Every multiply and add is __fmul_rn / __fadd_rn (never contracted into an FMA); rsqrtf is
+// rsqrt.approx.f32 without FTZ, what torch.rsqrt's CUDA kernel calls; each torch op's result is
+// rounded to the dtype where torch rounds it (see rltbench/kernels/reference.py).
+#pragma once
+
+#include "common.cuh"
+#include "native.h"
+
+namespace rltb {
+namespace norm {
+
+// The i-th torch lane bit that the tree reduces, for log2(lanes) = k.
+__device__ __forceinline__ int reduced_bit(int i, int k, bool down) {
+  return (down || i < k - 5) ? k - 1 - i : i - (k - 5);
+}
+
+// The torch lane played by register slot 0 of hardware lane h of warp w (nw = 2^(k - 5 - log_r)
+// warps): h's bit j is reduced at step log_r + 4 - j (shuffle offset 2^j), w's bit j at step
+// k - 1 - j (the warps' tree halves from its top bit); register r adds r << (k - log_r).
+__device__ __forceinline__ int torch_lane(int h, int w, int k, int log_r, bool down) {
+  int lane = 0;
+#pragma unroll
+  for (int j = 0; j < 5; ++j) lane |= ((h >> j) & 1) << reduced_bit(log_r + 4 - j, k, down);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // at most 16 warps; a fixed trip count unrolls where k is constant
+    if (j < k - 5 - log_r) lane |= ((w >> j) & 1) << reduced_bit(k - 1 - j, k, down);
+  }
+  return lane;
+}
+
+__device__ __forceinline__ void add_square(float& acc, float v) { acc = __fadd_rn(acc, __fmul_rn(v, v)); }
+
+// ((a0 + a1) + a2) + a3: how a torch lane combines its four accumulators.
+__device__ __forceinline__ float combine(const float (&acc)[4]) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
+}
+
+// (mean, rsqrt(mean + eps)) as torch: mean = sum * factor (MeanOps::project), then add, then rsqrt.
+__device__ __forceinline__ float inv_rms(float total, float factor, float eps, float* var) {
+  *var = __fmul_rn(total, factor);
+  return rsqrtf(__fadd_rn(*var, eps));
+}
+
+// round(w * round(v * rstd)): `(h * rsqrt(...)).to(dtype)` then `w * that` in the dtype.
+template <typename T>
+__device__ __forceinline__ float scaled(float v, float w, float rstd) {
+  return round_to<T>(__fmul_rn(w, round_to<T>(__fmul_rn(v, rstd))));
+}
+
+// The value whose square the first sum adds: x, or round(x + b) in the add form.
+template <typename T, int MODE>
+__device__ __forceinline__ float first_value(T x, T b) {
+  if constexpr (MODE == kNormAdd) {
+    return round_to<T>(__fadd_rn(Traits<T>::to_float(x), Traits<T>::to_float(b)));
+  } else {
+    return Traits<T>::to_float(x);
+  }
+}
+
+// h of norm-add-norm: round(r + round(w1 * round(x * rstd1))).
+template <typename T>
+__device__ __forceinline__ float h_value(T x, T r, T w1, float rstd1) {
+  return round_to<T>(__fadd_rn(Traits<T>::to_float(r), scaled<T>(Traits<T>::to_float(x), Traits<T>::to_float(w1), rstd1)));
+}
+
+// Output of one element of the single-norm forms: round(w * round(v * rstd)) (+ round(r + y)).
+template <typename T, bool HAS_R>
+__device__ __forceinline__ T single_out(float v, T w, T r, float rstd) {
+  float y = scaled<T>(v, Traits<T>::to_float(w), rstd);
+  if constexpr (HAS_R) y = __fadd_rn(Traits<T>::to_float(r), y);
+  return Traits<T>::from_float(y);
+}
+
+// The variance(s) the row used, when asked for (validation compares them with torch's mean).
+template <bool NN>
+__device__ __forceinline__ void store_var(const NormArgs& a, int64_t row, float var1, float var2) {
+  if (a.var == nullptr) return;
+  if constexpr (NN) {
+    a.var[2 * row] = var1;
+    a.var[2 * row + 1] = var2;
+  } else {
+    a.var[row] = var1;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ const T* row_ptr(const void* base, int64_t row, int64_t stride) {
+  return static_cast<const T*>(base) + row * stride;
+}
+
+constexpr int kMaxRowsPerBlock = 4;  // narrow layouts put up to 4 rows in a block (blockDim.y)
+
+// Vector slots a thread keeps in registers from the sum to the output: 128 bytes of x per thread
+// (all of a width-2048 bf16 row at every layout); half where a second input row (residual or
+// branch) or h is kept too, so that no form needs more than ~176 registers (occupancy at T=4096).
+template <typename T, int MODE, bool HAS_R>
+constexpr int cached_slots() {
+  return (sizeof(T) == 4 ? 8 : 16) / ((HAS_R || MODE != kNormX) ? 2 : 1);
+}
+
+// The row's total from a thread's R per-lane sums: the register levels (pairs r, r + R/2, ...),
+// the warp butterfly, then the warps' partials through shared memory halving from the top. Every
+// thread of the row gets the same bits. `part`: NW slots not read since the last barrier.
+template <int LOG_R, int LOG_NW>
+__device__ __forceinline__ float layout_total(float (&c)[1 << LOG_R], float* part, int warp, int h) {
+#pragma unroll
+  for (int half = (1 << LOG_R) / 2; half >= 1; half /= 2) {
+#pragma unroll
+    for (int r = 0; r < half; ++r) c[r] = __fadd_rn(c[r], c[r + half]);
+  }
+  float s = c[0];
+#pragma unroll
+  for (int offset = 16; offset >= 1; offset >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
+  if constexpr (LOG_NW == 0) {
+    return s;
+  } else {
+    constexpr int kNW = 1 << LOG_NW;
+    if (h == 0) part[warp] = s;
+    __syncthreads();
+    float q[kNW];
+#pragma unroll
+    for (int i = 0; i < kNW; ++i) q[i] = part[i];
+#pragma unroll
+    for (int half = kNW / 2; half >= 1; half /= 2) {
+#pragma unroll
+      for (int i = 0; i < half; ++i) q[i] = __fadd_rn(q[i], q[i + half]);
+    }
+    return q[0];
+  }
+}
+
+// ((a0 + a1) + a2) + a3 of each of the thread's R lanes, then the row total.
+template <int LOG_R, int LOG_NW>
+__device__ __forceinline__ float lanes_total(const float (&acc)[1 << LOG_R][4], float* part, int warp, int h) {
+  float c[1 << LOG_R];
+#pragma unroll
+  for (int r = 0; r < (1 << LOG_R); ++r) c[r] = combine(acc[r]);
+  return layout_total<LOG_R, LOG_NW>(c, part, warp, h);
+}
+
+// Adds the squares of a thread's slots past the register cache (SLOTS.., a multiple of R) into
+// acc: slot s into lane s % R, in increasing s; values(offset, v) fills the vector's four values.
+template <int R, int SLOTS, int STRIDE, typename F>
+__device__ __forceinline__ void add_uncached(float (&acc)[R][4], int slots, F&& values) {
+  constexpr int kTailUnroll = R >= 4 ? 1 : 4 / R;  // loads in flight
+#pragma unroll kTailUnroll
+  for (int s0 = SLOTS; s0 < slots; s0 += R) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (s0 + r < slots) {
+        float v[4];
+        values(static_cast<int64_t>(s0 + r) * STRIDE, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) add_square(acc[r][i], v[i]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Aligned rows (n % 4 == 0, every row 4-element aligned): no head or tail, one vector access per
+// torch vector. Block (32 NW, rows per block), one row per blockIdx.x * blockDim.y + threadIdx.y,
+// a grid that covers the rows once. A thread's first kSlots vectors (and their weights) are loaded
+// together up front and stay in registers from the sum to the output; longer rows read the rest
+// twice. Inputs and outputs are __restrict__ (the binding refuses an output that shares storage
+// with an input), so loads are issued ahead of the stores before them.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS>
+__global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_kernel(const NormArgs a) {
+  using V = Vec4<T>;
+  constexpr bool kNN = MODE == kNormNormAdd;
+  constexpr bool kOther = HAS_R || MODE != kNormX;  // a second input row: r or b
+  constexpr int kR = 1 << LOG_R;
+  constexpr int kStride = 32 << LOG_NW;                        // vectors between a thread's slots
+  constexpr int kSlots = (SLOTS + kR - 1) / kR * kR;           // a multiple of R
+  const int k = LOG_R + LOG_NW + 5;
+  const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int base = torch_lane(h, warp, k, LOG_R, a.warp_down != 0);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < a.rows;
+  const int64_t rrow = active ? row : 0;
+  const int64_t nvec = a.n >> 2;
+  // slots s with base + s * kStride < nvec (inactive rows of the last block: none)
+  const int slots = (active && base < nvec) ? static_cast<int>((nvec - 1 - base) >> (LOG_NW + 5)) + 1 : 0;
+  const V* __restrict__ w1 = static_cast<const V*>(a.w1) + base;
+  const V* __restrict__ w2 = static_cast<const V*>(a.w2) + base;
+  const V* __restrict__ xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, rrow, a.sx)) + base;
+  const V* __restrict__ orow = reinterpret_cast<const V*>(
+      MODE == kNormAdd ? row_ptr<T>(a.b, rrow, a.sb) : row_ptr<T>(kOther ? a.r : a.x, rrow, a.sr)) + base;
+  V w1c[kSlots], w2c[kSlots], xc[kSlots], oc[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (s < slots) {
+      w1c[s] = w1[s * kStride];
+      if constexpr (kNN) w2c[s] = w2[s * kStride];
+      xc[s] = xr[s * kStride];
+      if constexpr (kOther) {
+        oc[s] = orow[s * kStride];
+      } else {
+        oc[s] = xc[s];  // unused by this form; keeps every value defined
+      }
+    }
+  }
+  float acc[kR][4] = {};
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (s < slots) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) add_square(acc[s % kR][i], first_value<T, MODE>(xc[s].v[i], oc[s].v[i]));
+    }
+  }
+  add_uncached<kR, kSlots, kStride>(acc, slots, [&](int64_t idx, float (&v)[4]) {
+    const V xv = xr[idx];
+    V ov = xv;
+    if constexpr (MODE == kNormAdd) ov = orow[idx];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = first_value<T, MODE>(xv.v[i], ov.v[i]);
+  });
+  __shared__ float part[2][kMaxRowsPerBlock][1 << LOG_NW];
+  float var1, var2 = 0.f;
+  const float rstd1 = inv_rms(lanes_total<LOG_R, LOG_NW>(acc, part[0][threadIdx.y], warp, h), a.factor, a.eps, &var1);
+  V* __restrict__ out = static_cast<V*>(a.out) + rrow * nvec + base;
+  if constexpr (kNN) {
+    V* __restrict__ out2 = static_cast<V*>(a.out2) + rrow * nvec + base;
+    float hc[kSlots][4];
+    float acc2[kR][4] = {};
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (s < slots) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          hc[s][i] = h_value<T>(xc[s].v[i], oc[s].v[i], w1c[s].v[i], rstd1);
+          add_square(acc2[s % kR][i], hc[s][i]);
+        }
+      }
+    }
+    add_uncached<kR, kSlots, kStride>(acc2, slots, [&](int64_t idx, float (&v)[4]) {
+      const V xv = xr[idx], rv = orow[idx], wv = w1[idx];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = h_value<T>(xv.v[i], rv.v[i], wv.v[i], rstd1);
+    });
+    const float rstd2 = inv_rms(lanes_total<LOG_R, LOG_NW>(acc2, part[1][threadIdx.y], warp, h), a.factor, a.eps, &var2);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (s < slots) {
+        V hv, yv;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          hv.v[i] = Traits<T>::from_float(hc[s][i]);
+          yv.v[i] = Traits<T>::from_float(scaled<T>(hc[s][i], Traits<T>::to_float(w2c[s].v[i]), rstd2));
+        }
+        out[s * kStride] = hv;
+        out2[s * kStride] = yv;
+      }
+    }
+#pragma unroll 4
+    for (int s = kSlots; s < slots; ++s) {
+      const int64_t idx = static_cast<int64_t>(s) * kStride;
+      const V xv = xr[idx], rv = orow[idx], wv = w1[idx], w2v = w2[idx];
+      V hv, yv;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float hh = h_value<T>(xv.v[i], rv.v[i], wv.v[i], rstd1);
+        hv.v[i] = Traits<T>::from_float(hh);
+        yv.v[i] = Traits<T>::from_float(scaled<T>(hh, Traits<T>::to_float(w2v.v[i]), rstd2));
+      }
+      out[idx] = hv;
+      out2[idx] = yv;
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (s < slots) {
+        V o;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xc[s].v[i], oc[s].v[i]), w1c[s].v[i], oc[s].v[i], rstd1);
+        }
+        out[s * kStride] = o;
+      }
+    }
+#pragma unroll 4
+    for (int s = kSlots; s < slots; ++s) {
+      const int64_t idx = static_cast<int64_t>(s) * kStride;
+      const V xv = xr[idx], wv = w1[idx];
+      V ov = xv, o;
+      if constexpr (kOther) ov = orow[idx];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xv.v[i], ov.v[i]), wv.v[i], ov.v[i], rstd1);
+      out[idx] = o;
+    }
+  }
+  if (active && threadIdx.x == 0) store_var<kNN>(a, row, var1, var2);
+}
+
+// Launch the vector kernel: layout (LOG_R, LOG_NW), SLOTS cached vectors per thread,
+// `rows_per_block` rows per block (at most kMaxRowsPerBlock, and 4 warps when NW < 4: the kernel's
+// launch bounds).
+template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = cached_slots<T, MODE, HAS_R>()>
+cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t stream) {
+  const int64_t grid = (a.rows + rows_per_block - 1) / rows_per_block;
+  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS><<<static_cast<unsigned>(grid), dim3(32 << LOG_NW, rows_per_block), 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace norm
+}  // namespace rltb
