@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent('''
     for nw, lanes, iters, tl_sum in plans:
         r = lanes // (32 * nw)
         consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r, "LOG_R": r.bit_length() - 1,
-                  "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": iters, "TL_SUM": tl_sum}
+                  "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": iters, "TL_SUM": tl_sum,
+                  "EARLY": True, "STREAM": nw == 1}
         full = {**nsig, **{c: "constexpr" for c in consts}}
         k = triton.compile(ASTSource(fn=nol._lowwarp_norm_norm_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": nw})
@@ -143,7 +144,7 @@ LOWWARP_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True}
+                  "TL_SUM": True, "EARLY": True, "STREAM": False}
         k = compile_lowwarp(consts, nw)
         assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
         sass = sass_of(k)
@@ -174,7 +175,8 @@ OUTPUT_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
     for has_r in (False, True):
         # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
         consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
-                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True}
+                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "EARLY": True,
+                  "STREAM": False}
         k = compile_lowwarp(consts, 1)
         assert "ld.local" not in k.asm["ptx"], "register spills"
         sass = sass_of(k)
