@@ -109,6 +109,21 @@ def test_lowwarp_equals_general_layout_all_forms(T: int, N: int, warps: int, dty
         assert_bitwise(got[k], want[k], k)
 
 
+@pytest.mark.parametrize("T,N,one_pass",
+                         [(16, 2048, False), (16, 2048, True), (3, 5280, False), (8, 1000, True)])
+def test_lowwarp_one_and_two_pass_forms_equal_general_layout(T: int, N: int, one_pass: bool,
+                                                              ran: list[str]) -> None:
+    """Both row forms of the lowwarp kernels (one pass below two_pass_min_rows rows, two passes
+    from it; the threshold forced here) give the general layout's bits in every form."""
+    x, r, b = (_adv((T, N), torch.bfloat16, seed) for seed in (71, 72, 73))
+    w1, w2 = _adv((1, N), torch.bfloat16, 74)[0], _adv((1, N), torch.bfloat16, 75)[0]
+    got = _all_forms(x, r, b, w1, w2, OneLaunchConfig(two_pass_min_rows=10**9 if one_pass else 1))
+    assert ran == ["_lowwarp_norm_kernel"] * 3 + ["_lowwarp_norm_norm_kernel"]
+    want = _all_forms(x, r, b, w1, w2, GENERAL)
+    for k in want:
+        assert_bitwise(got[k], want[k], k)
+
+
 def test_lowwarp_norm_norm_second_variance_is_in_torch_order(ran: list[str]) -> None:
     T, N = 2, 2048
     a, r = _adv((T, N), torch.float32, 61), _adv((T, N), torch.float32, 62)

@@ -31,11 +31,11 @@ SCRIPT = textwrap.dedent('''
             "var_ptr": "*fp32", "N": "i32", "sa": "i32", "sr": "i32", "eps": "fp32", "factor": "fp32"}
     # (warps, torch lanes, vectors per lane): width 2048 at 1, 8 and 32+ rows, 5280 at 4 rows
     plans = ((4, 512, 1, True), (2, 64, 8, False), (1, 32, 16, True), (4, 128, 16, True))
-    for nw, lanes, iters, tl_sum in plans:
+    for (nw, lanes, iters, tl_sum), one_pass in [(p, True) for p in plans] + [(plans[2], False)]:
         r = lanes // (32 * nw)
         consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r, "LOG_R": r.bit_length() - 1,
                   "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": iters, "TL_SUM": tl_sum,
-                  "EARLY": True, "STREAM": nw == 1}
+                  "ONE_PASS": one_pass, "OUT_CHUNK": 1024 * nw, "OUT_CHUNKS": 2}
         full = {**nsig, **{c: "constexpr" for c in consts}}
         k = triton.compile(ASTSource(fn=nol._lowwarp_norm_norm_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": nw})
@@ -144,7 +144,7 @@ LOWWARP_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True, "EARLY": True, "STREAM": False}
+                  "TL_SUM": True, "ONE_PASS": True, "OUT_CHUNK": 2048, "OUT_CHUNKS": 1}
         k = compile_lowwarp(consts, nw)
         assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
         sass = sass_of(k)
@@ -175,8 +175,8 @@ OUTPUT_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
     for has_r in (False, True):
         # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
         consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
-                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "EARLY": True,
-                  "STREAM": False}
+                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": True,
+                  "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
         k = compile_lowwarp(consts, 1)
         assert "ld.local" not in k.asm["ptx"], "register spills"
         sass = sass_of(k)
@@ -200,3 +200,25 @@ def test_lowwarp_reads_a_row_once_and_stores_after_every_load() -> None:
     H200, against 2.4 us for Liger's norm); here no load follows the first store, and nothing
     spills."""
     run_sm90_script(OUTPUT_PASS_SASS_SCRIPT, "OUTPUT_PASS_OK")
+
+
+TWO_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
+    for has_r in (False, True):
+        # the two-pass form (many rows) at torch's 32-lane plan: the sum, then two flat chunks
+        consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
+                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": False,
+                  "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
+        sass = sass_of(compile_lowwarp(consts, 1))
+        mem = re.findall(r"\b(LDG|STG)\.", sass)
+        store_then_load = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
+        print(has_r, store_then_load, mem.count("LDG"), mem.count("STG"))
+        assert store_then_load <= consts["OUT_CHUNKS"] - 1, (has_r, store_then_load)
+    print("TWO_PASS_OK")
+''')
+
+
+def test_lowwarp_two_pass_output_loads_a_chunk_before_storing_it() -> None:
+    """sm_90 SASS of the two-pass form (many rows): the output pass stores a flat chunk only after
+    loading all of it, at most one store-to-load turn per extra chunk (written per vector it made
+    16 dependent round trips per row)."""
+    run_sm90_script(TWO_PASS_SASS_SCRIPT, "TWO_PASS_OK")

@@ -47,30 +47,26 @@ class OneLaunchConfig:
     general layout 2.16x), so an untuned GPU runs it too; the start-up validation still decides
     per GPU, torch version, dtype and width, and falls back to the general layout.
 
-    lowwarp only: ``early_loads`` makes the sum wait for the weight (and residual) row, so their
-    loads are issued with the row's instead of after the reduction, where the compiler sinks them
-    (one more memory round trip per row: latency at decode sizes); ``stream_min_rows``: from this
-    many rows the rows are read evict-first and written with streaming stores (each is touched
-    once), as the approx norm does at prefill sizes.
+    lowwarp only: below ``two_pass_min_rows`` rows a row is read once and kept in registers (one
+    row's latency decides at decode sizes); from it a row is read twice, the sum and then the
+    output, with fewer live registers, so more rows are in flight (docs/onelaunch_norm.md has the
+    measurements).
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
     layout: str = "lowwarp"
     warps: int = 4
     tree: str = "tl_sum"
-    early_loads: bool = True
-    stream_min_rows: int = 1024
+    two_pass_min_rows: int = 1024
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         _require(_pow2(self.warps) and self.warps <= MAX_WARPS,
                  f"warps must be a power of two in 1..{MAX_WARPS}, got {self.warps!r}")
         _require(self.tree in TREES, f"tree must be one of {TREES}, got {self.tree!r}")
-        _require(isinstance(self.early_loads, bool),
-                 f"early_loads must be true or false, got {self.early_loads!r}")
-        _require(isinstance(self.stream_min_rows, int) and not isinstance(self.stream_min_rows, bool)
-                 and self.stream_min_rows >= 1,
-                 f"stream_min_rows must be an integer >= 1, got {self.stream_min_rows!r}")
+        _require(isinstance(self.two_pass_min_rows, int) and not isinstance(self.two_pass_min_rows, bool)
+                 and self.two_pass_min_rows >= 1,
+                 f"two_pass_min_rows must be an integer >= 1, got {self.two_pass_min_rows!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:

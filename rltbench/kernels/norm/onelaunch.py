@@ -76,6 +76,7 @@ from rltbench.kernels.rounding import (
 FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
+OUT_CHUNK_PER_WARP = 1024   # two-pass output: columns per warp per chunk (32 per thread)
 MAX_ITERS = 16    # lowwarp: the static unroll bound (width 2048 at every plan, 5280 down to 128 lanes)
 
 
@@ -309,32 +310,6 @@ def _tree(acc, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: t
 
 
 @triton.jit
-def _ld_row(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
-    """load_f32 of a row, evict-first with STREAM on the GPU (each row is read once)."""
-    if STREAM and not INTERPRET:
-        return tl.load(ptrs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    else:
-        return load_f32(ptrs, m, DT, INTERPRET)
-
-
-@triton.jit
-def _st_row(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
-    """store_f32 of a row, a streaming store (st.global.cs) with STREAM on the GPU."""
-    if STREAM and not INTERPRET:
-        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m, cache_modifier=".cs")
-    else:
-        store_f32(ptrs, y, m, DT, INTERPRET)
-
-
-@triton.jit
-def _waiting_for(m, v):
-    """m itself, computed from v: `m | (v != v)` is m wherever v was loaded under m (masked lanes
-    load 0), but the compiler cannot know that, so whatever uses it waits for v's load, which is
-    then issued up front with the row instead of sunk past the reduction to its first real use."""
-    return m | (v != v)
-
-
-@triton.jit
 def _row_tile(R: tl.constexpr, NW: tl.constexpr, IT: tl.constexpr):
     """The whole row as one flat [IT * lanes, 1] tile of vector indices plus the [1, 4] columns:
     tile row m = it * lanes + (_lanes' row), vector k = it * lanes + torch lane, so every lane
@@ -372,38 +347,61 @@ def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.con
 
 
 @triton.jit
+def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.constexpr,
+           INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+           LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
+    """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW, one vector
+    per lane at a time (the two-pass kernels: nothing of the row is kept)."""
+    lane, i = _lanes(R, NW)
+    acc = tl.zeros([R * NW * 32, 4], dtype=tl.float32)
+    for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
+        k = it * (R * 32 * NW) + lane
+        m = (k < nvec) & (i < 4)
+        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
+                     INTERPRET)
+    return _tree(acc, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+
+
+@triton.jit
 def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                          MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
                          LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
-                         EARLY: tl.constexpr, STREAM: tl.constexpr):
-    """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual), read once:
-    the whole row is one register tile in torch's lane layout (_row_tile, ITERS vectors per lane, a
-    power of two, masked past the row), summed in torch's order and written from the same
-    registers. Every load comes before the one store, so nothing waits on a store that might alias
-    it; EARLY issues the weight and residual loads with the row's (OneLaunchConfig)."""
+                         ONE_PASS: tl.constexpr, OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
+    """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual).
+
+    ONE_PASS: the row is read once, as one register tile in torch's lane layout (_row_tile,
+    ITERS vectors per lane, a power of two, masked past the row), summed in torch's order and
+    written from the same registers; every load comes before the one store. Otherwise (many rows,
+    where occupancy matters more than one row's latency) it is read twice: the sum, one vector per
+    lane at a time, then the output over flat chunks of OUT_CHUNK columns, each loaded whole before
+    any of it is stored (``out`` may alias an input as far as the compiler knows, so a load after
+    a store waits for it: per-vector epilogues serialised a row into ITERS round trips)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
-    k, i = _row_tile(R, NW, ITERS)
-    cols = k * 4 + i
-    m = (k < N // 4) & (i < 4)
-    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
-    v = _ld_row(x_row + cols, m, DT, INTERPRET, STREAM)
-    if MODE == 1:
-        b = _ld_row(b_ptr + row * sb + cols, m, DT, INTERPRET, STREAM)
-        v = round_to(add_rn(v, b, INTERPRET), DT, INTERPRET)
-    ms = m
-    if HAS_R:
-        r = _ld_row(r_ptr + row * sr + cols, m, DT, INTERPRET, STREAM)
-        if EARLY:
-            ms = _waiting_for(ms, r)
-    if EARLY:
-        ms = _waiting_for(ms, w)
-    var, rstd = _rstd_of(v, ms, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-    y = _scaled(v, w, rstd, DT, INTERPRET)
-    if HAS_R:
-        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
-    _st_row(out_ptr + row * N + cols, y, m, DT, INTERPRET, STREAM)
+    b_row = b_ptr + row * sb
+    r_row = r_ptr + row * sr
+    out_row = out_ptr + row * N
+    if ONE_PASS:
+        k, i = _row_tile(R, NW, ITERS)
+        cols = k * 4 + i
+        m = (k < N // 4) & (i < 4)
+        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+        if HAS_R:
+            r = load_f32(r_row + cols, m, DT, INTERPRET)
+        var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        y = _scaled(v, w, rstd, DT, INTERPRET)
+        if HAS_R:
+            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+        store_f32(out_row + cols, y, m, DT, INTERPRET)
+    else:
+        total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, N // 4, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
+                       ITERS, TL_SUM)
+        var, rstd = _rstd(total, factor, eps, INTERPRET)
+        for c in tl.static_range(OUT_CHUNKS):
+            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
+            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -412,27 +410,40 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
 def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
-                              ITERS: tl.constexpr, TL_SUM: tl.constexpr, EARLY: tl.constexpr,
-                              STREAM: tl.constexpr):
-    """h = r + rms_norm(a, w1); y = rms_norm(h, w2), the row read once as in _lowwarp_norm_kernel:
-    a, r and h stay in registers; w2 is loaded after the first sum (fewer live registers; it does
-    not depend on it, so the load still overlaps the first reduction)."""
+                              ITERS: tl.constexpr, TL_SUM: tl.constexpr, ONE_PASS: tl.constexpr,
+                              OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
+    """h = r + rms_norm(a, w1); y = rms_norm(h, w2), read once (ONE_PASS: a, r and h stay in
+    registers; w2 is loaded after the first sum, fewer live registers) or, for many rows, as in
+    _lowwarp_norm_kernel's two-pass form."""
     row = tl.program_id(0).to(tl.int64)
-    k, i = _row_tile(R, NW, ITERS)
-    cols = k * 4 + i
-    m = (k < N // 4) & (i < 4)
-    w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
-    a = _ld_row(a_ptr + row * sa + cols, m, DT, INTERPRET, STREAM)
-    r = _ld_row(r_ptr + row * sr + cols, m, DT, INTERPRET, STREAM)
-    ms = m
-    if EARLY:
-        ms = _waiting_for(_waiting_for(ms, w1), r)
-    var1, rstd1 = _rstd_of(a, ms, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
-    h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-    var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-    _st_row(h_ptr + row * N + cols, h, m, DT, INTERPRET, STREAM)
-    _st_row(y_ptr + row * N + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET, STREAM)
+    a_row = a_ptr + row * sa
+    r_row = r_ptr + row * sr
+    h_row = h_ptr + row * N
+    y_row = y_ptr + row * N
+    if ONE_PASS:
+        k, i = _row_tile(R, NW, ITERS)
+        cols = k * 4 + i
+        m = (k < N // 4) & (i < 4)
+        w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
+        a = load_f32(a_row + cols, m, DT, INTERPRET)
+        r = load_f32(r_row + cols, m, DT, INTERPRET)
+        var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
+        h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
+        var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        store_f32(h_row + cols, h, m, DT, INTERPRET)
+        store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
+    else:
+        t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, N // 4, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
+        var1, rstd1 = _rstd(t1, factor, eps, INTERPRET)
+        t2 = _sumsq(a_row, a_row, r_row, w1_ptr, rstd1, N // 4, 2, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
+                    TL_SUM)
+        var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
+        for c in tl.static_range(OUT_CHUNKS):
+            cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
+            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, cols < N, DT,
+                           INTERPRET)
     if STORE_VAR:
         tl.store(var_ptr + row * 2, var1)
         tl.store(var_ptr + row * 2 + 1, var2)
@@ -490,9 +501,10 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         r = plan.lanes // (32 * nw)
         consts |= {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
                    "ITERS": triton.next_power_of_2(triton.cdiv(W // 4, plan.lanes)),
-                   "TL_SUM": cfg.tree == "tl_sum" and not interp, "EARLY": cfg.early_loads,
-                   "STREAM": R >= cfg.stream_min_rows,
+                   "TL_SUM": cfg.tree == "tl_sum" and not interp, "ONE_PASS": R < cfg.two_pass_min_rows,
                    "num_warps": 1 if interp else nw}   # the interpreter runs the same layout
+        chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
+        consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk)}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
