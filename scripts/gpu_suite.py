@@ -144,12 +144,13 @@ STAGES: dict[str, tuple[int, list[str]]] = {
              "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
     ]).replace("TRACE", "$d/trace.jsonl")]),
     # Huginn-0125 sessions with the prefix cache off (torch, A/A torch#2) and on (torch+cache), ABBA over
-    # 3 repetitions: output tok/s and TTFT on/off with the A/A spread, prefix-hit rates, and every
-    # cache-off run replaying the cache-on schedule (hit prefixes recomputed) to the same tokens; at a
-    # 150 s deadline the third cache-on repetition did not finish on an H200 (results/gpu/huginn-cache)
+    # 2 repetitions: output tok/s and TTFT on/off with the A/A spread, prefix-hit rates; the cache-on
+    # schedule replayed untimed with the cache on and off under row-invariant prefill (the verdict on
+    # the cache, docs/scenarios.md) and by every cache-off arm as recorded (information); 3
+    # repetitions ran past a 250 s deadline on an H200 (commit dd971b0)
     "huginn-cache": (290, rlt("e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
                               "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
-                              "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 3 "
+                              "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 2 "
                               "--deadline 250",
                               "huginn-cache")),
     # Ouro-1.4B with its exit gate at 0.7 (random gates spread over all four loops there): tokens and
@@ -157,6 +158,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "exit-depths": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
                              "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90",
                              "exit-depths")),
+    # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
+    "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
+                                  "no:cacheprovider", "-rA", "--junitxml",
+                                  str(RESULTS / "row-invariant-tests" / "junit.xml"),
+                                  "tests/engine/test_row_invariant_gpu.py"]),
     "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                                 "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
                                 "tests/engine/test_prefix_cache_and_exits.py"]),

@@ -56,7 +56,7 @@ class FakeEngine:
         rec, self.recording = self.recording, None
         return rec
 
-    def replay(self, schedule, prompts, max_tokens, eager_ops=None):
+    def replay(self, schedule, prompts, max_tokens, eager_ops=None, row_invariant_tile=None):
         """Tokens of the current arm for the recorded number of steps of each request."""
         self.replays.append(self.arm)
         return {
