@@ -17,10 +17,10 @@
 namespace rltb {
 namespace {
 
-// The body's shape, measured on an H200 at 4096 x 5632 bf16 (cold, % of a copy of the same bytes,
-// the native benchmark lab): 256 threads with one 16-byte vector per thread and operand and
-// evict-first loads 97.0%; 512 x 1 95.2%; Liger's shape, 1024 x 1, 90.4%; 256 threads with two
-// vectors each a grid stride apart 94.0%, block-contiguous 90.8%; streaming stores did not help.
+// The body's shape: 256 threads with one 16-byte vector per thread and operand and evict-first
+// loads, the fastest of the block sizes, vectors per thread and cache hints compared on an H200
+// at 4096 x 5632 bf16 (1024 x 1, Liger's shape, was slower); 91.4% of the device copy in
+// results/gpu/kernels-rows (commit 9e3770e).
 constexpr int kThreads = 256;
 constexpr int kUnroll = 1;             // vectors per thread and operand
 constexpr bool kStreamLoads = true;    // gate and up are read once: ld.global.cs (evict first)
