@@ -171,54 +171,38 @@ def test_lowwarp_tl_sum_lowers_to_torch_tree_with_one_exchange() -> None:
     run_sm90_script(LOWWARP_SASS_SCRIPT, "SASS_OK")
 
 
-OUTPUT_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
-    for has_r in (False, True):
-        # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
-        consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
-                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": True,
-                  "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
-        k = compile_lowwarp(consts, 1)
-        assert "ld.local" not in k.asm["ptx"], "register spills"
-        sass = sass_of(k)
-        # the lane's 16 vectors in its registers: the fold is in-thread, the only shuffles are the
-        # five butterfly levels (a tile with its vectors on the lanes compiled to thousands)
-        assert len(re.findall(r"\bSHFL\.", sass)) == 5 and "STL" not in sass, has_r
-        mem = re.findall(r"\b(LDG|STG)\.", sass)
-        print(has_r, mem.count("LDG"), mem.count("STG"))
-        # x, w (and r): 16 vectors each, loaded once; then the 16 stores, none followed by a load
-        assert mem.count("LDG") == 16 * (3 if has_r else 2) and mem.count("STG") == 16, (has_r, mem)
-        assert "LDG" not in mem[mem.index("STG"):], (has_r, mem)
-    print("OUTPUT_PASS_OK")
+ROW_FORMS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
+    for one_pass in (True, False):
+        for has_r in (False, True):
+            # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
+            consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
+                      "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": one_pass,
+                      "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
+            k = compile_lowwarp(consts, 1)
+            assert "ld.local" not in k.asm["ptx"], "register spills"
+            sass = sass_of(k)
+            mem = re.findall(r"\b(LDG|STG)\.", sass)
+            turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
+            print(one_pass, has_r, turns, mem.count("LDG"), mem.count("STG"))
+            if one_pass:
+                # the lane's 16 vectors in its registers: the fold is in-thread, the only shuffles
+                # are the five butterfly levels (a tile with its vectors on the lanes: thousands)
+                assert len(re.findall(r"\bSHFL\.", sass)) == 5 and "STL" not in sass, has_r
+                # x, w (and r): 16 vectors each, loaded once; the 16 stores after every load
+                assert mem.count("LDG") == 16 * (3 if has_r else 2) and mem.count("STG") == 16, mem
+                assert turns == 0, (has_r, mem)
+            else:
+                assert turns <= consts["OUT_CHUNKS"] - 1, (has_r, turns)
+    print("ROW_FORMS_OK")
 ''')
 
 
-def test_lowwarp_reads_a_row_once_and_stores_after_every_load() -> None:
-    """sm_90 SASS of the lowwarp norm at torch's 32-lane plan (16 vectors per lane): the row is one
-    register tile, loaded once and written from the same registers. A load that follows a store
-    waits for it (the compiler cannot rule out that ``out`` aliases an input): an output pass that
-    re-read the row per vector made 16 dependent round trips per row (8.1 us for 128 rows on an
-    H200, against 2.4 us for Liger's norm); here no load follows the first store, and nothing
-    spills."""
-    run_sm90_script(OUTPUT_PASS_SASS_SCRIPT, "OUTPUT_PASS_OK")
-
-
-TWO_PASS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
-    for has_r in (False, True):
-        # the two-pass form (many rows) at torch's 32-lane plan: the sum, then two flat chunks
-        consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
-                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": False,
-                  "OUT_CHUNK": 1024, "OUT_CHUNKS": 2}
-        sass = sass_of(compile_lowwarp(consts, 1))
-        mem = re.findall(r"\b(LDG|STG)\.", sass)
-        store_then_load = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
-        print(has_r, store_then_load, mem.count("LDG"), mem.count("STG"))
-        assert store_then_load <= consts["OUT_CHUNKS"] - 1, (has_r, store_then_load)
-    print("TWO_PASS_OK")
-''')
-
-
-def test_lowwarp_two_pass_output_loads_a_chunk_before_storing_it() -> None:
-    """sm_90 SASS of the two-pass form (many rows): the output pass stores a flat chunk only after
-    loading all of it, at most one store-to-load turn per extra chunk (written per vector it made
-    16 dependent round trips per row)."""
-    run_sm90_script(TWO_PASS_SASS_SCRIPT, "TWO_PASS_OK")
+def test_lowwarp_row_forms_load_before_they_store() -> None:
+    """sm_90 SASS of the lowwarp norm at torch's 32-lane plan (16 vectors per lane). A load that
+    follows a store waits for it (the compiler cannot rule out that ``out`` aliases an input): an
+    output pass that re-read the row per vector made 16 dependent round trips per row (8.1 us for
+    128 rows on an H200, against 2.4 us for Liger's norm). The single pass (below
+    two_pass_min_rows rows) loads the row once into registers and stores after every load, with
+    nothing spilled; the two-pass form stores a flat chunk only after loading all of it, at most one
+    store-to-load turn per extra chunk."""
+    run_sm90_script(ROW_FORMS_SASS_SCRIPT, "ROW_FORMS_OK")
