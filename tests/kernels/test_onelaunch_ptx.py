@@ -193,6 +193,14 @@ ROW_FORMS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
                 assert turns == 0, (has_r, mem)
             else:
                 assert turns <= consts["OUT_CHUNKS"] - 1, (has_r, turns)
+    # Huginn's add form at width 5280 from 16 rows: 42 vectors per lane, two passes, six chunks
+    consts = {"MODE": 1, "HAS_R": False, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
+              "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 42, "TL_SUM": True, "ONE_PASS": False,
+              "OUT_CHUNK": 1024, "OUT_CHUNKS": 6}
+    k = compile_lowwarp(consts, 1)
+    mem = re.findall(r"\b(LDG|STG)\.", sass_of(k))
+    turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
+    assert "ld.local" not in k.asm["ptx"] and turns <= consts["OUT_CHUNKS"] - 1, turns
     print("ROW_FORMS_OK")
 ''')
 

@@ -26,7 +26,8 @@ Two layouts of the same adds (OneLaunchConfig.layout, config.py):
   bits on the lanes; on it Triton's own ``tl.sum`` over the (h, w) partials is that butterfly
   (``tree="tl_sum"``, GPU; the SASS test checks the shuffle sequence), else explicit size-2
   halvings (one add each, any layout). Rows must be 16-byte aligned (width % 4 == 0), 32..512 lanes
-  with torch's halving warp order, at most MAX_ITERS vectors per lane.
+  with torch's halving warp order, at most MAX_ITERS vectors per lane (MAX_ONE_PASS_ITERS for a row
+  kept in registers; longer rows take the two-pass form).
 * ``general``: lanes as one flat ``[TILE, 4]`` axis, the head and tail lanes, both warp orders, a
   sequential loop: every plan torch_order reproduces.
 
@@ -77,7 +78,8 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 OUT_CHUNK_PER_WARP = 1024   # two-pass output: columns per warp per chunk (32 per thread)
-MAX_ITERS = 16    # lowwarp: the static unroll bound (width 2048 at every plan, 5280 down to 128 lanes)
+MAX_ITERS = 64    # lowwarp: the two-pass unroll bound (width 5280 at 32 lanes: 42 vectors per lane)
+MAX_ONE_PASS_ITERS = 16   # lowwarp: the most vectors per lane a row held in registers takes
 
 
 
@@ -500,9 +502,13 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         nw = min(cfg.warps, plan.lanes // 32)
         r = plan.lanes // (32 * nw)
         consts |= {"R": r, "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1,
-                   "ITERS": triton.next_power_of_2(triton.cdiv(W // 4, plan.lanes)),
-                   "TL_SUM": cfg.tree == "tl_sum" and not interp, "ONE_PASS": R < cfg.two_pass_min_rows,
+                   "TL_SUM": cfg.tree == "tl_sum" and not interp,
                    "num_warps": 1 if interp else nw}   # the interpreter runs the same layout
+        iters = triton.cdiv(W // 4, plan.lanes)
+        one_pass = R < cfg.two_pass_min_rows and iters <= MAX_ONE_PASS_ITERS
+        # the single pass holds a power-of-two register tile (masked past the row); two passes
+        # unroll exactly the row's vectors
+        consts |= {"ONE_PASS": one_pass, "ITERS": triton.next_power_of_2(iters) if one_pass else iters}
         chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
         consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk)}
         return layout, (eps32, factor), consts
