@@ -58,6 +58,9 @@ def test_lowwarp_is_the_default_and_takes_the_aligned_plans() -> None:
     assert nol.layout_for(2048, 1, CPU, down, GENERAL) == "general"
     with pytest.raises(ValueError, match="power of two"):
         OneLaunchConfig(warps=3)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="two_pass_min_rows"):
+            OneLaunchConfig(two_pass_min_rows=bad)
     assert [c.name for c in OneLaunchConfig.search_space().values()][:2] == ["general", "lowwarp-flat-sum-w1"]
 
 
