@@ -454,12 +454,12 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
 # ----------------------------------------------------------------------------------------------
 # host side: the layout of a call, launches, public functions
 # ----------------------------------------------------------------------------------------------
-def lowwarp_supports(width: int, lanes: int, warp_down: bool) -> bool:
+def lowwarp_supports(width: int, lanes: int, warp_down: bool, max_iters: int = MAX_ITERS) -> bool:
     """Shapes the lowwarp layout takes: 16-byte aligned rows, 32..512 lanes (a power of two),
-    torch's halving warp order, a bounded unroll."""
+    torch's halving warp order, at most `max_iters` vectors per lane (the unroll bound)."""
     if width % 4 or lanes < 32 or lanes > MAX_LANES or lanes & (lanes - 1) or not warp_down:
         return False
-    return triton.cdiv(width // 4, lanes) <= MAX_ITERS
+    return triton.cdiv(width // 4, lanes) <= max_iters
 
 
 # keys whose validation refused the configured lowwarp layout: the general layout serves them
@@ -467,13 +467,15 @@ _LAYOUT_REFUSED: set[Key] = set()
 
 
 def layout_for(width: int, rows: int, device: torch.device, warp_order: str,
-               config: OneLaunchConfig | None = None, dtype: torch.dtype | None = None) -> str:
+               config: OneLaunchConfig | None = None, dtype: torch.dtype | None = None,
+               max_iters: int = MAX_ITERS) -> str:
     """Which layout serves `rows` x `width` ("lowwarp" or "general"): the config's (default: the
-    tuned one in force, minus the keys where validation refused it) where it takes the plan."""
+    tuned one in force, minus the keys where validation refused it) where it takes the plan with at
+    most `max_iters` vectors per lane."""
     cfg = config if config is not None else tuned.config(OneLaunchConfig)
     if cfg.layout != "lowwarp":
         return "general"
-    if not lowwarp_supports(width, plan_for(rows, width, device).lanes, warp_order == WARP_DOWN):
+    if not lowwarp_supports(width, plan_for(rows, width, device).lanes, warp_order == WARP_DOWN, max_iters):
         return "general"
     if config is None and dtype is not None and _LAYOUT_REFUSED and device.type == "cuda" \
             and validation_key(device, dtype, width) in _LAYOUT_REFUSED:
@@ -481,10 +483,10 @@ def layout_for(width: int, rows: int, device: torch.device, warp_order: str,
     return "lowwarp"
 
 
-def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaunchConfig | None
-            ) -> tuple[str, tuple[float | int, ...], dict[str, Any]]:
+def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaunchConfig | None,
+            max_iters: int = MAX_ITERS) -> tuple[str, tuple[float | int, ...], dict[str, Any]]:
     """(layout, the scalars after the strides: eps, factor [, lanes], constexprs + num_warps) of a
-    launch over x's rows."""
+    launch over x's rows; `max_iters` bounds the lowwarp layout's vectors per lane."""
     R, W = x.shape
     plan = plan_for(R, W, x.device)
     if plan.unsupported_reason is not None:
@@ -495,7 +497,7 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
     interp = interpret_mode()
     eps32 = float(np.float32(eps))         # torch rounds the python scalar to fp32 (RNE)
     factor = float(mean_factor(R, W))      # MeanOps factor, exact fp32
-    layout = layout_for(W, R, x.device, order, config, x.dtype)
+    layout = layout_for(W, R, x.device, order, config, x.dtype, max_iters)
     consts: dict[str, Any] = {"DT": dtype_code(x.dtype), "INTERPRET": interp}
     if layout == "lowwarp":
         cfg = config if config is not None else tuned.config(OneLaunchConfig)
@@ -550,7 +552,9 @@ def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.
     R, W = branch.shape
     if R == 0 or W == 0:
         return
-    layout, s, consts = _launch(branch, eps, warp_order, config)
+    # norm-add-norm (Ouro, width 2048) keeps the lowwarp layout to rows held in registers: its
+    # two-pass form at Huginn's 42 vectors per lane needs 245 registers and a long compile
+    layout, s, consts = _launch(branch, eps, warp_order, config, MAX_ONE_PASS_ITERS)
     kernel = _lowwarp_norm_norm_kernel if layout == "lowwarp" else _general_norm_norm_kernel
     kernel[(R,)](branch, residual, w1, w2, h_out, y_out, var_out if var_out is not None else h_out, W,
                  row_stride(branch), row_stride(residual), *s, STORE_VAR=var_out is not None, **consts)
