@@ -49,7 +49,6 @@ class TokenTile:
     tile rows whose token completes its request's prompt, in the step's order of finishing rows."""
 
     packed: np.ndarray
-    real: int
     finishing: tuple[int, ...]
 
 
@@ -96,4 +95,4 @@ def token_tiles(
         bt = np.zeros((tile_tokens, width), dtype=np.int64)
         bt[:m] = tables[t0:t1]
         finishing = sorted((last[t], t - t0) for t in range(t0, t1) if t in last)
-        yield TokenTile(np.concatenate([cols.reshape(-1), bt.reshape(-1)]), m, tuple(r for _, r in finishing))
+        yield TokenTile(np.concatenate([cols.reshape(-1), bt.reshape(-1)]), tuple(r for _, r in finishing))

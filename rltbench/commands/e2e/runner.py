@@ -165,6 +165,21 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     return status
 
 
+def _replay_reference(
+    plan: Plan, runs: BlockRuns
+) -> tuple[str, Any, dict[str, Request], list[dict[str, Any]], Callable[[int, int], int | None]]:
+    """The arm whose timed schedule this block's replays follow, its schedule, requests and records,
+    and step_of(request index, token index): the schedule step that produced a token."""
+    ref = plan.replay_ref or plan.ref
+    ref_sched, ref_reqs, ref_recs = runs[ref]
+    index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
+
+    def step_of(index: int, token_index: int) -> int | None:
+        return ref_sched.step_of_token(index_to_rid[index], token_index)
+
+    return ref, ref_sched, ref_reqs, ref_recs, step_of
+
+
 def _replay_block(
     plan: Plan,
     backend: Any,
@@ -177,15 +192,9 @@ def _replay_block(
     """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
     identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
     finish cleanly (a cut cell's schedule stops mid-request)."""
-    ref = plan.replay_ref or plan.ref
-    ref_sched, ref_reqs, ref_recs = runs[ref]
+    ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan, runs)
     clean = all(r.get("status") == "ok" for r in ref_recs)
     ref_sig = ref_sched.signature()
-    index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
-
-    def step_of(index: int, token_index: int) -> int | None:
-        return ref_sched.step_of_token(index_to_rid[index], token_index)
-
     for arm in plan.arms:
         if arm == ref:
             continue
@@ -224,18 +233,13 @@ def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay
     tokens against the cache-on ones. False (nothing run) when the reference cell did not finish
     cleanly, so a later block of the cell is used instead."""
     cell, rep = block
-    ref = plan.replay_ref or plan.ref
-    ref_sched, ref_reqs, ref_recs = runs[ref]
+    ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan, runs)
     if not all(r.get("status") == "ok" for r in ref_recs):
         return False
-    index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
-
-    def step_of(index: int, token_index: int) -> int | None:
-        return ref_sched.step_of_token(index_to_rid[index], token_index)
-
+    tile = plan.row_invariant_tile
     for on, off in plan.row_invariant_pairs:
         row: dict[str, Any] = {"cell": cell.name, "C": cell.C, "rep": rep, "ref": ref, "arm_on": on,
-                               "arm_off": off, "tile_tokens": plan.row_invariant_tile}
+                               "arm_off": off, "tile_tokens": tile}
         display.note(f"row-invariant replay: {on} and {off} on {ref}'s schedule ({cell.name} rep {rep}, "
                      "untimed)")
         t0 = time.perf_counter()
@@ -243,7 +247,6 @@ def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay
             got: dict[str, dict[int, list[int]]] = {}
             depths: dict[str, dict[int, list[int]]] = {}
             for arm in (on, off):
-                tile = plan.row_invariant_tile
                 got[arm] = backend.replay(arm, ref_sched, ref_reqs, row_invariant_tile=tile)
                 depths[arm] = dict(getattr(backend, "last_replay_depths", {}))
         except Exception as exc:  # a replay failure is reported, never taken for identity
