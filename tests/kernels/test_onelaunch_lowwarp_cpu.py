@@ -61,6 +61,8 @@ def test_lowwarp_is_the_default_and_takes_the_aligned_plans() -> None:
     for bad in (0, True, 2.5):
         with pytest.raises(ValueError, match="two_pass_min_rows"):
             OneLaunchConfig(two_pass_min_rows=bad)
+    with pytest.raises(ValueError, match="packed"):
+        OneLaunchConfig(packed=1)
     assert [c.name for c in OneLaunchConfig.search_space().values()][:2] == ["general", "lowwarp-flat-sum-w1"]
 
 

@@ -50,7 +50,9 @@ class OneLaunchConfig:
     lowwarp only: below ``two_pass_min_rows`` rows a row is read once and kept in registers (one
     row's latency decides at decode sizes); from it a row is read twice, the sum and then the
     output, with fewer live registers, so more rows are in flight (docs/onelaunch_norm.md has the
-    measurements).
+    measurements). ``packed`` (bf16/fp16 on the GPU): the epilogue's dtype multiply and residual
+    add as packed 16-bit instructions, two elements each, the same values with about a third fewer
+    instructions (at 128 rows of width 2048 one warp runs a row's 64 values per thread alone).
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -58,6 +60,7 @@ class OneLaunchConfig:
     warps: int = 4
     tree: str = "tl_sum"
     two_pass_min_rows: int = 1024
+    packed: bool = True
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -67,6 +70,7 @@ class OneLaunchConfig:
         _require(isinstance(self.two_pass_min_rows, int) and not isinstance(self.two_pass_min_rows, bool)
                  and self.two_pass_min_rows >= 1,
                  f"two_pass_min_rows must be an integer >= 1, got {self.two_pass_min_rows!r}")
+        _require(isinstance(self.packed, bool), f"packed must be true or false, got {self.packed!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:
@@ -77,7 +81,8 @@ class OneLaunchConfig:
         """The configuration's name in tuning results ("general", "lowwarp-flat-sum-w4", ...)."""
         if self.layout == "general":
             return "general"
-        return f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
+        return (f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
+                + ("" if self.packed else "-fp32epi"))
 
     @classmethod
     def search_space(cls) -> dict[str, OneLaunchConfig]:
@@ -86,6 +91,7 @@ class OneLaunchConfig:
         slower on the H200)."""
         space = [cls(layout="general")]
         space += [cls(warps=w, tree=t) for t in TREES for w in (1, 2, 4)]
+        space += [cls(packed=False)]   # the fp32 epilogue of the default layout
         return {c.name: c for c in space}
 
 

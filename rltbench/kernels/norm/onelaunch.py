@@ -64,10 +64,12 @@ from rltbench.kernels.norm.validate import (
 )
 from rltbench.kernels.rounding import (
     DTYPE_CODES,
+    add_packed_rn,
     add_rn,
     dtype_code,
     interpret_mode,
     load_f32,
+    mul_packed_rn,
     mul_rn,
     round_to,
     rsqrt_torch,
@@ -89,7 +91,7 @@ MAX_ONE_PASS_ITERS = 16   # lowwarp: the most vectors per lane a row held in reg
 @triton.jit
 def _vals(x_row, b_row, r_row, w1_ptr, rstd1, cols, mask, MODE: tl.constexpr, DT: tl.constexpr,
           INTERPRET: tl.constexpr):
-    """The normalised values (fp32, exactly dtype values) at `cols` of one row.
+    """The normalised values (fp32, exactly dtype values, 0 where masked) at `cols` of one row.
     MODE 0: x;  1: round(x + b) (Huginn add form);  2: h = round(r + round(w1 * round(x * rstd1)))
     (the first norm of norm-add-norm, whose output the second norm normalises)."""
     v = load_f32(x_row + cols, mask, DT, INTERPRET)
@@ -190,10 +192,11 @@ def _rstd(total, factor, eps, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _sq_of(v, m, INTERPRET: tl.constexpr):
-    """Squares of values already in registers; exactly 0 where masked (0 + s == s: with one
-    iteration a lane's accumulator is its square)."""
-    return tl.where(m, mul_rn(v, v, INTERPRET), 0.0)
+def _sq_of(v, INTERPRET: tl.constexpr):
+    """Squares of values already in registers. Masked elements were loaded as 0, so their square
+    is +0 and adding it changes no sum (a row whose normalised values are NaN sums to NaN either
+    way); no select is needed (0 + s == s: with one iteration a lane's accumulator is its square)."""
+    return mul_rn(v, v, INTERPRET)
 
 
 @triton.jit
@@ -340,10 +343,10 @@ def _fold(sq, L: tl.constexpr, IT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _rstd_of(v, m, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
+def _rstd_of(v, factor, eps, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
              LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr, INTERPRET: tl.constexpr):
-    """(variance, rstd) of a row held in registers as a _row_tile (masked lanes add 0)."""
-    lane_sums = _fold(_sq_of(v, m, INTERPRET), R * 32 * NW, ITERS, INTERPRET)
+    """(variance, rstd) of a row held in registers as a _row_tile (masked lanes hold 0)."""
+    lane_sums = _fold(_sq_of(v, INTERPRET), R * 32 * NW, ITERS, INTERPRET)
     total = _tree(lane_sums, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
     return _rstd(total, factor, eps, INTERPRET)
 
@@ -353,15 +356,63 @@ def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.
            INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
            LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr):
     """Sum of squares of one 16-byte aligned row in torch's order, lanes = R * 32 * NW, one vector
-    per lane at a time (the two-pass kernels: nothing of the row is kept)."""
+    per lane at a time (the two-pass kernels: nothing of the row is kept). Masked vectors load as
+    0 and add +0 (see _sq_of)."""
     lane, i = _lanes(R, NW)
     acc = tl.zeros([R * NW * 32, 4], dtype=tl.float32)
     for it in tl.static_range(ITERS):           # vector k = it * lanes + lane, element i -> acc i
         k = it * (R * 32 * NW) + lane
         m = (k < nvec) & (i < 4)
-        acc = add_rn(acc, _sq(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET),
-                     INTERPRET)
+        v = _vals(x_row, b_row, r_row, w1_ptr, rstd1, k * 4 + i, m, MODE, DT, INTERPRET)
+        acc = add_rn(acc, _sq_of(v, INTERPRET), INTERPRET)
     return _tree(acc, R, LOG_R, NW, LOG_NW, TL_SUM, INTERPRET)
+
+
+@triton.jit
+def _operand(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """A weight or residual operand of the epilogue: in its dtype for the packed epilogue, else
+    fp32 (0 where masked)."""
+    if PACKED:
+        return tl.load(ptrs, mask=m, other=0.0)
+    else:
+        return load_f32(ptrs, m, DT, INTERPRET)
+
+
+@triton.jit
+def _out_vals(v, w, r, rstd, HAS_R: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+              PACKED: tl.constexpr):
+    """One norm's output from fp32 values v: round(w * round(v * rstd)) (HAS_R: + r, rounded).
+    PACKED (GPU, 16-bit dtypes): w and r in the dtype, v * rstd rounded two at a time and the
+    multiply and add as packed 16-bit instructions (rounding.mul_packed_rn: the same values), a
+    dtype result; about half the instructions of the fp32 form, which matter once every SM holds
+    many rows. Else fp32 operands and an fp32 result holding dtype values."""
+    if PACKED:
+        y = mul_packed_rn(w, mul_rn(v, rstd, INTERPRET).to(w.dtype), DT)
+        if HAS_R:
+            y = add_packed_rn(r, y, DT)
+    else:
+        y = _scaled(v, w, rstd, DT, INTERPRET)
+        if HAS_R:
+            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+    return y
+
+
+@triton.jit
+def _store_out(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """Store an _out_vals result (already dtype values: the conversion is exact)."""
+    if PACKED:
+        tl.store(ptrs, y, mask=m)
+    else:
+        store_f32(ptrs, y, m, DT, INTERPRET)
+
+
+@triton.jit
+def _widened(y, PACKED: tl.constexpr):
+    """An _out_vals result as fp32 (exact), for a second sum over it."""
+    if PACKED:
+        return y.to(tl.float32)
+    else:
+        return y
 
 
 @triton.jit
@@ -369,16 +420,18 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
                          MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
                          LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
-                         ONE_PASS: tl.constexpr, OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
+                         ONE_PASS: tl.constexpr, OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr,
+                         PACKED: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual).
 
     ONE_PASS: the row is read once, as one register tile in torch's lane layout (_row_tile,
     ITERS vectors per lane, a power of two, masked past the row), summed in torch's order and
-    written from the same registers; every load comes before the one store. Otherwise (many rows,
-    where occupancy matters more than one row's latency) it is read twice: the sum, one vector per
-    lane at a time, then the output over flat chunks of OUT_CHUNK columns, each loaded whole before
-    any of it is stored (``out`` may alias an input as far as the compiler knows, so a load after
-    a store waits for it: per-vector epilogues serialised a row into ITERS round trips)."""
+    written from the same registers; every load comes before the one store. Otherwise it is read
+    twice: the sum, one vector per lane at a time, then the output over flat chunks of OUT_CHUNK
+    columns, each loaded whole before any of it is stored (``out`` may alias an input as far as the
+    compiler knows, so a load after a store waits for it: per-vector epilogues serialised a row
+    into ITERS round trips). Two passes serve many rows: fewer live registers, more rows in flight.
+    PACKED: _out_vals' packed epilogue."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
     b_row = b_ptr + row * sb
@@ -388,22 +441,28 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
         k, i = _row_tile(R, NW, ITERS)
         cols = k * 4 + i
         m = (k < N // 4) & (i < 4)
-        w = load_f32(w_ptr + cols, m, DT, INTERPRET)
+        w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
         v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+        r = w
         if HAS_R:
-            r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var, rstd = _rstd_of(v, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-        y = _scaled(v, w, rstd, DT, INTERPRET)
-        if HAS_R:
-            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
-        store_f32(out_row + cols, y, m, DT, INTERPRET)
+            r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+        var, rstd = _rstd_of(v, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        _store_out(out_row + cols, _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED), m, DT, INTERPRET,
+                   PACKED)
     else:
         total = _sumsq(x_row, b_row, x_row, w_ptr, 1.0, N // 4, MODE, DT, INTERPRET, R, LOG_R, NW, LOG_NW,
                        ITERS, TL_SUM)
         var, rstd = _rstd(total, factor, eps, INTERPRET)
         for c in tl.static_range(OUT_CHUNKS):
             cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET)
+            m = cols < N
+            w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
+            v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+            r = w
+            if HAS_R:
+                r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+            _store_out(out_row + cols, _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED), m, DT,
+                       INTERPRET, PACKED)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -413,10 +472,10 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
                               ITERS: tl.constexpr, TL_SUM: tl.constexpr, ONE_PASS: tl.constexpr,
-                              OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr):
+                              OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr, PACKED: tl.constexpr):
     """h = r + rms_norm(a, w1); y = rms_norm(h, w2), read once (ONE_PASS: a, r and h stay in
-    registers; w2 is loaded after the first sum, fewer live registers) or, for many rows, as in
-    _lowwarp_norm_kernel's two-pass form."""
+    registers; w2 is loaded after the first sum, fewer live registers) or as in
+    _lowwarp_norm_kernel's two-pass form (the second sum recomputes h)."""
     row = tl.program_id(0).to(tl.int64)
     a_row = a_ptr + row * sa
     r_row = r_ptr + row * sr
@@ -426,15 +485,17 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
         k, i = _row_tile(R, NW, ITERS)
         cols = k * 4 + i
         m = (k < N // 4) & (i < 4)
-        w1 = load_f32(w1_ptr + cols, m, DT, INTERPRET)
+        w1 = _operand(w1_ptr + cols, m, DT, INTERPRET, PACKED)
         a = load_f32(a_row + cols, m, DT, INTERPRET)
-        r = load_f32(r_row + cols, m, DT, INTERPRET)
-        var1, rstd1 = _rstd_of(a, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-        w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)
-        h = round_to(add_rn(r, _scaled(a, w1, rstd1, DT, INTERPRET), INTERPRET), DT, INTERPRET)
-        var2, rstd2 = _rstd_of(h, m, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
-        store_f32(h_row + cols, h, m, DT, INTERPRET)
-        store_f32(y_row + cols, _scaled(h, w2, rstd2, DT, INTERPRET), m, DT, INTERPRET)
+        r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+        var1, rstd1 = _rstd_of(a, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        w2 = _operand(w2_ptr + cols, m, DT, INTERPRET, PACKED)
+        h = _out_vals(a, w1, r, rstd1, True, DT, INTERPRET, PACKED)
+        hf = _widened(h, PACKED)
+        var2, rstd2 = _rstd_of(hf, factor, eps, R, LOG_R, NW, LOG_NW, ITERS, TL_SUM, INTERPRET)
+        _store_out(h_row + cols, h, m, DT, INTERPRET, PACKED)
+        _store_out(y_row + cols, _out_vals(hf, w2, w2, rstd2, False, DT, INTERPRET, PACKED), m, DT, INTERPRET,
+                   PACKED)
     else:
         t1 = _sumsq(a_row, a_row, r_row, w1_ptr, 1.0, N // 4, 0, DT, INTERPRET, R, LOG_R, NW, LOG_NW, ITERS,
                     TL_SUM)
@@ -444,8 +505,15 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
         var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
         for c in tl.static_range(OUT_CHUNKS):
             cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, cols < N, DT,
-                           INTERPRET)
+            m = cols < N
+            w1 = _operand(w1_ptr + cols, m, DT, INTERPRET, PACKED)
+            w2 = _operand(w2_ptr + cols, m, DT, INTERPRET, PACKED)
+            a = load_f32(a_row + cols, m, DT, INTERPRET)
+            r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+            h = _out_vals(a, w1, r, rstd1, True, DT, INTERPRET, PACKED)     # every load before a store
+            _store_out(h_row + cols, h, m, DT, INTERPRET, PACKED)
+            y = _out_vals(_widened(h, PACKED), w2, w2, rstd2, False, DT, INTERPRET, PACKED)
+            _store_out(y_row + cols, y, m, DT, INTERPRET, PACKED)
     if STORE_VAR:
         tl.store(var_ptr + row * 2, var1)
         tl.store(var_ptr + row * 2 + 1, var2)
@@ -512,7 +580,9 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         # unroll exactly the row's vectors
         consts |= {"ONE_PASS": one_pass, "ITERS": triton.next_power_of_2(iters) if one_pass else iters}
         chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
-        consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk)}
+        # the packed epilogue is inline PTX: GPU only, 16-bit dtypes
+        consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk),
+                   "PACKED": cfg.packed and not interp and x.dtype != torch.float32}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
