@@ -17,13 +17,13 @@
 namespace rltb {
 namespace {
 
-// The body's shape: 256 threads with one 16-byte vector per thread and operand and evict-first
-// loads, the fastest of the block sizes, vectors per thread and cache hints compared on an H200
-// at 4096 x 5632 bf16 (1024 x 1, Liger's shape, was slower); 91.4% of the device copy in
-// results/gpu/kernels-rows (commit 9e3770e).
+// The body's shape: 256 threads with one 16-byte vector per thread and operand and plain cached
+// loads, the fastest of 128 / 256 / 512 / 1024 threads x 1 / 2 / 4 vectors and of evict-first
+// (ld.global.cs) loads and stores compared on an H200 at 4096 x 5632 bf16; evict-first loads,
+// the previous choice, were slower (docs/native.md; results/gpu/kernels-rows has this shape).
 constexpr int kThreads = 256;
 constexpr int kUnroll = 1;             // vectors per thread and operand
-constexpr bool kStreamLoads = true;    // gate and up are read once: ld.global.cs (evict first)
+constexpr bool kStreamLoads = false;   // ld.global.cs (evict first) measured slower
 constexpr bool kStreamStores = false;  // the output is read by the next matmul: plain stores
 
 // torch's silu in fp32 (ActivationSiluKernel.cu: x / (1 + exp(-x)) in opmath).
