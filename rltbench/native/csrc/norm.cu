@@ -143,8 +143,10 @@ cudaError_t launch_vec_lanes(const NormArgs& a, cudaStream_t stream) {
   if constexpr (kLogNW == kMaxLogWarps) {
     // a row that fits 4 vectors per thread (width 2048 at 128..512 lanes: 1 to 4 rows) gets a
     // kernel with exactly 4 slots: the 16-slot one carries 12 dead guarded slots through the
-    // epilogue and was slower at T=1 on an H200 (4 slots: 1.87 us L2-hot, results/gpu/kernels-rows)
+    // epilogue and was slower at T=1 on an H200; a row of exactly 4 per thread (2048 at 512
+    // lanes) the straight-line one
     const int64_t per_thread = ((a.n >> 2) + (32 << kLogNW) - 1) / (32 << kLogNW);
+    if ((a.n >> 2) == 4 * (32 << kLogNW)) return launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true>(a, rpb, stream);
     if (per_thread <= 4) return launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4>(a, rpb, stream);
   }
   return launch_vec<T, MODE, HAS_R, kLogR, kLogNW>(a, rpb, stream);

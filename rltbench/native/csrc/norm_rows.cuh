@@ -91,6 +91,51 @@ __device__ __forceinline__ T single_out(float v, T w, T r, float rstd) {
   return Traits<T>::from_float(y);
 }
 
+// A cached slot's vector, loaded with ld.global.ca. As read-only loads (ld.global.nc), ptxas moved
+// a row-sized kernel's weight loads past the row's reduction (sm_90 SASS: one more memory round
+// trip per row); .ca loads stay where the source issues them, ahead of the sum.
+template <typename T>
+__device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
+  Vec4<T> v;
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(&v) = __ldca(reinterpret_cast<const float4*>(p));
+  } else {
+    *reinterpret_cast<uint2*>(&v) = __ldca(reinterpret_cast<const uint2*>(p));
+  }
+  return v;
+}
+
+__device__ __forceinline__ __nv_bfloat162 pack_rn(float a, float b, __nv_bfloat16) { return __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ __half2 pack_rn(float a, float b, __half) { return __floats2half2_rn(a, b); }
+
+// One vector's output of the single-norm forms (x, its other row o: branch or residual, weights
+// w). 16-bit types: v * rstd rounded two at a time, then w * that (+ r) as packed multiplies and
+// adds, each the exact result rounded once, which is torch's fp32 op rounded to the dtype (the
+// product of two 16-bit values is exact in fp32; for the add fp32 has >= 2p + 2 bits, so rounding
+// twice gives the same value): half the epilogue's instructions.
+template <typename T, int MODE, bool HAS_R>
+__device__ __forceinline__ Vec4<T> single_out_vec(const Vec4<T>& x, const Vec4<T>& o, const Vec4<T>& w, float rstd) {
+  Vec4<T> y;
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(x.v[i], o.v[i]), w.v[i], o.v[i], rstd);
+  } else {
+    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+    const T2* w2 = reinterpret_cast<const T2*>(&w);
+    const T2* r2 = reinterpret_cast<const T2*>(&o);
+    T2* y2 = reinterpret_cast<T2*>(&y);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float v0 = first_value<T, MODE>(x.v[2 * j], o.v[2 * j]);
+      const float v1 = first_value<T, MODE>(x.v[2 * j + 1], o.v[2 * j + 1]);
+      T2 yy = __hmul2_rn(w2[j], pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd), T{}));
+      if constexpr (HAS_R) yy = __hadd2_rn(r2[j], yy);
+      y2[j] = yy;
+    }
+  }
+  return y;
+}
+
 // The variance(s) the row used, when asked for (validation compares them with torch's mean).
 template <bool NN>
 __device__ __forceinline__ void store_var(const NormArgs& a, int64_t row, float var1, float var2) {
@@ -183,9 +228,11 @@ __device__ __forceinline__ void add_uncached(float (&acc)[R][4], int slots, F&& 
 // a grid that covers the rows once. A thread's first kSlots vectors (and their weights) are loaded
 // together up front and stay in registers from the sum to the output; longer rows read the rest
 // twice. Inputs and outputs are __restrict__ (the binding refuses an output that shares storage
-// with an input), so loads are issued ahead of the stores before them.
+// with an input), so loads are issued ahead of the stores before them. FULL: every thread of the
+// row has exactly SLOTS vectors (n = 4 * SLOTS * 32 NW * R / R: width 2048 at 512 lanes), so the
+// kernel is straight-line, without a guard per slot.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS>
+template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS, bool FULL = false>
 __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_kernel(const NormArgs a) {
   using V = Vec4<T>;
   constexpr bool kNN = MODE == kNormNormAdd;
@@ -201,7 +248,8 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
   const int64_t rrow = active ? row : 0;
   const int64_t nvec = a.n >> 2;
   // slots s with base + s * kStride < nvec (inactive rows of the last block: none)
-  const int slots = (active && base < nvec) ? static_cast<int>((nvec - 1 - base) >> (LOG_NW + 5)) + 1 : 0;
+  const int slots = FULL ? kSlots
+                   : (active && base < nvec) ? static_cast<int>((nvec - 1 - base) >> (LOG_NW + 5)) + 1 : 0;
   const V* __restrict__ w1 = static_cast<const V*>(a.w1) + base;
   const V* __restrict__ w2 = static_cast<const V*>(a.w2) + base;
   const V* __restrict__ xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, rrow, a.sx)) + base;
@@ -211,11 +259,11 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (s < slots) {
-      w1c[s] = w1[s * kStride];
-      if constexpr (kNN) w2c[s] = w2[s * kStride];
-      xc[s] = xr[s * kStride];
+      w1c[s] = load_cached(w1 + s * kStride);
+      if constexpr (kNN) w2c[s] = load_cached(w2 + s * kStride);
+      xc[s] = load_cached(xr + s * kStride);
       if constexpr (kOther) {
-        oc[s] = orow[s * kStride];
+        oc[s] = load_cached(orow + s * kStride);
       } else {
         oc[s] = xc[s];  // unused by this form; keeps every value defined
       }
@@ -290,24 +338,15 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
   } else {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (s < slots) {
-        V o;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xc[s].v[i], oc[s].v[i]), w1c[s].v[i], oc[s].v[i], rstd1);
-        }
-        out[s * kStride] = o;
-      }
+      if (s < slots) out[s * kStride] = single_out_vec<T, MODE, HAS_R>(xc[s], oc[s], w1c[s], rstd1);
     }
 #pragma unroll 4
     for (int s = kSlots; s < slots; ++s) {
       const int64_t idx = static_cast<int64_t>(s) * kStride;
       const V xv = xr[idx], wv = w1[idx];
-      V ov = xv, o;
+      V ov = xv;
       if constexpr (kOther) ov = orow[idx];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(xv.v[i], ov.v[i]), wv.v[i], ov.v[i], rstd1);
-      out[idx] = o;
+      out[idx] = single_out_vec<T, MODE, HAS_R>(xv, ov, wv, rstd1);
     }
   }
   if (active && threadIdx.x == 0) store_var<kNN>(a, row, var1, var2);
@@ -316,10 +355,12 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 // Launch the vector kernel: layout (LOG_R, LOG_NW), SLOTS cached vectors per thread,
 // `rows_per_block` rows per block (at most kMaxRowsPerBlock, and 4 warps when NW < 4: the kernel's
 // launch bounds).
-template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = cached_slots<T, MODE, HAS_R>()>
+template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = cached_slots<T, MODE, HAS_R>(),
+          bool FULL = false>
 cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t stream) {
   const int64_t grid = (a.rows + rows_per_block - 1) / rows_per_block;
-  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS><<<static_cast<unsigned>(grid), dim3(32 << LOG_NW, rows_per_block), 0, stream>>>(a);
+  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL>
+      <<<static_cast<unsigned>(grid), dim3(32 << LOG_NW, rows_per_block), 0, stream>>>(a);
   return cudaGetLastError();
 }
 
