@@ -146,7 +146,10 @@ cudaError_t launch_vec_lanes(const NormArgs& a, cudaStream_t stream) {
     // epilogue and was slower at T=1 on an H200; a row of exactly 4 per thread (2048 at 512
     // lanes) the straight-line one
     const int64_t per_thread = ((a.n >> 2) + (32 << kLogNW) - 1) / (32 << kLogNW);
-    if ((a.n >> 2) == 4 * (32 << kLogNW)) return launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true>(a, rpb, stream);
+    if ((a.n >> 2) == 4 * (32 << kLogNW)) {
+      return a.warp_down ? launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 1>(a, rpb, stream)
+                         : launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 0>(a, rpb, stream);
+    }
     if (per_thread <= 4) return launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4>(a, rpb, stream);
   }
   return launch_vec<T, MODE, HAS_R, kLogR, kLogNW>(a, rpb, stream);

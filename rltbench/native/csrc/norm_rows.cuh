@@ -230,9 +230,12 @@ __device__ __forceinline__ void add_uncached(float (&acc)[R][4], int slots, F&& 
 // twice. Inputs and outputs are __restrict__ (the binding refuses an output that shares storage
 // with an input), so loads are issued ahead of the stores before them. FULL: every thread of the
 // row has exactly SLOTS vectors (n = 4 * SLOTS * 32 NW * R / R: width 2048 at 512 lanes), so the
-// kernel is straight-line, without a guard per slot.
+// kernel is straight-line, without a guard per slot. WARP_DOWN: torch's warp order as a constant
+// (0 up, 1 down: the thread's torch lane is then one shift and add ahead of its first load); -1
+// reads it from the arguments.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS, bool FULL = false>
+template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS, bool FULL = false,
+          int WARP_DOWN = -1>
 __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_kernel(const NormArgs a) {
   using V = Vec4<T>;
   constexpr bool kNN = MODE == kNormNormAdd;
@@ -242,7 +245,9 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
   constexpr int kSlots = (SLOTS + kR - 1) / kR * kR;           // a multiple of R
   const int k = LOG_R + LOG_NW + 5;
   const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int base = torch_lane(h, warp, k, LOG_R, a.warp_down != 0);
+  // torch >= 2.10's order: slot 0 of (h, w) is lane h * NW + w (torch_lane computes it bit by bit)
+  const int base = WARP_DOWN == 1 ? (h << LOG_NW) + warp
+                                  : torch_lane(h, warp, k, LOG_R, WARP_DOWN < 0 ? a.warp_down != 0 : false);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < a.rows;
   const int64_t rrow = active ? row : 0;
@@ -356,10 +361,10 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 // `rows_per_block` rows per block (at most kMaxRowsPerBlock, and 4 warps when NW < 4: the kernel's
 // launch bounds).
 template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = cached_slots<T, MODE, HAS_R>(),
-          bool FULL = false>
+          bool FULL = false, int WARP_DOWN = -1>
 cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t stream) {
   const int64_t grid = (a.rows + rows_per_block - 1) / rows_per_block;
-  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL>
+  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN>
       <<<static_cast<unsigned>(grid), dim3(32 << LOG_NW, rows_per_block), 0, stream>>>(a);
   return cudaGetLastError();
 }
