@@ -186,29 +186,17 @@ def load_f32(ptrs, mask, DT: tl.constexpr, INTERPRET: tl.constexpr):
 # 16-bit arithmetic two elements per instruction (GPU only)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def mul_packed_rn(a, b, DT: tl.constexpr):
-    """a * b of two DT tensors (1 bf16, 2 fp16) as DT, one packed multiply per pair: the exact
-    product rounded once to DT, which is torch's DT multiply (the fp32 product of two 16-bit values
-    is exact, then rounded to DT). mul.rn.bf16x2 needs sm_90."""
+def packed_rn(a, b, OP: tl.constexpr, DT: tl.constexpr):
+    """a OP b ("mul" or "add") of two DT tensors (1 bf16, 2 fp16) as DT, one packed instruction per
+    pair (the bf16x2 forms need sm_90): the exact result rounded once to DT. That is torch's DT op:
+    the fp32 product of two 16-bit values is exact; a sum torch rounds to fp32 first, then to DT,
+    and fp32 has at least 2p + 2 bits of a p-bit format (p = 8 bf16, 11 fp16), so that double
+    rounding gives the same value."""
     if DT == 1:
-        return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.bfloat16,
+        return tl.inline_asm_elementwise(OP + ".rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.bfloat16,
                                          is_pure=True, pack=2)
     else:
-        return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float16,
-                                         is_pure=True, pack=2)
-
-
-@triton.jit
-def add_packed_rn(a, b, DT: tl.constexpr):
-    """a + b of two DT tensors as DT, one packed add per pair: the exact sum rounded once to DT.
-    torch rounds the sum to fp32 first, then to DT; fp32 has at least 2p + 2 bits of a p-bit
-    format (p = 8 bf16, 11 fp16), so that double rounding gives the same value. add.rn.bf16x2
-    needs sm_90."""
-    if DT == 1:
-        return tl.inline_asm_elementwise("add.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.bfloat16,
-                                         is_pure=True, pack=2)
-    else:
-        return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float16,
+        return tl.inline_asm_elementwise(OP + ".rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float16,
                                          is_pure=True, pack=2)
 
 

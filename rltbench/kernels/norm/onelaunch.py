@@ -64,13 +64,12 @@ from rltbench.kernels.norm.validate import (
 )
 from rltbench.kernels.rounding import (
     DTYPE_CODES,
-    add_packed_rn,
     add_rn,
     dtype_code,
     interpret_mode,
     load_f32,
-    mul_packed_rn,
     mul_rn,
+    packed_rn,
     round_to,
     rsqrt_torch,
     store_f32,
@@ -206,29 +205,77 @@ def _scaled(v, w, rstd, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _operand(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """A weight or residual operand of the epilogue: in its dtype for the packed epilogue, else
+    fp32 (0 where masked)."""
+    if PACKED:
+        return tl.load(ptrs, mask=m, other=0.0)
+    else:
+        return load_f32(ptrs, m, DT, INTERPRET)
+
+
+@triton.jit
+def _out_vals(v, w, r, rstd, HAS_R: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+              PACKED: tl.constexpr):
+    """One norm's output from fp32 values v: round(w * round(v * rstd)) (HAS_R: + r, rounded).
+    PACKED (GPU, 16-bit dtypes): w and r in the dtype, v * rstd rounded two at a time and the
+    multiply and add as packed 16-bit instructions (rounding.packed_rn: the same values), a
+    dtype result; about half the instructions of the fp32 form, which matter once every SM holds
+    many rows. Else fp32 operands and an fp32 result holding dtype values."""
+    if PACKED:
+        y = packed_rn(w, mul_rn(v, rstd, INTERPRET).to(w.dtype), "mul", DT)
+        if HAS_R:
+            y = packed_rn(r, y, "add", DT)
+    else:
+        y = _scaled(v, w, rstd, DT, INTERPRET)
+        if HAS_R:
+            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
+    return y
+
+
+@triton.jit
+def _store_out(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """Store an _out_vals result (already dtype values: the conversion is exact)."""
+    if PACKED:
+        tl.store(ptrs, y, mask=m)
+    else:
+        store_f32(ptrs, y, m, DT, INTERPRET)
+
+
+@triton.jit
+def _widened(y, PACKED: tl.constexpr):
+    """An _out_vals result as fp32 (exact), for a second sum over it."""
+    if PACKED:
+        return y.to(tl.float32)
+    else:
+        return y
+
+
+@triton.jit
 def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
-              DT: tl.constexpr, INTERPRET: tl.constexpr):
+              DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
     """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored."""
+    w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
     v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
-    hn = round_to(mul_rn(v, rstd, INTERPRET), DT, INTERPRET)         # (h * rstd).to(dtype)
-    w = load_f32(w_ptr + cols, m, DT, INTERPRET)
-    y = round_to(mul_rn(w, hn, INTERPRET), DT, INTERPRET)            # w * h (== h * w)
+    r = w
     if HAS_R:
-        r = load_f32(r_row + cols, m, DT, INTERPRET)
-        y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)         # residual + y
-    store_f32(out_row + cols, y, m, DT, INTERPRET)
+        r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+    y = _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED)
+    _store_out(out_row + cols, y, m, DT, INTERPRET, PACKED)
 
 
 @triton.jit
 def _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, m, DT: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   INTERPRET: tl.constexpr, PACKED: tl.constexpr):
     """Epilogue of norm-add-norm at `cols`: h (recomputed, stored) and round(w2 * round(h * rstd2))."""
-    h = _vals(a_row, a_row, r_row, w1_ptr, rstd1, cols, m, 2, DT, INTERPRET)
-    w2 = load_f32(w2_ptr + cols, m, DT, INTERPRET)       # every load before the first store
-    hn = round_to(mul_rn(h, rstd2, INTERPRET), DT, INTERPRET)
-    y = round_to(mul_rn(w2, hn, INTERPRET), DT, INTERPRET)
-    store_f32(h_row + cols, h, m, DT, INTERPRET)
-    store_f32(y_row + cols, y, m, DT, INTERPRET)
+    w1 = _operand(w1_ptr + cols, m, DT, INTERPRET, PACKED)
+    w2 = _operand(w2_ptr + cols, m, DT, INTERPRET, PACKED)
+    a = load_f32(a_row + cols, m, DT, INTERPRET)
+    r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
+    h = _out_vals(a, w1, r, rstd1, True, DT, INTERPRET, PACKED)     # every load before a store
+    _store_out(h_row + cols, h, m, DT, INTERPRET, PACKED)
+    y = _out_vals(_widened(h, PACKED), w2, w2, rstd2, False, DT, INTERPRET, PACKED)
+    _store_out(y_row + cols, y, m, DT, INTERPRET, PACKED)
 
 
 @triton.jit(do_not_specialize=["N", "sx", "sb", "sr", "lanes"])
@@ -248,7 +295,7 @@ def _general_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
     for c0 in range(0, N, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, cols < N, MODE, HAS_R,
-                  DT, INTERPRET)
+                  DT, INTERPRET, False)
 
 
 @triton.jit(do_not_specialize=["N", "sa", "sr", "lanes"])
@@ -270,7 +317,7 @@ def _general_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
     for c0 in range(0, N, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_ptr + row * N, y_ptr + row * N, rstd1, rstd2, cols,
-                       cols < N, DT, INTERPRET)
+                       cols < N, DT, INTERPRET, False)
 
 
 
@@ -369,53 +416,6 @@ def _sumsq(x_row, b_row, r_row, w1_ptr, rstd1, nvec, MODE: tl.constexpr, DT: tl.
 
 
 @triton.jit
-def _operand(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
-    """A weight or residual operand of the epilogue: in its dtype for the packed epilogue, else
-    fp32 (0 where masked)."""
-    if PACKED:
-        return tl.load(ptrs, mask=m, other=0.0)
-    else:
-        return load_f32(ptrs, m, DT, INTERPRET)
-
-
-@triton.jit
-def _out_vals(v, w, r, rstd, HAS_R: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
-              PACKED: tl.constexpr):
-    """One norm's output from fp32 values v: round(w * round(v * rstd)) (HAS_R: + r, rounded).
-    PACKED (GPU, 16-bit dtypes): w and r in the dtype, v * rstd rounded two at a time and the
-    multiply and add as packed 16-bit instructions (rounding.mul_packed_rn: the same values), a
-    dtype result; about half the instructions of the fp32 form, which matter once every SM holds
-    many rows. Else fp32 operands and an fp32 result holding dtype values."""
-    if PACKED:
-        y = mul_packed_rn(w, mul_rn(v, rstd, INTERPRET).to(w.dtype), DT)
-        if HAS_R:
-            y = add_packed_rn(r, y, DT)
-    else:
-        y = _scaled(v, w, rstd, DT, INTERPRET)
-        if HAS_R:
-            y = round_to(add_rn(r, y, INTERPRET), DT, INTERPRET)
-    return y
-
-
-@triton.jit
-def _store_out(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
-    """Store an _out_vals result (already dtype values: the conversion is exact)."""
-    if PACKED:
-        tl.store(ptrs, y, mask=m)
-    else:
-        store_f32(ptrs, y, m, DT, INTERPRET)
-
-
-@triton.jit
-def _widened(y, PACKED: tl.constexpr):
-    """An _out_vals result as fp32 (exact), for a second sum over it."""
-    if PACKED:
-        return y.to(tl.float32)
-    else:
-        return y
-
-
-@triton.jit
 def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, sr, eps, factor,
                          MODE: tl.constexpr, HAS_R: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
@@ -455,14 +455,8 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
         var, rstd = _rstd(total, factor, eps, INTERPRET)
         for c in tl.static_range(OUT_CHUNKS):
             cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            m = cols < N
-            w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
-            v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
-            r = w
-            if HAS_R:
-                r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
-            _store_out(out_row + cols, _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED), m, DT,
-                       INTERPRET, PACKED)
+            _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET,
+                      PACKED)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -505,15 +499,8 @@ def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_pt
         var2, rstd2 = _rstd(t2, factor, eps, INTERPRET)
         for c in tl.static_range(OUT_CHUNKS):
             cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
-            m = cols < N
-            w1 = _operand(w1_ptr + cols, m, DT, INTERPRET, PACKED)
-            w2 = _operand(w2_ptr + cols, m, DT, INTERPRET, PACKED)
-            a = load_f32(a_row + cols, m, DT, INTERPRET)
-            r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
-            h = _out_vals(a, w1, r, rstd1, True, DT, INTERPRET, PACKED)     # every load before a store
-            _store_out(h_row + cols, h, m, DT, INTERPRET, PACKED)
-            y = _out_vals(_widened(h, PACKED), w2, w2, rstd2, False, DT, INTERPRET, PACKED)
-            _store_out(y_row + cols, y, m, DT, INTERPRET, PACKED)
+            _norm_norm_out(a_row, r_row, w1_ptr, w2_ptr, h_row, y_row, rstd1, rstd2, cols, cols < N, DT,
+                           INTERPRET, PACKED)
     if STORE_VAR:
         tl.store(var_ptr + row * 2, var1)
         tl.store(var_ptr + row * 2 + 1, var2)

@@ -18,9 +18,10 @@ namespace rltb {
 namespace {
 
 // The body's shape: 256 threads with one 16-byte vector per thread and operand and plain cached
-// loads, the fastest of 128 / 256 / 512 / 1024 threads x 1 / 2 / 4 vectors and of evict-first
-// (ld.global.cs) loads and stores compared on an H200 at 4096 x 5632 bf16; evict-first loads,
-// the previous choice, were slower (docs/native.md; results/gpu/kernels-rows has this shape).
+// loads, the fastest of 128 / 256 / 512 / 1024 threads x 1 / 2 / 4 vectors with and without
+// evict-first (ld.global.cs) loads and stores in an H200 side benchmark at 4096 x 5632 bf16 (not a
+// committed run). results/gpu/kernels-rows has this shape at 98.4% of the device copy; evict-first
+// loads, the previous choice, 91.4% at commit 9e3770e (docs/native.md).
 constexpr int kThreads = 256;
 constexpr int kUnroll = 1;             // vectors per thread and operand
 constexpr bool kStreamLoads = false;   // ld.global.cs (evict first) measured slower
@@ -57,7 +58,7 @@ __device__ __forceinline__ uint4 silu_mul_vec(uint4 g, uint4 u) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) of[i] = __fmul_rn(silu(gf[i]), uf[i]);
   } else {
-    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+    using T2 = typename Traits<T>::Pair;
     const T2* g2 = reinterpret_cast<const T2*>(&g);
     const T2* u2 = reinterpret_cast<const T2*>(&u);
     T2* o2 = reinterpret_cast<T2*>(&out);

@@ -29,16 +29,22 @@ struct Traits<float> {
   __device__ __forceinline__ static float from_float(float v) { return v; }
 };
 
+// 16-bit types also name their two-element type (Pair: the operand of the packed __hmul2_rn /
+// __hadd2_rn) and round two fp32 values into one (pack_rn: one packed convert).
 template <>
 struct Traits<__nv_bfloat16> {
+  using Pair = __nv_bfloat162;
   __device__ __forceinline__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ __forceinline__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+  __device__ __forceinline__ static Pair pack_rn(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
 template <>
 struct Traits<__half> {
+  using Pair = __half2;
   __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
   __device__ __forceinline__ static __half from_float(float v) { return __float2half_rn(v); }
+  __device__ __forceinline__ static Pair pack_rn(float a, float b) { return __floats2half2_rn(a, b); }
 };
 
 // fp32 -> nearest dtype value (RNE), kept in fp32: torch's `.to(dtype)` after an fp32 op.

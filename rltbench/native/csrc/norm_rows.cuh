@@ -105,9 +105,6 @@ __device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
   return v;
 }
 
-__device__ __forceinline__ __nv_bfloat162 pack_rn(float a, float b, __nv_bfloat16) { return __floats2bfloat162_rn(a, b); }
-__device__ __forceinline__ __half2 pack_rn(float a, float b, __half) { return __floats2half2_rn(a, b); }
-
 // One vector's output of the single-norm forms (x, its other row o: branch or residual, weights
 // w). 16-bit types: v * rstd rounded two at a time, then w * that (+ r) as packed multiplies and
 // adds, each the exact result rounded once, which is torch's fp32 op rounded to the dtype (the
@@ -120,7 +117,7 @@ __device__ __forceinline__ Vec4<T> single_out_vec(const Vec4<T>& x, const Vec4<T
 #pragma unroll
     for (int i = 0; i < 4; ++i) y.v[i] = single_out<T, HAS_R>(first_value<T, MODE>(x.v[i], o.v[i]), w.v[i], o.v[i], rstd);
   } else {
-    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+    using T2 = typename Traits<T>::Pair;
     const T2* w2 = reinterpret_cast<const T2*>(&w);
     const T2* r2 = reinterpret_cast<const T2*>(&o);
     T2* y2 = reinterpret_cast<T2*>(&y);
@@ -128,7 +125,7 @@ __device__ __forceinline__ Vec4<T> single_out_vec(const Vec4<T>& x, const Vec4<T
     for (int j = 0; j < 2; ++j) {
       const float v0 = first_value<T, MODE>(x.v[2 * j], o.v[2 * j]);
       const float v1 = first_value<T, MODE>(x.v[2 * j + 1], o.v[2 * j + 1]);
-      T2 yy = __hmul2_rn(w2[j], pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd), T{}));
+      T2 yy = __hmul2_rn(w2[j], Traits<T>::pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd)));
       if constexpr (HAS_R) yy = __hadd2_rn(r2[j], yy);
       y2[j] = yy;
     }
