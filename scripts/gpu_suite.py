@@ -106,6 +106,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                            "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py"]),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),
+    "profile-b128": (300, rlt("profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
+                              "--iters 20 --replays 1 --steps 1", "profile-b128")),
     # Huginn (width 5280) at batch 1: the exact norm's 3-launch path below 128 rows (the default)
     # against the one-launch low-warp kernel for every row count (next stage)
     "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
