@@ -37,6 +37,8 @@ def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest
         dtype=torch.float32, reps=2,
     )  # fmt: skip
     assert [c["batch"] for c in res["cases"]] == [1, 3]
+    # timed as the decode graph runs: rows up to DECODE_RUN tokens past the context, the graph's class
+    assert [c["covered_len"] for c in res["cases"]] == [256, 256]
     for case in res["cases"]:
         by = {r["name"]: r for r in case["results"]}
         assert set(by) == set(variants)

@@ -9,7 +9,10 @@ The sweep (``rltbench tune attention``) times the Triton kernel's knobs (tile to
 program, warps, pipeline stages, partition policy / single launch / fused reduce) at batch
 1/8/32/128 x context 512 and batch 1/32 x context 4096 against the code defaults (no tuned table in
 force), checks every variant against the torch reference first and reports the best variant per
-case; `tuned_rows` turns the bests into the tuned file's ``decode_attention`` table.
+case; `tuned_rows` turns the bests into the tuned file's ``decode_attention`` table. A case is timed
+as the engine's decode graph runs it: each row's seq_len somewhere in the ``DECODE_RUN`` tokens after
+the context (a burst's decode phase), attention covering the graph's context class (a power of two
+>= the longest row: 1024 for context 512), so splits past a row's end cost what they cost there.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 
 from rltbench import tuned
+from rltbench.bench.decode import serving_len_class
 from rltbench.engine.attention import (
     _decode_torch,
     _decode_triton,
@@ -73,8 +77,17 @@ SWEEP_VARIANTS: dict[str, dict[str, Any]] = {
     "p256t64h1w8-fused": _fused(tile_tokens=64, heads_per_program=1, num_warps=8, partition_size=256),
     "p128t32h2w4-fused": _fused(tile_tokens=32, heads_per_program=2, num_warps=4, partition_size=128),
     "t32h1w4-fused": _fused(tile_tokens=32, heads_per_program=1, num_warps=4),
+    # one split per row, pipelined (no program covers only positions past the row's end; batch >= 32)
+    "t64h1w4s2-1split": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 4, "num_stages": 2,
+                         "target_programs": 0},
+    "t64h1w2s2-1split": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 2, "num_stages": 2,
+                         "target_programs": 0},
+    "p64t64h1w2": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 2, "partition_size": 64},
+    "p256t64h1w4s2": {"tile_tokens": 64, "heads_per_program": 1, "num_warps": 4, "num_stages": 2,
+                      "partition_size": 256},
 }
 _V1_PARTITIONS = (256, 128, 64, 32)
+DECODE_RUN = 128  # a case's rows are this many tokens or fewer past the context (burst output: 128)
 _COLD_BYTES = 256 << 20  # KV read per graph replay at least this (H200 L2: 50 MB)
 _MAX_COPIES = 64
 _DEVICE = "cuda"  # where the inputs live (the CPU test of the sweep plumbing sets "cpu")
@@ -91,14 +104,18 @@ def _inputs(
     bs: int,
     dtype: torch.dtype,
     seed: int,
+    spread: int = 0,
 ) -> tuple[torch.Tensor, ...]:
+    """q, K/V caches, block tables and seq_lens of one KV pool (blocks shuffled over the pool); each
+    row's seq_len drawn from [context_len, context_len + spread]."""
     g = torch.Generator(device=_DEVICE).manual_seed(seed)
     nb = batch * table_blocks + 1
     kc = torch.randn(nb, bs, hkv, d, generator=g, device=_DEVICE).to(dtype)
     vc = torch.randn(nb, bs, hkv, d, generator=g, device=_DEVICE).to(dtype)
     perm = torch.randperm(nb, generator=g, device=_DEVICE)[: batch * table_blocks]
     tables = perm.view(batch, table_blocks).to(torch.int32)
-    lens = torch.full((batch,), context_len, dtype=torch.int32, device=_DEVICE)
+    lens = torch.randint(context_len, context_len + spread + 1, (batch,), generator=g, device=_DEVICE,
+                         dtype=torch.int32)
     q = torch.randn(batch, hq, d, generator=g, device=_DEVICE).to(dtype)
     return q, kc, vc, tables, lens
 
@@ -199,12 +216,14 @@ def _sweep(cases: Sequence[tuple[int, int]], variants: dict[str, dict[str, Any]]
     out_cases = []
     for batch, ctx in cases:
         t0 = time.perf_counter()
-        width = -(-ctx // block_size)
-        max_len = width * block_size
-        kv_bytes = batch * ctx * num_kv_heads * head_dim * 2 * elem
+        max_len = serving_len_class(ctx + DECODE_RUN, block_size)  # the decode graph's coverage
+        width = max_len // block_size
+        mean_len = ctx + 1 + (DECODE_RUN - 1) / 2
+        kv_bytes = round(batch * mean_len * num_kv_heads * head_dim * 2 * elem)  # expected KV read per call
         copies = max(1, min(_MAX_COPIES, math.ceil(_COLD_BYTES / kv_bytes)))
         pools = [
-            _inputs(batch, ctx, width, num_heads, num_kv_heads, head_dim, block_size, dtype, seed + i)
+            _inputs(batch, ctx + 1, width, num_heads, num_kv_heads, head_dim, block_size, dtype, seed + i,
+                    spread=DECODE_RUN - 1)
             for i in range(copies)
         ]
         q, kc, vc, tables, lens = pools[0]
@@ -230,8 +249,8 @@ def _sweep(cases: Sequence[tuple[int, int]], variants: dict[str, dict[str, Any]]
         good = [r for r in rows if r.get("ok") and "median_us" in r]
         best = min(good, key=lambda r: r["median_us"]) if good else None
         out_cases.append(
-            {"batch": batch, "context_len": ctx, "kv_bytes": kv_bytes, "kv_pools": copies, "best": best,
-             "results": rows}
+            {"batch": batch, "context_len": ctx, "covered_len": max_len, "decode_run": DECODE_RUN,
+             "kv_bytes": kv_bytes, "kv_pools": copies, "best": best, "results": rows}
         )  # fmt: skip
         log(_case_line(out_cases[-1], time.perf_counter() - t0))
         del pools, q, kc, vc, tables, lens, ref
