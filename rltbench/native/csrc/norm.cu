@@ -147,9 +147,8 @@ cudaError_t launch_vec_lanes(const NormArgs& a, cudaStream_t stream) {
     // lanes) the straight-line one
     const int64_t per_thread = ((a.n >> 2) + (32 << kLogNW) - 1) / (32 << kLogNW);
     if ((a.n >> 2) == 4 * (32 << kLogNW)) {
-      // one row per block (the kernel's FULL form relies on it; kMaxRows is 1 at 4 warps)
-      return a.warp_down ? launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 1>(a, 1, stream)
-                         : launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 0>(a, 1, stream);
+      return a.warp_down ? launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 1>(a, rpb, stream)
+                         : launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4, true, 0>(a, rpb, stream);
     }
     if (per_thread <= 4) return launch_vec<T, MODE, HAS_R, kLogR, kLogNW, 4>(a, rpb, stream);
   }

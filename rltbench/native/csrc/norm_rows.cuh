@@ -91,26 +91,13 @@ __device__ __forceinline__ T single_out(float v, T w, T r, float rstd) {
   return Traits<T>::from_float(y);
 }
 
-// A cached slot's vector. As read-only loads (ld.global.nc), ptxas moved a row-sized kernel's
-// weight loads past the row's reduction (sm_90 SASS: one more memory round trip per row); .ca
-// loads (LDG.STRONG.SM) stay ahead of the shuffles but still after the first squares, which wait
-// for x. PINNED: ld.volatile, which ptxas issues in source order, so every slot's weights and x
-// are in flight together before the first square (the straight-line kernel's T=1 latency). The
-// Triton exact kernel's volatile loads were slower at 4096 rows (docs/onelaunch_norm.md), so only
-// the straight-line kernel, which serves the few-row plans of 512 lanes, pins.
-template <bool PINNED, typename T>
+// A cached slot's vector, loaded with ld.global.ca. As read-only loads (ld.global.nc), ptxas moved
+// a row-sized kernel's weight loads past the row's reduction (sm_90 SASS: one more memory round
+// trip per row); .ca loads stay where the source issues them, ahead of the sum.
+template <typename T>
 __device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
   Vec4<T> v;
-  if constexpr (PINNED && sizeof(T) == 4) {
-    float4 f;
-    asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(f.x), "=f"(f.y), "=f"(f.z), "=f"(f.w) : "l"(p));
-    *reinterpret_cast<float4*>(&v) = f;
-  } else if constexpr (PINNED) {
-    uint2 u;
-    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
-    *reinterpret_cast<uint2*>(&v) = u;
-  } else if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) == 4) {
     *reinterpret_cast<float4*>(&v) = __ldca(reinterpret_cast<const float4*>(p));
   } else {
     *reinterpret_cast<uint2*>(&v) = __ldca(reinterpret_cast<const uint2*>(p));
@@ -258,9 +245,8 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
   // torch >= 2.10's order: slot 0 of (h, w) is lane h * NW + w (torch_lane computes it bit by bit)
   const int base = WARP_DOWN == 1 ? (h << LOG_NW) + warp
                                   : torch_lane(h, warp, k, LOG_R, WARP_DOWN < 0 ? a.warp_down != 0 : false);
-  // FULL launches one row per block over exactly `rows` blocks (launch_vec_lanes): no idle rows
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (FULL ? 1 : blockDim.y) + (FULL ? 0 : threadIdx.y);
-  const bool active = FULL || row < a.rows;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < a.rows;
   const int64_t rrow = active ? row : 0;
   const int64_t nvec = a.n >> 2;
   // slots s with base + s * kStride < nvec (inactive rows of the last block: none)
@@ -275,11 +261,11 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (s < slots) {
-      w1c[s] = load_cached<FULL>(w1 + s * kStride);
-      if constexpr (kNN) w2c[s] = load_cached<FULL>(w2 + s * kStride);
-      xc[s] = load_cached<FULL>(xr + s * kStride);
+      w1c[s] = load_cached(w1 + s * kStride);
+      if constexpr (kNN) w2c[s] = load_cached(w2 + s * kStride);
+      xc[s] = load_cached(xr + s * kStride);
       if constexpr (kOther) {
-        oc[s] = load_cached<FULL>(orow + s * kStride);
+        oc[s] = load_cached(orow + s * kStride);
       } else {
         oc[s] = xc[s];  // unused by this form; keeps every value defined
       }
