@@ -29,7 +29,7 @@ def cpu_bench(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow  # about 10 s
 def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest.CaptureFixture) -> None:
-    names = ("default", "v1", "t64h2w8s2", "t64h2w8-1split", "t32h1w4-fused")
+    names = ("default", "v1", "t64h2w8s2", "t64h2w8-1split", "t32h1w4-fused", "t64h1w2s2-1split")
     variants = {k: ab.SWEEP_VARIANTS[k] for k in names}
     variants["broken"] = {"tile_tokens": 24}  # not a power of two: reported as an error, never best
     res = ab.sweep_decode_attention(
@@ -47,6 +47,7 @@ def test_sweep_plumbing_on_cpu(cpu_bench: None, tmp_path: object, capsys: pytest
             assert by[name]["ok"] and by[name]["max_abs_err"] < 1e-5, by[name]
         assert by["v1"]["launches"] == 2 and by["t64h2w8-1split"]["num_splits"] == 1
         assert by["t64h2w8-1split"]["launches"] == 1
+        assert by["t64h1w2s2-1split"]["num_splits"] == 1 and by["t64h1w2s2-1split"]["num_stages"] == 2
         assert by["t32h1w4-fused"]["fused_reduce"] and by["t32h1w4-fused"]["num_splits"] > 1
         assert by["t32h1w4-fused"]["launches"] == 1 and not by["default"]["fused_reduce"]
         assert case["best"]["name"] == "default"  # the fake timer gives the first variant the least time
