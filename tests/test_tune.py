@@ -192,6 +192,22 @@ def test_table_lists_every_row() -> None:
     assert "| 2048 | 1 | norm | general | 2.90 |" in text and "| rows1-w4 |" in text and "| 1 | 128 |" in text
 
 
+def test_attention_rows_serve_from_their_measured_batch_up() -> None:
+    """A row serves batches from its case's batch to the next case's: a one-split variant measured
+    at batch 32 never runs at batch 16 with half its programs."""
+    def case(batch: int, ctx: int, name: str) -> dict:
+        best = {"name": name, "tile_tokens": 64, "heads_per_program": 1, "num_warps": 2, "num_stages": 2,
+                "target_programs": 0, "single_launch": True, "partition_size": ctx, "median_us": 1.0,
+                "kv_gbps": 1.0}
+        return {"batch": batch, "context_len": ctx, "best": best}
+    res = {"variants": {}, "cases": [case(b, 512, f"b{b}") for b in (32, 1, 128, 8)]
+           + [case(b, 4096, f"long{b}") for b in (1, 32)]}
+    rows = attention.tuned_rows(res)
+    assert [(r["measured"]["variant"], r["max_batch"], r["max_len"]) for r in rows] == [
+        ("b1", 7, 2048), ("b8", 31, 2048), ("b32", 127, 2048), ("b128", 1 << 30, 2048),
+        ("long1", 31, 1 << 30), ("long32", 1 << 30, 1 << 30)]
+
+
 def test_shipped_attention_run_reselects_to_the_shipped_table() -> None:
     sweep = ROOT / "results" / "gpu" / "attention" / "sweep.json"
     if not sweep.is_file():

@@ -356,13 +356,16 @@ def bench_decode_attention(
 
 
 _SHORT_LEN = 2048  # rows tuned at context 512 serve decode classes up to this covered length
-_BATCH_BOUNDS = {1: 1, 8: 8, 32: 32, 128: 1 << 30}
 
 
 def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     """The sweep's best variant per case as rows of the tuned table (section "decode_attention",
     read by rltbench.engine.attention.DecodeTable): context-512 cases serve lengths up to
-    _SHORT_LEN for batches up to their bucket, the 4096 cases everything longer."""
+    _SHORT_LEN, the 4096 cases everything longer. A case's row serves batches from its own batch
+    up to the next case's (the first case's also every smaller batch): a variant runs with at
+    least the rows it was measured with, which a one-split variant needs for its parallelism (at
+    batch 16 it would have half the programs of batch 32), while a split-K variant chosen at a
+    smaller batch only splits more finely than a larger batch needs."""
     rows = []
     keys = ("tile_tokens", "heads_per_program", "num_warps", "num_stages", "target_programs", "single_launch")
     optional = {"fused_reduce": False}  # knobs newer than some result files: their default when absent
@@ -375,7 +378,7 @@ def tuned_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             row = {k: best[k] for k in keys} | {k: best.get(k, v) for k, v in optional.items()}
             row["partition_size"] = best["partition_size"] if fixed else None
             last = i == len(cases) - 1
-            row["max_batch"] = 1 << 30 if last else _BATCH_BOUNDS.get(c["batch"], c["batch"])
+            row["max_batch"] = 1 << 30 if last else cases[i + 1]["batch"] - 1
             row["max_len"] = 1 << 30 if long_ctx else _SHORT_LEN
             row["measured"] = {"batch": c["batch"], "context_len": c["context_len"], "variant": best["name"],
                                "median_us": best["median_us"], "kv_gbps": best["kv_gbps"]}
