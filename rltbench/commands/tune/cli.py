@@ -106,8 +106,6 @@ def _reselect(target: str, src: Path, write: bool) -> dict[str, Any]:
         raise UsageError(f"--from-results {src}: its manifest names no GPU")
     if write and sections:
         ran = str(prov.get("command_line") or "").split()
-        if ran and ran[0].endswith("rltbench/cli.py"):   # the console script as its module file
-            ran[0] = "rltbench"
         source = {"command": _portable_words(ran), "result_dir": _portable(src), "date": prov.get("date_utc"),
                   "git_sha": prov.get("git_sha"),
                   "selected_offline": {"command": _command_line(target),
