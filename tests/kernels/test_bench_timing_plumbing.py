@@ -15,7 +15,8 @@ from rltbench.commands.kernels import report
 from rltbench.commands.kernels import sweep as bench
 from rltbench.results import RunDir
 
-MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}
+ARM_MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}
+MEDIANS = {**ARM_MEDIANS, bench.SIZE_COPY: 4.5}
 
 
 class FakeGraph:
@@ -91,6 +92,9 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
     for arm, r in by_arm.items():
         assert r["status"] == "ok", r
         assert r["nbytes"] == nbytes
+        # the same-size copy: timed in the interleaving, as the arm's share of its speed
+        assert r["graph_size_copy_us"] == pytest.approx(4.5)
+        assert r["graph_pct_size_copy"] == pytest.approx(100 * 4.5 / MEDIANS[arm])
         for mode in ("graph", "eager"):
             assert r[f"{mode}_us_median"] == pytest.approx(MEDIANS[arm], rel=1e-6)
             assert r[f"{mode}_us_p10"] < r[f"{mode}_us_median"] < r[f"{mode}_us_p90"]
@@ -101,7 +105,11 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
             assert r[f"{mode}_pct_copy"] == pytest.approx(gb)  # copy = 100 GB/s
         assert r["graph_kernels_per_call"] == 3.0 and r["eager_kernels_per_call"] == 2.0
     assert by_arm["exact"]["graph_mismatches"] == 0 and by_arm["torch"]["graph_mismatches"] == 0
-    assert {(s["arm"], s["mode"]) for s in samples} == {(a, m) for a in MEDIANS for m in ("graph", "eager")}
+    timed = {(a, m) for a in ARM_MEDIANS for m in ("graph", "eager")} | {(bench.SIZE_COPY, "graph")}
+    assert {(s["arm"], s["mode"]) for s in samples} == timed
+    copy_graph = FakeGraph.instances[len(ARM_MEDIANS)]   # captured after the arms, same calls and outputs
+    assert copy_graph.k == graph.k and copy_graph.keep_outputs == sets
+    assert copy_graph.outputs[0].numel() * 4 * 2 == nbytes   # half the bytes read, as many written
     assert all(r["graph_warm"] and r["eager_warm"] for r in rows)
     assert report.cold_rows(report.pd.DataFrame(rows)) == 0
 
@@ -113,6 +121,7 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
         assert name in written and (tmp_path / "run" / name).stat().st_size > 0
     table = (tmp_path / "run" / "table.md").read_text()
     assert "5.00 (4.50-5.50)" in table or "5.00 (" in table
+    assert "| % same-size copy |" in table and "| 90.0 |" in table   # exact: 4.5 / 5.0
     assert report.rich_table(report.load_rows(run)).columns[-1].header == "x torch"
 
 
@@ -224,7 +233,8 @@ def test_headline_is_the_plain_launch_and_pdl_is_beside_it(fake_cuda, monkeypatc
                             arms=["torch", "exact", "approx"], modes=["graph"], repeats=20)
     rows, samples = bench.case_rows(bench.Case("rmsnorm", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
                                     _ctx(1024))
-    assert plain_at_capture == [True, True, True, False]  # three plain headline graphs, one PDL graph
+    # three plain headline graphs, one PDL graph, then the plain same-size copy
+    assert plain_at_capture == [True, True, True, False, True]
     by_arm = {r["arm"]: r for r in rows}
     a = by_arm["approx"]
     assert a["graph_us_median"] == pytest.approx(4.0) and a["graph_pct_copy"] == pytest.approx(

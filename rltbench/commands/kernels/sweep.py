@@ -8,6 +8,10 @@ One *case* is (op, dtype, width, tokens). For each case and arm this module prod
 - then, on a GPU only, CUDA-graph replay and eager timings (median, p10/p90), kernels per call
   (counted), GB/s, % of the measured device copy, speedup over torch. Without a GPU the timing
   fields are NaN: timings are never made up.
+- beside them, a same-size copy (SIZE_COPY): the case's bytes moved by a plain device copy over
+  rotated buffers, captured and interleaved like an arm. The device copy behind "% copy" is measured
+  on a buffer far larger than L2, where launch and ramp costs vanish; a kernel of a few MB pays them
+  like any other, so "% same-size copy" says how far an arm is from what a copy of its size reaches.
 
 Every headline figure is a plain launch (pdl.plain_launches): programmatic dependent launch lets a
 kernel overlap the tail of an identical predecessor, which back-to-back calls of one op offer and a
@@ -43,6 +47,8 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 MODES = ("graph", "eager", "hot")
 PDL_SUFFIX = "+pdl"  # runner name of an arm's PDL graph in the interleaving
+# graph runner beside the arms: a plain device copy of the case's bytes, timed the same way
+SIZE_COPY = "same-size copy"
 SCOPES = ("graph", "all")
 PEER_ARM = "liger"
 PEER_OPS = ("rmsnorm", "rope_neox", "silu_mul")
@@ -429,13 +435,22 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         runners = {a: g.replay for a, g in graphs.items()}
         pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
         runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
+        srcs = size_copy_sources(int(oc.bytes_moved(first)), plan.sets, ctx.device)
+        with pdl.plain_launches():
+            copy_graph = timing.GraphCalls(lambda i: srcs[i % len(srcs)].clone(), k, keep_outputs=plan.sets)
+        runners[SIZE_COPY] = copy_graph.replay
         cold = ColdWork(device=ctx.device)
         times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
                                         window=cold)
+        copy_med = timing.summarize(times[SIZE_COPY]).median
+        samples.append({**case.key, "arm": SIZE_COPY, "mode": "graph", "samples_us": times[SIZE_COPY],
+                        "cold_work": cold.counts})
+        del copy_graph, srcs
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
             f = fields[arm]
-            f.update(stats.to_dict("graph_us_"), graph_warm=cold.warm)
+            f.update(stats.to_dict("graph_us_"), graph_warm=cold.warm, graph_size_copy_us=copy_med,
+                     graph_pct_size_copy=100.0 * copy_med / stats.median if stats.median > 0 else None)
             if g.kernel_nodes is not None:  # graph nodes: exact, and no profiler session needed
                 f["graph_kernels_per_call"] = g.kernel_nodes / k
             else:
@@ -518,7 +533,15 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
 
 
 TIMING_KEYS = [f"{m}_{k}" for m in MODES for k in (
-    "us_median", "us_p10", "us_p90", "us_n", "kernels_per_call", "gbps", "pct_copy", "speedup")]
+    "us_median", "us_p10", "us_p90", "us_n", "kernels_per_call", "gbps", "pct_copy", "speedup")] + [
+    "graph_size_copy_us", "graph_pct_size_copy"]
+
+
+def size_copy_sources(nbytes: int, sets: int, device: torch.device) -> list[torch.Tensor]:
+    """Sources of the same-size copy, one per rotation set: half the case's bytes moved each (the
+    copy reads them and writes as many), random so no byte pattern is special."""
+    n = max(1, nbytes // 8)   # int32 elements in nbytes / 2 bytes
+    return [torch.empty(n, dtype=torch.int32, device=device).random_(0, 1 << 30) for _ in range(sets)]
 
 
 def case_rows(case: Case, arms: list[str], device: torch.device, cfg: BenchConfig,
