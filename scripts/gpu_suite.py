@@ -192,6 +192,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                               "add_rmsnorm_huginn,silu_mul --arms torch,exact,cuda,approx --dtypes bf16 "
                               "--mode all --repeats 30",
                               "kernels-rows")),
+    # the same-size copy beside every arm (with the Liger peer): how far each norm and SiLU*up is
+    # from a plain streaming kernel of its own size, at one and 4096 rows
+    "kernels-copy": (240, rlt("kernels --tokens 1,4096 --ops rmsnorm,rmsnorm_residual,silu_mul "
+                              "--arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30",
+                              "kernels-copy")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "

@@ -168,10 +168,11 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
               "CUDA-graph replay over rotated input sets (cold L2), eager, and hot (graph replay of one "
               "input set: L2-hot, as a decode step); GB/s, % copy and speedup are of the graph (else eager) "
               "time; GB/s counts each input read once and each output written once; speedup is over the "
-              "torch arm in the same mode; kernels/call is counted. % same-size copy: a plain device copy "
-              "of the case's bytes (half read, half written), graph-captured over rotated buffers and timed "
-              "in the same interleaving, over the arm's graph time; the device copy behind % copy runs on a "
-              "buffer far larger than L2, where the launch and ramp costs a kernel of a few MB pays vanish.",
+              "torch arm in the same mode; kernels/call is counted. % same-size copy: the case's bytes (half "
+              "read, half written) streamed by torch's elementwise kernel (a bitwise not of int32), "
+              "graph-captured over rotated buffers and timed in the same interleaving, over the arm's graph "
+              "time; the device copy behind % copy is a memcpy of a buffer far larger than L2, where the "
+              "launch and ramp costs that a kernel of a few MB pays vanish.",
               ""]
     if has_timings(df, "graph_pdl"):
         lines += [PDL_NOTE, ""]
