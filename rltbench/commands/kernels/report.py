@@ -54,9 +54,13 @@ def load_rows(run: RunDir) -> pd.DataFrame:
     return df
 
 
-def has_timings(df: pd.DataFrame, mode: str = "graph") -> bool:
-    col = f"{mode}_us_median"
+def has_values(df: pd.DataFrame, col: str) -> bool:
+    """Whether some row has a number in column `col`."""
     return col in df and bool(pd.to_numeric(df[col], errors="coerce").notna().any())
+
+
+def has_timings(df: pd.DataFrame, mode: str = "graph") -> bool:
+    return has_values(df, f"{mode}_us_median")
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +100,7 @@ def _shown(df: pd.DataFrame, n: int) -> list[int]:
     hidden = set()
     if not has_timings(df, "hot"):
         hidden.add(HOT_COL)
-    if "graph_pct_size_copy" not in df or not df["graph_pct_size_copy"].map(_num).map(math.isfinite).any():
+    if not has_values(df, "graph_pct_size_copy"):
         hidden.add(SIZE_COPY_COL)
     if not has_timings(df, "graph_pdl"):
         hidden.update(PDL_COLS)

@@ -48,7 +48,7 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 MODES = ("graph", "eager", "hot")
 PDL_SUFFIX = "+pdl"  # runner name of an arm's PDL graph in the interleaving
-# graph runner beside the arms: a plain device copy of the case's bytes, timed the same way
+# graph runner beside the arms: torch's elementwise kernel streaming the case's bytes (size_copy)
 SIZE_COPY = "same-size copy"
 SCOPES = ("graph", "all")
 PEER_ARM = "liger"
