@@ -43,7 +43,7 @@ def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before
     out = {}
     for name in runners:
         runners[name]()  # the runner must be callable as the timer would call it
-        base = MEDIANS[name]
+        base = MEDIANS.get(name, MEDIANS.get(name.split("#")[0]))   # an A/A copy times as its arm
         out[name] = [base * (0.9 + 0.2 * i / (rounds * reps - 1)) for i in range(rounds * reps)]
     assert window is not None  # every timed mode is checked for cold work
     with window:
@@ -283,3 +283,51 @@ def test_cold_work_inside_a_timed_mode_is_flagged(fake_cuda, monkeypatch, tmp_pa
     run.extend_jsonl(report.ROWS, rows)
     report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
     assert "**2 row(s) timed with cold work" in (tmp_path / "run" / "table.md").read_text()
+
+
+def test_verdicts_need_an_aa_arm_and_come_from_the_samples(fake_cuda, tmp_path):
+    """With the A/A arm torch#2 every pair gets a direction: exact (5 us) and approx (4 us) are
+    faster than torch (10 us), approx is faster than exact, a copy of exact is within noise of it;
+    the verdicts are re-computed from samples.jsonl (rounds stored with every sample)."""
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact", "approx", "exact#2", "torch#2"], modes=["graph", "hot"],
+                            repeats=40)
+    rows, samples = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                                    _ctx(1024))
+    assert all(s["rounds"] == bench.MAX_ROUNDS for s in samples)
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    run.extend_jsonl(report.ROWS, rows)
+    run.extend_jsonl(report.SAMPLES, samples)
+    written = report.write_outputs(run, report.load_rows(run), {"device": "cuda", "copy": {"gbps": 100.0}})
+    assert "verdicts.csv" in written
+    df, vrows = report.load_run(run)
+    by = {(r["mode"], r["arm"], r["ref"]): r for r in vrows}
+    for mode in ("graph", "hot"):
+        assert by[(mode, "exact", "torch")]["verdict"] == "faster"
+        assert by[(mode, "exact", "torch")]["ratio"] == pytest.approx(2.0)
+        assert by[(mode, "approx", "exact")]["verdict"] == "faster"
+        assert by[(mode, "exact#2", "exact")]["verdict"] == "A/A"
+        assert by[(mode, "torch#2", "torch")]["verdict"] == "A/A"
+        assert by[(mode, "exact", "torch")]["aa_spread"] == pytest.approx(0.0)
+    assert not any(r["arm"] == bench.SIZE_COPY for r in vrows)   # a reference, not an arm
+    assert dict(zip(df["arm"], df["verdict"], strict=True)) == {
+        "torch": "", "exact": "faster", "approx": "faster", "exact#2": "A/A", "torch#2": "A/A"}
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "## Verdicts" in table and "| approx vs exact |" in table and "| vs torch |" in table
+    arms_in_order = [ln.split("|")[5].strip() for ln in table.splitlines() if ln.startswith("| silu_mul")][:5]
+    assert arms_in_order == ["torch", "torch#2", "exact", "exact#2", "approx"]   # copies beside their arm
+    assert "verdict" in [c.header for c in report.rich_table(df).columns]
+    assert report.rich_verdicts(vrows).row_count == 2 * 1   # approx vs exact per mode (exact#2 is its A/A)
+
+
+def test_without_an_aa_arm_no_pair_gets_a_direction(fake_cuda, tmp_path):
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph"], repeats=20)
+    rows, samples = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                                    _ctx(1024))
+    run = RunDir.create("kernels", result_dir=tmp_path / "run", argv=["test"], config={})
+    run.extend_jsonl(report.ROWS, rows)
+    run.extend_jsonl(report.SAMPLES, samples)
+    df, vrows = report.load_run(run)
+    assert [r["verdict"] for r in vrows] == ["no A/A arm"]
+    assert vrows[0]["ratio"] == pytest.approx(2.0)   # the estimate is still there, without a direction

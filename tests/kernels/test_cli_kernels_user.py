@@ -91,9 +91,9 @@ def test_interrupted_manifest_counts_finished_cases(invoke, tmp_path, monkeypatc
     assert res.exit_code == 130 and "2 of 4 cases" in res.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
-    assert manifest["result"] == {"rows": 6, "failing_rows": 0, "cases_done": 2, "cases_planned": 4}
+    assert manifest["result"] == {"rows": 8, "failing_rows": 0, "cases_done": 2, "cases_planned": 4}
     rows = _rows(out)
-    assert len(rows) == 6 and {r["tokens"] for r in rows} == {1, 2}  # the finished cases, whole
+    assert len(rows) == 8 and {r["tokens"] for r in rows} == {1, 2}  # the finished cases, whole
     assert "silu_mul" in (out / "table.md").read_text()  # rendered from what finished
 
 

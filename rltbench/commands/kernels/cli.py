@@ -80,9 +80,11 @@ def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str]
 
 
 def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict[str, ArmSpec], list[str]]:
-    """The arms of `--arms` (rltbench.arms grammar, or 'all': every named arm) and notes. torch is
-    always there: it is the reference. The native arm is built here, before any case runs: named and
-    unavailable, a UsageError with the reason; included by 'all' and unavailable, dropped with a note."""
+    """The arms of `--arms` (rltbench.arms grammar, or 'all': every named arm and the A/A arm
+    torch#2) and notes. torch is always there: it is the reference. The native arm is built here,
+    before any case runs: named and unavailable, a UsageError with the reason; included by 'all'
+    and unavailable, dropped with a note. Without an A/A arm the verdicts give no direction, so
+    that is noted too."""
     notes: list[str] = []
     text = str(arms).strip()
     if text.lower() == "all":
@@ -92,11 +94,14 @@ def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict
         except native.NativeUnavailable as exc:
             names.remove(native.NATIVE_IMPL)
             notes.append(f"native arm unavailable: {exc}")
-        text = ",".join(names)
+        text = ",".join([*names, REFERENCE])   # the repeat is the A/A arm, the run's noise floor
     specs = armspec.parse_arms(text, overrides)
     if REFERENCE not in specs:
         specs = {REFERENCE: ARMS[REFERENCE], **specs}
         notes.append("torch arm added: it is the reference for correctness and speedup")
+    if not any("#" in name for name in specs):
+        notes.append("no A/A arm (an arm named twice, e.g. --arms torch,exact,torch): timings are "
+                     "reported without a verdict on which arm is faster")
     return specs, notes
 
 
@@ -163,7 +168,9 @@ def kernels_command(
     arms: Annotated[str, typer.Option(help="Arms: torch, exact, approx, cuda (native CUDA C++) or "
                                       "NAME=norm:exact/rope:off/act:approx, comma-separated, or 'all' "
                                       "(torch is always added: it is the reference; 'all' leaves cuda out, "
-                                      "with a note, where it cannot be built).")
+                                      "with a note, where it cannot be built, and adds torch#2). An arm "
+                                      "named twice is the A/A arm (torch,exact,exact -> exact#2): its "
+                                      "spread decides which differences are noise.")
                     ] = "all",
     norm: armspec.NormOption = None,
     rope: armspec.RopeOption = None,
@@ -244,10 +251,13 @@ def kernels_command(
     except Exception:
         run.update_manifest(status="failed")
         raise
-    df = report.load_rows(run)
+    df, verdict_rows = report.load_run(run)
     run.update_manifest(status="complete", result=_result(df, failed, len(plan.cases)))
-    report.write_outputs(run, df, summary)
+    report.write_outputs(run, df, summary, verdict_rows)
     console.print(report.rich_table(df))
+    against_exact = report.rich_verdicts(verdict_rows)
+    if against_exact is not None:
+        console.print(against_exact)
     if not on_gpu:
         console.print("[yellow]timings need a CUDA GPU: timing columns are empty on this machine[/]")
     console.print(f"results: {run.path}")

@@ -2,7 +2,9 @@
 
 Raw files (the source of truth, written as cases finish): rows.jsonl (one row per case x arm),
 samples.jsonl (every timing sample), summary.json (device facts and notes). `render(run_dir)`
-re-creates table.md, cases.csv/json and the plots from them, for `rltbench report DIR`.
+re-creates table.md, cases.csv/json, verdicts.csv/json and the plots from them, for
+`rltbench report DIR`. The verdicts (which differences are outside the A/A spread) are computed
+from the samples here, not at run time, so a stored run can be re-read with the same rules.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
+from rltbench.commands.kernels import verdicts as vd
+from rltbench.commands.kernels.sweep import SIZE_COPY
 from rltbench.results import RunDir
 from rltbench.results.plotting import arm_color, figure
+from rltbench.results.stats import format_spread
 from rltbench.results.tables import table
 
 ROWS = "rows.jsonl"
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
+VERDICTS = "verdicts"   # verdicts.csv / verdicts.json
 ARM_ORDER = ["torch", "exact", "cuda", "approx", "liger"]
 BITWISE_ARMS = ("exact", "cuda")   # arms whose mismatches vs torch must be 0
 
@@ -54,6 +60,17 @@ def load_rows(run: RunDir) -> pd.DataFrame:
     return df
 
 
+def load_verdicts(run: RunDir) -> list[dict[str, Any]]:
+    """Every comparison of the run's timed arms (verdicts.py), from samples.jsonl."""
+    return vd.verdicts(run.read_jsonl(SAMPLES), skip=(SIZE_COPY,))   # [] without samples
+
+
+def load_run(run: RunDir) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The rows with their `verdict` column, and every comparison behind it."""
+    rows = load_verdicts(run)
+    return with_verdicts(load_rows(run), rows), rows
+
+
 def has_values(df: pd.DataFrame, col: str) -> bool:
     """Whether some row has a number in column `col`."""
     return col in df and bool(pd.to_numeric(df[col], errors="coerce").notna().any())
@@ -65,7 +82,7 @@ def has_timings(df: pd.DataFrame, mode: str = "graph") -> bool:
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     rank = {a: i for i, a in enumerate(ARM_ORDER)}
-    key = df["arm"].map(lambda a: rank.get(a, len(rank)))
+    key = df["arm"].map(lambda a: rank.get(a, rank.get(vd.base_arm(a), len(rank)) + 0.5))
     return df.assign(_arm_rank=key).sort_values(["op", "dtype", "width", "tokens", "_arm_rank"]) \
         .drop(columns="_arm_rank")
 
@@ -75,7 +92,7 @@ def _mismatch_cell(row: pd.Series, markdown: bool) -> str:
     share = _num(row.get("mismatch_share"))
     if n not in ("-", "0") and math.isfinite(share):
         n = f"{n} ({100 * share:.1f}%)"
-    bad = row.get("arm") in BITWISE_ARMS and not n.startswith(("-", "0"))
+    bad = vd.base_arm(str(row.get("arm"))) in BITWISE_ARMS and not n.startswith(("-", "0"))
     if not bad:
         return n
     return f"**{n} (must be 0)**" if markdown else f"[bold red]{n}[/]"
@@ -84,9 +101,10 @@ def _mismatch_cell(row: pd.Series, markdown: bool) -> str:
 COLUMNS = ["op", "dtype", "width", "tokens", "arm", "status", "mismatches vs torch", "max ULP vs torch",
            "max ULP vs oracle", "err / bound", "share != oracle", "graph us (p10-p90)", "eager us (p10-p90)",
            "hot us (p10-p90)", "kernels/call", "GB/s", "% copy", "% same-size copy", "speedup",
-           "PDL us (p10-p90)", "PDL % copy"]
+           "vs torch", "PDL us (p10-p90)", "PDL % copy"]
 HOT_COL = COLUMNS.index("hot us (p10-p90)")   # shown only when a row has an L2-hot timing
 SIZE_COPY_COL = COLUMNS.index("% same-size copy")   # shown only when the run timed the same-size copy
+VERDICT_COL = COLUMNS.index("vs torch")   # shown only when some arm has a verdict (timed rounds)
 # shown only when an arm was also timed with its tuned programmatic-dependent-launch mode
 PDL_COLS = (COLUMNS.index("PDL us (p10-p90)"), COLUMNS.index("PDL % copy"))
 PDL_NOTE = ("The headline (% copy, speedup) is the plain launch. PDL us / PDL % copy: the same arm "
@@ -102,6 +120,8 @@ def _shown(df: pd.DataFrame, n: int) -> list[int]:
         hidden.add(HOT_COL)
     if not has_values(df, "graph_pct_size_copy"):
         hidden.add(SIZE_COPY_COL)
+    if "verdict" not in df or not df["verdict"].fillna("").astype(bool).any():
+        hidden.add(VERDICT_COL)
     if not has_timings(df, "graph_pdl"):
         hidden.update(PDL_COLS)
     return [i for i in range(n) if i not in hidden]
@@ -119,6 +139,30 @@ def _bound_cell(row: pd.Series, markdown: bool) -> str:
     return cell
 
 
+def main_mode(row: pd.Series | dict[str, Any]) -> str:
+    """The mode behind a row's headline columns (GB/s, % copy, speedup): graph, else eager, else hot."""
+    return next((m for m in ("graph", "eager", "hot") if math.isfinite(_num(row.get(f"{m}_us_median")))),
+                "graph")
+
+
+def with_verdicts(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """`df` with column `verdict`: the arm against torch in its headline mode ("A/A" for a repeated
+    arm, empty for torch itself and where there are no rounds to compare)."""
+    if df.empty:
+        return df
+    table = vd.vs_torch(rows)
+
+    def cell(row: pd.Series) -> str:
+        arm = str(row["arm"])
+        if arm == vd.REFERENCE:
+            return ""
+        if arm != vd.base_arm(arm):
+            return vd.AA
+        key = (row["op"], row["dtype"], int(row["width"]), int(row["tokens"]), main_mode(row), arm)
+        return table.get(key, "")
+    return df.assign(verdict=[cell(r) for _, r in df.iterrows()])
+
+
 def _cells(row: pd.Series, markdown: bool) -> list[str]:
     def span(mode: str) -> str:
         med = row.get(f"{mode}_us_median")
@@ -126,8 +170,7 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             return "-"
         return f"{_fmt(med)} ({_fmt(row.get(f'{mode}_us_p10'))}-{_fmt(row.get(f'{mode}_us_p90'))})"
 
-    main = next((m for m in ("graph", "eager", "hot") if math.isfinite(_num(row.get(f"{m}_us_median")))),
-                "graph")
+    main = main_mode(row)
     kpc = row.get(f"{main}_kernels_per_call")
     share = _num(row.get("share_differs_oracle"))
     status = str(row.get("status", ""))
@@ -140,7 +183,7 @@ def _cells(row: pd.Series, markdown: bool) -> list[str]:
             span("graph"), span("eager"), span("hot"), _fmt(kpc, 1), _fmt(row.get(f"{main}_gbps"), 0),
             _fmt(row.get(f"{main}_pct_copy"), 1),
             _fmt(row.get("graph_pct_size_copy"), 1) if main == "graph" else "-",
-            _fmt(row.get(f"{main}_speedup")), span("graph_pdl"),
+            _fmt(row.get(f"{main}_speedup")), str(row.get("verdict") or "-"), span("graph_pdl"),
             _fmt(row.get("graph_pdl_pct_copy"), 1)]
 
 
@@ -150,8 +193,36 @@ def cold_rows(df: pd.DataFrame) -> int:
     return int((df[cols] == False).any(axis=1).sum()) if cols else 0  # noqa: E712 (NaN: not measured)
 
 
-def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any]) -> str:
-    """The human summary: contract, device facts, notes, then one line per case x arm."""
+def _ratio_cell(r: dict[str, Any]) -> str:
+    if r.get("ratio") is None:
+        return "-"
+    return f"{r['ratio']:.3f}x ({r['lo']:.3f}-{r['hi']:.3f}, {100 * r['coverage']:.0f}%)"
+
+
+def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons section: every pair per case and mode, with its interval and A/A spread."""
+    if not rows:
+        return []
+    order = {m: i for i, m in enumerate(vd.MODES)}
+    rows = sorted(rows, key=lambda r: (r["op"], r["dtype"], r["width"], r["tokens"], order[r["mode"]],
+                                       r["ref"] != vd.REFERENCE))
+    body = [[str(r["op"]), str(r["dtype"]), str(r["width"]), str(r["tokens"]), r["mode"],
+             f"{r['arm']} vs {r['ref']}", _fmt(r["arm_us"], 3), _fmt(r["ref_us"], 3), _ratio_cell(r),
+             format_spread(r["aa_spread"]), r["verdict"]] for r in rows]
+    return ["", "## Verdicts", "",
+            "Each pair's ratio is reference time / arm time per round (above 1: the arm is faster), the "
+            "median over the rounds of the interleaving with its order-statistic interval (its coverage in "
+            "brackets). The A/A spread is how far the run's repeated arm landed from its original in the "
+            "same case and mode; a ratio whose interval reaches into it is `within noise`. Without an A/A "
+            f"arm no pair gets a direction (`{vd.NO_AA}`): add one with a repeated arm, e.g. `--arms "
+            "torch,exact,cuda,torch`.", "",
+            *table(["op", "dtype", "width", "tokens", "mode", "pair", "arm us", "ref us", "ref / arm",
+                    "A/A spread", "verdict"], body)]
+
+
+def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any],
+                   verdict_rows: list[dict[str, Any]] | None = None) -> str:
+    """The human summary: contract, device facts, notes, one line per case x arm, then the verdicts."""
     lines = ["# rltbench kernels", ""]
     status = manifest.get("status", "?")
     lines.append(f"Status: **{status}**. Device: {summary.get('device_name') or summary.get('device', '?')}.")
@@ -201,11 +272,13 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     if notes_rows:
         lines += ["", "Row notes:"]
         lines += [f"- {op} {dt} w={w} T={t} {arm}: {note}" for op, dt, w, t, arm, note in notes_rows]
+    lines += verdict_lines(verdict_rows or [])
     return "\n".join(lines) + "\n"
 
 
 SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "e/b", "!=o", "graph us",
-         "eager us", "hot us", "k/call", "GB/s", "%copy", "%size", "x torch", "PDL us", "PDL %copy"]
+         "eager us", "hot us", "k/call", "GB/s", "%copy", "%size", "x torch", "verdict",
+         "PDL us", "PDL %copy"]
 TIMING_COLS = range(SHORT.index("graph us"), len(SHORT))
 
 
@@ -227,6 +300,24 @@ def rich_table(df: pd.DataFrame) -> Table:
             cells = _cells(row, markdown=False)
             table.add_row(*[cells[i] for i in keep])
     return table
+
+
+def rich_verdicts(rows: list[dict[str, Any]]) -> Table | None:
+    """The pairs not against torch (those are the main table's `verdict`), for the console; None
+    when there are none."""
+    others = [r for r in rows if r["ref"] != vd.REFERENCE and r["verdict"] != vd.AA]
+    if not others:
+        return None
+    out = Table(title="arms against exact (ref / arm per round: above 1 the arm is faster; table.md has "
+                "every pair)", pad_edge=False)
+    left = ("op", "dtype", "mode", "pair", "verdict")
+    for name in ("op", "dtype", "w", "T", "mode", "pair", "ref / arm", "A/A spread", "verdict"):
+        out.add_column(name, justify="left" if name in left else "right")
+    key = ("op", "dtype", "width", "tokens", "mode", "arm")
+    for r in sorted(others, key=lambda r: tuple(r[k] for k in key)):
+        out.add_row(str(r["op"]), str(r["dtype"]), str(r["width"]), str(r["tokens"]), r["mode"],
+                    f"{r['arm']} vs {r['ref']}", _ratio_cell(r), format_spread(r["aa_spread"]), r["verdict"])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,13 +419,22 @@ def accuracy_figure(df: pd.DataFrame, dtype: str):
     return fig
 
 
-def write_outputs(run: RunDir, df: pd.DataFrame, summary: dict[str, Any]) -> list[str]:
-    """table.md, cases.csv/json and every plot the data supports; returns the file names written."""
+def write_outputs(run: RunDir, df: pd.DataFrame, summary: dict[str, Any],
+                  verdict_rows: list[dict[str, Any]] | None = None) -> list[str]:
+    """table.md, cases.csv/json, verdicts.csv/json and every plot the data supports; returns the file
+    names written. `verdict_rows` None: computed from the run's samples."""
     written = []
+    if verdict_rows is None:
+        verdict_rows = load_verdicts(run)
+    if "verdict" not in df:
+        df = with_verdicts(df, verdict_rows)
     if not df.empty:
         run.write_table("cases", _sorted(df).drop(columns=["ops_stats"], errors="ignore"))
         written += ["cases.csv", "cases.json"]
-    run.write_markdown("table.md", markdown_table(df, summary, run.manifest))
+    if verdict_rows:
+        run.write_table(VERDICTS, pd.DataFrame(verdict_rows))
+        written += [f"{VERDICTS}.csv", f"{VERDICTS}.json"]
+    run.write_markdown("table.md", markdown_table(df, summary, run.manifest, verdict_rows))
     written.append("table.md")
     if df.empty:
         return written

@@ -47,6 +47,7 @@ from rltbench.kernels.oracle import ulp_distance as oracle_ulp
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 MODES = ("graph", "eager", "hot")
+MAX_ROUNDS = 20
 PDL_SUFFIX = "+pdl"  # runner name of an arm's PDL graph in the interleaving
 # graph runner beside the arms: torch's elementwise kernel streaming the case's bytes (size_copy)
 SIZE_COPY = "same-size copy"
@@ -164,8 +165,9 @@ def plan_cases(cfg: BenchConfig, on_gpu: bool) -> Plan:
 # arms
 # ----------------------------------------------------------------------------------------------
 def arm_spec(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> ArmSpec | None:
-    """The settings of `arm` (from `specs`, else the named arm), None for the peer."""
-    return (specs or {}).get(arm) or ARMS.get(arm)
+    """The settings of `arm` (from `specs`, else the named arm; an A/A copy such as torch#2 is its
+    arm again), None for the peer."""
+    return (specs or {}).get(arm) or ARMS.get(arm) or ARMS.get(arm.split("#", 1)[0])
 
 
 def make_arm_ops(arm: str, scope: str, specs: Mapping[str, ArmSpec] | None = None) -> Any:
@@ -410,7 +412,9 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     plan = timing.rotation_sets(int(oc.bytes_moved(first)), ctx.l2_bytes, max_sets=cfg.max_sets)
     sets = [first] + [make_inputs(case, ctx.device, cfg.seed, i) for i in range(1, plan.sets)]
     before = ctx.flusher.flush if plan.needs_flush else None
-    rounds = max(1, min(10, cfg.repeats))
+    # rounds are the paired observations of the verdicts (verdicts.py): 20 give the median ratio a
+    # 95% interval from the 6th to the 15th; each round's median is over `reps` samples
+    rounds = max(1, min(MAX_ROUNDS, cfg.repeats))
     reps = max(1, math.ceil(cfg.repeats / rounds))
     # with an L2 flush per sample each set must be read once per replay; otherwise cycle the sets
     k = plan.sets if plan.needs_flush else max(plan.sets, cfg.min_graph_calls)
@@ -446,7 +450,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                                         window=cold)
         copy_med = timing.summarize(times[SIZE_COPY]).median
         samples.append({**case.key, "arm": SIZE_COPY, "mode": "graph", "samples_us": times[SIZE_COPY],
-                        "cold_work": cold.counts})
+                        "rounds": rounds, "cold_work": cold.counts})
         del copy_graph, srcs
         for arm, g in graphs.items():
             stats = timing.summarize(times[arm])
@@ -462,7 +466,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                 torch.cuda.synchronize()
                 f["graph_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
             samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm],
-                            "cold_work": cold.counts})
+                            "rounds": rounds, "cold_work": cold.counts})
         for arm, g in pdl_graphs.items():
             f = fields[arm]
             f.update(timing.summarize(times[f"{arm}{PDL_SUFFIX}"]).to_dict("graph_pdl_us_"))
@@ -471,7 +475,8 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             torch.cuda.synchronize()
             f["graph_pdl_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
             samples.append({**case.key, "arm": arm, "mode": "graph-pdl",
-                            "samples_us": times[f"{arm}{PDL_SUFFIX}"], "cold_work": cold.counts})
+                            "samples_us": times[f"{arm}{PDL_SUFFIX}"], "rounds": rounds,
+                            "cold_work": cold.counts})
         del graphs, pdl_graphs
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
@@ -493,7 +498,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             f["hot_kernels_per_call"] = g.kernel_nodes / k_hot if g.kernel_nodes is not None \
                 else timing.count_kernels_profiler(g.replay, k_hot)
             samples.append({**case.key, "arm": arm, "mode": "hot", "samples_us": times[arm],
-                            "cold_work": cold.counts})
+                            "rounds": rounds, "cold_work": cold.counts})
         del graphs
     if "eager" in cfg.modes:
         runners = {}
@@ -511,7 +516,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
             count = timing.count_kernels_profiler(lambda o=ops, s=s0: oc.run(o, s))
             fields[arm]["eager_kernels_per_call"] = count
             samples.append({**case.key, "arm": arm, "mode": "eager", "samples_us": times[arm],
-                            "cold_work": cold.counts})
+                            "rounds": rounds, "cold_work": cold.counts})
     nbytes = int(oc.bytes_moved(first))
     copy_gbps = ctx.copy.get("gbps", float("nan"))
     for arm in arms:
