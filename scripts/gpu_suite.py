@@ -197,6 +197,16 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "kernels-copy": (240, rlt("kernels --tokens 1,4096 --ops rmsnorm,rmsnorm_residual,silu_mul "
                               "--arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30",
                               "kernels-copy")),
+    # the verdicts: every arm with an A/A arm (torch#2) and Liger at decode and prefill row counts;
+    # each arm against torch, each kernel arm against exact, called within noise / faster / slower
+    "kernels-verdicts": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
+                                  "silu_mul --arms torch,exact,cuda,approx,torch --dtypes bf16 --mode all "
+                                  "--repeats 40", "kernels-verdicts")),
+    # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
+    # many rounds, for a difference of a few hundredths of a microsecond
+    "kernels-t1": (150, rlt("kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "
+                            "torch,exact,cuda,approx,exact --dtypes bf16 --mode hot --repeats 400",
+                            "kernels-t1")),
     "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "

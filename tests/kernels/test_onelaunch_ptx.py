@@ -144,7 +144,8 @@ LOWWARP_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
         r = 512 // (32 * nw)
         consts = {"MODE": 0, "HAS_R": False, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "R": r,
                   "LOG_R": r.bit_length() - 1, "NW": nw, "LOG_NW": nw.bit_length() - 1, "ITERS": 1,
-                  "TL_SUM": True, "ONE_PASS": True, "OUT_CHUNK": 2048, "OUT_CHUNKS": 1, "PACKED": True}
+                  "TL_SUM": True, "ONE_PASS": True, "OUT_CHUNK": 2048, "OUT_CHUNKS": 1, "PACKED": True,
+                  "STREAM": False}
         k = compile_lowwarp(consts, nw)
         assert "fma.rn.f32" not in k.asm["ptx"] and "fma.f32" not in k.asm["ptx"]
         sass = sass_of(k)
@@ -177,7 +178,7 @@ ROW_FORMS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
             # torch's plan from 32 rows up at width 2048: 32 lanes, 16 vectors per lane, one warp
             consts = {"MODE": 0, "HAS_R": has_r, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
                       "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 16, "TL_SUM": True, "ONE_PASS": one_pass,
-                      "OUT_CHUNK": 1024, "OUT_CHUNKS": 2, "PACKED": True}
+                      "OUT_CHUNK": 1024, "OUT_CHUNKS": 2, "PACKED": True, "STREAM": False}
             k = compile_lowwarp(consts, 1)
             assert "ld.local" not in k.asm["ptx"], "register spills"
             sass = sass_of(k)
@@ -199,7 +200,7 @@ ROW_FORMS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
     # Huginn's add form at width 5280 from 16 rows: 42 vectors per lane, two passes, six chunks
     consts = {"MODE": 1, "HAS_R": False, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
               "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 42, "TL_SUM": True, "ONE_PASS": False,
-              "OUT_CHUNK": 1024, "OUT_CHUNKS": 6, "PACKED": True}
+              "OUT_CHUNK": 1024, "OUT_CHUNKS": 6, "PACKED": True, "STREAM": False}
     k = compile_lowwarp(consts, 1)
     mem = re.findall(r"\b(LDG|STG)\.", sass_of(k))
     turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))

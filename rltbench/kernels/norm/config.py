@@ -53,6 +53,8 @@ class OneLaunchConfig:
     measurements). ``packed`` (bf16/fp16 on the GPU): the epilogue's dtype multiply and residual
     add as packed 16-bit instructions, two elements each, the same values with about a third fewer
     instructions (at 128 rows of width 2048 one warp runs a row's 64 values per thread alone).
+    ``stream`` (two passes only): the second read of a row marked evict-first and the output
+    stored streaming, as the approx norm's tuned launch does.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -61,6 +63,7 @@ class OneLaunchConfig:
     tree: str = "tl_sum"
     two_pass_min_rows: int = 1024
     packed: bool = True
+    stream: bool = False
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -71,6 +74,7 @@ class OneLaunchConfig:
                  and self.two_pass_min_rows >= 1,
                  f"two_pass_min_rows must be an integer >= 1, got {self.two_pass_min_rows!r}")
         _require(isinstance(self.packed, bool), f"packed must be true or false, got {self.packed!r}")
+        _require(isinstance(self.stream, bool), f"stream must be true or false, got {self.stream!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:
@@ -82,7 +86,7 @@ class OneLaunchConfig:
         if self.layout == "general":
             return "general"
         return (f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
-                + ("" if self.packed else "-fp32epi"))
+                + ("" if self.packed else "-fp32epi") + ("-stream" if self.stream else ""))
 
     @classmethod
     def search_space(cls) -> dict[str, OneLaunchConfig]:

@@ -253,15 +253,26 @@ def _widened(y, PACKED: tl.constexpr):
 
 @triton.jit
 def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
-              DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
-    """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored."""
+              DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr, STREAM: tl.constexpr):
+    """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored.
+    STREAM (GPU, MODE 0): the row's last read marked evict-first and the output stored streaming
+    (st.global.cs): neither is read again by this kernel."""
     w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
-    v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
+    if STREAM and MODE == 0 and not INTERPRET:
+        v = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
     r = w
     if HAS_R:
         r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
     y = _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED)
-    _store_out(out_row + cols, y, m, DT, INTERPRET, PACKED)
+    if STREAM and not INTERPRET:
+        if PACKED:
+            tl.store(out_row + cols, y, mask=m, cache_modifier=".cs")
+        else:
+            tl.store(out_row + cols, y.to((out_row + cols).dtype.element_ty), mask=m, cache_modifier=".cs")
+    else:
+        _store_out(out_row + cols, y, m, DT, INTERPRET, PACKED)
 
 
 @triton.jit
@@ -295,7 +306,7 @@ def _general_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
     for c0 in range(0, N, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         _norm_out(x_row, b_row, w_ptr, r_ptr + row * sr, out_ptr + row * N, rstd, cols, cols < N, MODE, HAS_R,
-                  DT, INTERPRET, False)
+                  DT, INTERPRET, False, False)
 
 
 @triton.jit(do_not_specialize=["N", "sa", "sr", "lanes"])
@@ -421,7 +432,7 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
                          INTERPRET: tl.constexpr, R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr,
                          LOG_NW: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
                          ONE_PASS: tl.constexpr, OUT_CHUNK: tl.constexpr, OUT_CHUNKS: tl.constexpr,
-                         PACKED: tl.constexpr):
+                         PACKED: tl.constexpr, STREAM: tl.constexpr):
     """One row per program (MODE 0: x, MODE 1: round(x + b); HAS_R adds the residual).
 
     ONE_PASS: the row is read once, as one register tile in torch's lane layout (_row_tile,
@@ -456,7 +467,7 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
         for c in tl.static_range(OUT_CHUNKS):
             cols = c * OUT_CHUNK + tl.arange(0, OUT_CHUNK)
             _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, cols < N, MODE, HAS_R, DT, INTERPRET,
-                      PACKED)
+                      PACKED, STREAM)
     if STORE_VAR:
         tl.store(var_ptr + row, var)
 
@@ -569,7 +580,8 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
         # the packed epilogue is inline PTX: GPU only, 16-bit dtypes
         consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk),
-                   "PACKED": cfg.packed and not interp and x.dtype != torch.float32}
+                   "PACKED": cfg.packed and not interp and x.dtype != torch.float32,
+                   "STREAM": cfg.stream and not one_pass}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
@@ -612,6 +624,7 @@ def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.
     # norm-add-norm (Ouro, width 2048) keeps the lowwarp layout to rows held in registers: its
     # two-pass form at Huginn's 42 vectors per lane needs 245 registers and a long compile
     layout, s, consts = _launch(branch, eps, warp_order, config, MAX_ONE_PASS_ITERS)
+    consts.pop("STREAM", None)   # the single norm's two-pass epilogue only
     kernel = _lowwarp_norm_norm_kernel if layout == "lowwarp" else _general_norm_norm_kernel
     kernel[(R,)](branch, residual, w1, w2, h_out, y_out, var_out if var_out is not None else h_out, W,
                  row_stride(branch), row_stride(residual), *s, STORE_VAR=var_out is not None, **consts)
