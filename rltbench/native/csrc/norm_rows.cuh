@@ -91,19 +91,37 @@ __device__ __forceinline__ T single_out(float v, T w, T r, float rstd) {
   return Traits<T>::from_float(y);
 }
 
-// A cached slot's vector, loaded with ld.global.ca. As read-only loads (ld.global.nc), ptxas moved
-// a row-sized kernel's weight loads past the row's reduction (sm_90 SASS: one more memory round
-// trip per row); .ca loads stay where the source issues them, ahead of the sum.
-template <typename T>
+// A cached slot's vector. ld.global.ca by default: as read-only loads (ld.global.nc), ptxas moved a
+// row-sized kernel's weight loads past the row's reduction (sm_90 SASS: one more memory round trip
+// per row). Even .ca loads are issued as the sum needs them: in the sm_90 SASS of the 1-row kernel
+// the weights' loads come after the squares of x, so their latency is only partly hidden. PINNED:
+// ld.volatile, which ptxas keeps in source order, so every load of the thread is issued before
+// the first square; it skips L1 (LDG.STRONG.SYS), which costs nothing where a value is read once
+// and the rows are few, and a great deal at 4096 L2-hot rows (launch_vec pins below
+// kPinnedMaxRows rows only; docs/native.md).
+template <bool PINNED, typename T>
 __device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
   Vec4<T> v;
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (PINNED && sizeof(T) == 4) {
+    uint4 u;
+    asm volatile("ld.volatile.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    *reinterpret_cast<uint4*>(&v) = u;
+  } else if constexpr (PINNED) {
+    uint2 u;
+    asm volatile("ld.volatile.global.v2.b32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+    *reinterpret_cast<uint2*>(&v) = u;
+  } else if constexpr (sizeof(T) == 4) {
     *reinterpret_cast<float4*>(&v) = __ldca(reinterpret_cast<const float4*>(p));
   } else {
     *reinterpret_cast<uint2*>(&v) = __ldca(reinterpret_cast<const uint2*>(p));
   }
   return v;
 }
+
+// Pinned cached-slot loads (load_cached) below this many rows, for the single-norm forms (plain
+// and residual) where they were measured: faster at 1 and 8 rows, slower from 128.
+constexpr int64_t kPinnedMaxRows = 128;
 
 // One vector's output of the single-norm forms (x, its other row o: branch or residual, weights
 // w). 16-bit types: v * rstd rounded two at a time, then w * that (+ r) as packed multiplies and
@@ -232,7 +250,7 @@ __device__ __forceinline__ void add_uncached(float (&acc)[R][4], int slots, F&& 
 // reads it from the arguments.
 // ---------------------------------------------------------------------------------------------
 template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS, bool FULL = false,
-          int WARP_DOWN = -1>
+          int WARP_DOWN = -1, bool PINNED = false>
 __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_kernel(const NormArgs a) {
   using V = Vec4<T>;
   constexpr bool kNN = MODE == kNormNormAdd;
@@ -261,11 +279,11 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (s < slots) {
-      w1c[s] = load_cached(w1 + s * kStride);
-      if constexpr (kNN) w2c[s] = load_cached(w2 + s * kStride);
-      xc[s] = load_cached(xr + s * kStride);
+      w1c[s] = load_cached<PINNED>(w1 + s * kStride);
+      if constexpr (kNN) w2c[s] = load_cached<PINNED>(w2 + s * kStride);
+      xc[s] = load_cached<PINNED>(xr + s * kStride);
       if constexpr (kOther) {
-        oc[s] = load_cached(orow + s * kStride);
+        oc[s] = load_cached<PINNED>(orow + s * kStride);
       } else {
         oc[s] = xc[s];  // unused by this form; keeps every value defined
       }
@@ -361,8 +379,16 @@ template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = c
           bool FULL = false, int WARP_DOWN = -1>
 cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t stream) {
   const int64_t grid = (a.rows + rows_per_block - 1) / rows_per_block;
+  const dim3 block(32 << LOG_NW, rows_per_block);
+  if constexpr (MODE == kNormX) {
+    if (a.rows < kPinnedMaxRows) {
+      norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, true>
+          <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+      return cudaGetLastError();
+    }
+  }
   norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN>
-      <<<static_cast<unsigned>(grid), dim3(32 << LOG_NW, rows_per_block), 0, stream>>>(a);
+      <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
