@@ -53,8 +53,10 @@ class OneLaunchConfig:
     measurements). ``packed`` (bf16/fp16 on the GPU): the epilogue's dtype multiply and residual
     add as packed 16-bit instructions, two elements each, the same values with about a third fewer
     instructions (at 128 rows of width 2048 one warp runs a row's 64 values per thread alone).
-    ``stream`` (two passes only): the second read of a row marked evict-first and the output
-    stored streaming, as the approx norm's tuned launch does.
+    ``stream`` (two passes, plain form only): the second read of a row marked evict-first and the
+    output stored streaming, as the approx norm's tuned launch does; at 4096 rows of width 2048 it
+    was faster than without, beyond the spread of an A/A copy, in an H200 side comparison
+    (docs/onelaunch_norm.md), so it is the default.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -63,7 +65,7 @@ class OneLaunchConfig:
     tree: str = "tl_sum"
     two_pass_min_rows: int = 1024
     packed: bool = True
-    stream: bool = False
+    stream: bool = True
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -86,7 +88,7 @@ class OneLaunchConfig:
         if self.layout == "general":
             return "general"
         return (f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
-                + ("" if self.packed else "-fp32epi") + ("-stream" if self.stream else ""))
+                + ("" if self.packed else "-fp32epi") + ("" if self.stream else "-nostream"))
 
     @classmethod
     def search_space(cls) -> dict[str, OneLaunchConfig]:

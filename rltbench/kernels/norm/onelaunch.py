@@ -255,10 +255,11 @@ def _widened(y, PACKED: tl.constexpr):
 def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
               DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr, STREAM: tl.constexpr):
     """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored.
-    STREAM (GPU, MODE 0): the row's last read marked evict-first and the output stored streaming
-    (st.global.cs): neither is read again by this kernel."""
+    STREAM (GPU, the plain form: MODE 0 without a residual, where it was measured): the row's
+    last read marked evict-first and the output stored streaming (st.global.cs): neither is read
+    again by this kernel."""
     w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
-    if STREAM and MODE == 0 and not INTERPRET:
+    if STREAM and MODE == 0 and not HAS_R and not INTERPRET:
         v = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
         v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
@@ -266,7 +267,7 @@ def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.const
     if HAS_R:
         r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
     y = _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED)
-    if STREAM and not INTERPRET:
+    if STREAM and MODE == 0 and not HAS_R and not INTERPRET:
         if PACKED:
             tl.store(out_row + cols, y, mask=m, cache_modifier=".cs")
         else:
