@@ -285,9 +285,16 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
 def _timed_rounds(runners: Mapping[str, Callable[[], Any]],
                   pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], order: Sequence[str],
                   reps: int, before_sample: Callable[[], Any] | None) -> None:
-    """`reps` event-timed samples per slot of `order`, a device sync after each slot."""
+    """`reps` event-timed samples per slot of `order`, a device sync after each slot.
+
+    Each slot starts with one untimed run: after the sync the device is idle, so a first timed
+    sample would include the host's launch of the runner (microseconds for a graph) between its
+    start event and its first kernel. Behind the untimed run the timed ones are already queued
+    when the device reaches them, as every later sample of the slot is. Without it, with few
+    samples per slot, that gap is in a large share of the samples and moves the median."""
     for name in order:
         run = runners[name]
+        run()   # the slot's primer (see above)
         for _ in range(reps):
             if before_sample is not None:
                 before_sample()

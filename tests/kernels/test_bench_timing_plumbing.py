@@ -331,3 +331,28 @@ def test_without_an_aa_arm_no_pair_gets_a_direction(fake_cuda, tmp_path):
     df, vrows = report.load_run(run)
     assert [r["verdict"] for r in vrows] == ["no A/A arm"]
     assert vrows[0]["ratio"] == pytest.approx(2.0)   # the estimate is still there, without a direction
+
+
+def test_each_slot_starts_with_an_untimed_run(monkeypatch):
+    """After a slot's sync the device is idle: the next slot's first timed sample would include the
+    host's launch of its runner. One untimed run opens each slot, so every timed run is queued
+    behind another."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: log.append("sync"))
+    runners = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
+    out = timing.time_interleaved(runners, rounds=2, reps=3, warmup=1)
+    assert {k: len(v) for k, v in out.items()} == {"a": 6, "b": 6}
+    slot = lambda n: [n, *(["event", n, "event"] * 3), "sync"]   # noqa: E731
+    assert log == ["a", "b", "sync", *slot("a"), *slot("b"), *slot("b"), *slot("a")]
