@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from rltbench.results.stats import base_arm
+
 ARM_COLORS = {"torch": "#4C72B0", "exact": "#55A868", "approx": "#C44E52", "cuda": "#DD8452"}
 
 
@@ -23,8 +25,7 @@ def pyplot() -> Any:
 
 
 def arm_color(arm: str) -> str:
-    base = arm.split("#", 1)[0]
-    return ARM_COLORS.get(base, "#8172B2")
+    return ARM_COLORS.get(base_arm(arm), "#8172B2")
 
 
 def figure(width: float = 7.0, height: float = 4.5, rows: int = 1, cols: int = 1, **kw: Any) -> Any:

@@ -48,9 +48,14 @@ def aa_name(ref: str) -> str:
     return f"{ref}#2"
 
 
+def base_arm(arm: str) -> str:
+    """`torch#2` -> `torch`: the arm an A/A copy repeats (an arm's own name otherwise)."""
+    return arm.split("#", 1)[0]
+
+
 def is_aa(arm: str, ref: str) -> bool:
     """`torch#2`, `torch#3`, ... are the reference run again."""
-    return arm != ref and arm.split("#", 1)[0] == ref
+    return arm != ref and base_arm(arm) == ref
 
 
 def median_interval_ranks(n: int, level: float = LEVEL) -> tuple[int, float]:

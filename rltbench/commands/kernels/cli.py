@@ -25,6 +25,7 @@ from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
 from rltbench.kernels import OPS, op_case
 from rltbench.results import RunDir
+from rltbench.results.stats import base_arm
 
 # Triton decides interpreter vs GPU when a kernel is *defined* (import time), so TRITON_INTERPRET
 # cannot be switched on here: rltbench.kernels is already imported. Without a GPU and without the
@@ -99,7 +100,7 @@ def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict
     if REFERENCE not in specs:
         specs = {REFERENCE: ARMS[REFERENCE], **specs}
         notes.append("torch arm added: it is the reference for correctness and speedup")
-    if not any("#" in name for name in specs):
+    if not any(base_arm(name) != name for name in specs):
         notes.append("no A/A arm (an arm named twice, e.g. --arms torch,exact,torch): timings are "
                      "reported without a verdict on which arm is faster")
     return specs, notes

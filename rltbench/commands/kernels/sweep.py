@@ -43,6 +43,7 @@ from rltbench.bench.warmth import ColdWork
 from rltbench.kernels import make_ops, op_case, pdl
 from rltbench.kernels.oracle import bound_ratio
 from rltbench.kernels.oracle import ulp_distance as oracle_ulp
+from rltbench.results.stats import base_arm
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -167,7 +168,7 @@ def plan_cases(cfg: BenchConfig, on_gpu: bool) -> Plan:
 def arm_spec(arm: str, specs: Mapping[str, ArmSpec] | None = None) -> ArmSpec | None:
     """The settings of `arm` (from `specs`, else the named arm; an A/A copy such as torch#2 is its
     arm again), None for the peer."""
-    return (specs or {}).get(arm) or ARMS.get(arm) or ARMS.get(arm.split("#", 1)[0])
+    return (specs or {}).get(arm) or ARMS.get(arm) or ARMS.get(base_arm(arm))
 
 
 def make_arm_ops(arm: str, scope: str, specs: Mapping[str, ArmSpec] | None = None) -> Any:

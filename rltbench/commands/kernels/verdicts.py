@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from rltbench.results.stats import NO_AA, noise_label, paired_ratio_interval
+from rltbench.results.stats import NO_AA, base_arm, is_aa, noise_label, paired_ratio_interval, rep_medians
 
 MODES = ("graph", "hot", "eager")
 REFERENCE = "torch"
@@ -33,27 +33,25 @@ AA = "A/A"
 CASE_KEYS = ("op", "dtype", "width", "tokens")
 
 
-def base_arm(arm: str) -> str:
-    """`torch#2` -> `torch`: the arm an A/A copy repeats."""
-    return arm.split("#", 1)[0]
-
 
 def round_medians(samples: Sequence[float], rounds: int) -> list[float]:
     """One median per round: the samples are stored round after round, the same count in each."""
     if rounds < 1 or len(samples) % rounds:
         raise ValueError(f"{len(samples)} samples do not split into {rounds} rounds")
     per = len(samples) // rounds
-    return [statistics.median(samples[i * per:(i + 1) * per]) for i in range(rounds)]
+    return rep_medians([samples[i * per:(i + 1) * per] for i in range(rounds)])
 
 
 def compared_pairs(arms: Iterable[str]) -> list[tuple[str, str]]:
     """(reference, arm) pairs: each arm against torch, each other kernel arm against exact, and each
     A/A copy against the arm it repeats (exact#2 against exact, not against torch)."""
     names = list(arms)
-    pairs = [(base_arm(a) if a != base_arm(a) and base_arm(a) in names else REFERENCE, a)
-             for a in names if a != REFERENCE]
-    if REFERENCE not in names:
-        pairs = [(r, a) for r, a in pairs if r != REFERENCE]
+    pairs = []
+    for a in names:
+        if base_arm(a) != a and base_arm(a) in names:
+            pairs.append((base_arm(a), a))
+        elif a != REFERENCE and REFERENCE in names:
+            pairs.append((REFERENCE, a))
     if TRITON in names:
         pairs += [(TRITON, a) for a in names if base_arm(a) not in (REFERENCE, TRITON)]
     return pairs
@@ -80,13 +78,12 @@ def case_verdicts(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for ref, arm in compared_pairs(per_round):
         iv = paired_ratio_interval(per_round[ref], per_round[arm])
-        is_aa = base_arm(arm) == ref and arm != ref
         out.append({"ref": ref, "arm": arm, "ref_us": medians[ref], "arm_us": medians[arm],
                     "ratio": None if iv is None else iv.estimate, "lo": None if iv is None else iv.lo,
                     "hi": None if iv is None else iv.hi, "coverage": None if iv is None else iv.coverage,
                     "rounds": None if iv is None else iv.n,
                     "aa_spread": None if widest is None else widest.spread,
-                    "verdict": AA if is_aa else noise_label(iv, widest)})
+                    "verdict": AA if is_aa(arm, ref) else noise_label(iv, widest)})
     return out
 
 

@@ -255,11 +255,11 @@ def _widened(y, PACKED: tl.constexpr):
 def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.constexpr, HAS_R: tl.constexpr,
               DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr, STREAM: tl.constexpr):
     """Epilogue of one norm at `cols`: round(w * round(v * rstd)) (+ round(r + y)), stored.
-    STREAM (GPU, the plain form: MODE 0 without a residual, where it was measured): the row's
-    last read marked evict-first and the output stored streaming (st.global.cs): neither is read
-    again by this kernel."""
+    STREAM (the host sets it for the GPU's plain form only, where it was measured: MODE 0 without
+    a residual): the row's last read marked evict-first and the output stored streaming
+    (st.global.cs): neither is read again by this kernel."""
     w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
-    if STREAM and MODE == 0 and not HAS_R and not INTERPRET:
+    if STREAM:
         v = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
         v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
@@ -267,7 +267,7 @@ def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.const
     if HAS_R:
         r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
     y = _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED)
-    if STREAM and MODE == 0 and not HAS_R and not INTERPRET:
+    if STREAM:
         if PACKED:
             tl.store(out_row + cols, y, mask=m, cache_modifier=".cs")
         else:
@@ -581,8 +581,7 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
         # the packed epilogue is inline PTX: GPU only, 16-bit dtypes
         consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk),
-                   "PACKED": cfg.packed and not interp and x.dtype != torch.float32,
-                   "STREAM": cfg.stream and not one_pass}
+                   "PACKED": cfg.packed and not interp and x.dtype != torch.float32}
         return layout, (eps32, factor), consts
     tile = 32 if plan.lanes <= 32 else MAX_LANES    # two compiled variants cover every plan
     consts |= {"TILE": tile, "WARP_DOWN": order == WARP_DOWN,
@@ -604,6 +603,10 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
     if R == 0 or W == 0:
         return
     layout, s, consts = _launch(x, eps, warp_order, config)
+    if layout == "lowwarp":   # the streaming epilogue: plain form, two passes, GPU (OneLaunchConfig)
+        cfg = config if config is not None else tuned.config(OneLaunchConfig)
+        consts["STREAM"] = (cfg.stream and not consts["ONE_PASS"] and not consts["INTERPRET"]
+                            and branch is None and residual is None)
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     kernel = _lowwarp_norm_kernel if layout == "lowwarp" else _general_norm_kernel
@@ -625,7 +628,6 @@ def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.
     # norm-add-norm (Ouro, width 2048) keeps the lowwarp layout to rows held in registers: its
     # two-pass form at Huginn's 42 vectors per lane needs 245 registers and a long compile
     layout, s, consts = _launch(branch, eps, warp_order, config, MAX_ONE_PASS_ITERS)
-    consts.pop("STREAM", None)   # the single norm's two-pass epilogue only
     kernel = _lowwarp_norm_norm_kernel if layout == "lowwarp" else _general_norm_norm_kernel
     kernel[(R,)](branch, residual, w1, w2, h_out, y_out, var_out if var_out is not None else h_out, W,
                  row_stride(branch), row_stride(residual), *s, STORE_VAR=var_out is not None, **consts)
