@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import triton
 from typer.testing import CliRunner
 
 from rltbench import native
@@ -426,6 +427,49 @@ def test_sources_compile_to_the_expected_ptx(tmp_path: Path) -> None:
     # the body reads gate and up with plain read-only loads (evict-first ld.global.cs measured slower)
     assert "ld.global.nc.v4" in ptx["act"] and "ld.global.cs" not in ptx["act"]
     assert ".local" not in ptx["norm"]
+
+
+def _sass_functions(sass: str) -> dict[str, list[str]]:
+    """cuobjdump -sass text -> {mangled kernel name: its instruction lines}."""
+    out: dict[str, list[str]] = {}
+    for block in sass.split("Function : ")[1:]:
+        name, _, body = block.partition("\n")
+        lines = body.splitlines()
+        out[name.strip()] = [line for line in lines if line.strip().startswith("/*") and ";" in line]
+    return out
+
+
+def test_one_row_plain_kernel_issues_every_load_before_the_sum(tmp_path: Path) -> None:
+    """The straight-line 1-row kernel (bf16, width 2048 at 512 lanes, torch >= 2.10's warp order)
+    loads x and the weights with kLoadPredicated so that ptxas issues all eight loads, weak, ahead
+    of the first square (norm_rows.cuh: without it the weights come after the squares, with
+    ld.volatile they are LDG.STRONG.SYS). A ptxas that schedules otherwise fails here, not only in a
+    GPU timing."""
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    # Triton's NVIDIA backend ships a cuobjdump where the CUDA toolkit's is not next to nvcc
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    candidates = [Path(nvcc).with_name("cuobjdump"), bundled]
+    cuobjdump = next((c for c in candidates if c.exists()), None)
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found")
+    torch_defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    cubin = tmp_path / "norm.cubin"
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-cubin", *torch_defines, *build.CUDA_FLAGS,
+           str(build.CSRC / "norm.cu"), "-o", str(cubin)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
+                          timeout=120).stdout
+    # norm_vec_kernel<bf16, kNormX, no residual, LOG_R 2, LOG_NW 2, 4 slots, FULL, warp order down, LOAD 2>
+    name = "_ZN4rltb4norm15norm_vec_kernelI13__nv_bfloat16Li0ELb0ELi2ELi2ELi4ELb1ELi1ELi2EEEvNS_8NormArgsE"
+    body = _sass_functions(sass)[name]
+    first_mul = next(i for i, line in enumerate(body) if "FMUL" in line)
+    loads = [line for line in body if "LDG" in line]
+    assert len(loads) == 8 and all("LDG.E.64 " in line for line in loads), loads
+    assert sum("LDG" in line for line in body[:first_mul]) == 8, body[:first_mul + 1]
 
 
 def test_build_key_follows_sources_and_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

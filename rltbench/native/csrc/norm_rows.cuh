@@ -91,25 +91,46 @@ __device__ __forceinline__ T single_out(float v, T w, T r, float rstd) {
   return Traits<T>::from_float(y);
 }
 
-// A cached slot's vector. ld.global.ca by default: as read-only loads (ld.global.nc), ptxas moved a
-// row-sized kernel's weight loads past the row's reduction (sm_90 SASS: one more memory round trip
-// per row). Even .ca loads are issued as the sum needs them: in the sm_90 SASS of the 1-row kernel
-// the weights' loads come after the squares of x, so their latency is only partly hidden. PINNED:
-// ld.volatile, which ptxas keeps in source order, so every load of the thread is issued before
-// the first square; it skips L1 (LDG.STRONG.SYS), which costs nothing where a value is read once
-// and the rows are few, and a great deal at 4096 L2-hot rows (launch_vec pins below
-// kPinnedMaxRows rows only; docs/native.md).
-template <bool PINNED, typename T>
-__device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
+// How a thread loads its cached slots (load_cached). Where a load is issued decides how much of its
+// latency the row hides, and ptxas decides that: in the sm_90 SASS of the 1-row kernel it issues
+// the weights' loads (.ca or read-only .nc) only after the squares of x, so the sum waits for x and
+// the epilogue then waits for the weights.
+// kLoadCached:     ld.global.ca, as ptxas schedules it (many rows: L1 reuse and occupancy matter).
+// kLoadVolatile:   ld.volatile, which ptxas keeps in source order: every load of the thread before
+//                  the first square, but as LDG.STRONG.SYS, which skips L1 (slower from 128 rows).
+// kLoadPredicated: a weak ld.global guarded by the row's activity predicate, the form Triton emits
+//                  for a masked load. In the straight-line plain kernel (FULL, no residual) ptxas
+//                  issues all of them first, as plain LDG.E.64 like the exact Triton kernel's, and
+//                  the 1-row kernel was faster than with kLoadVolatile beyond the spread of an A/A
+//                  copy in an H200 side comparison. With per-slot guards (the other kernels) the
+//                  same loads measured slower than either alternative, and with a residual row ptxas
+//                  again issues the weights and the residual after the squares: those keep
+//                  kLoadVolatile.
+// An inactive row (the last block's rows past the end) loads nothing and stores nothing.
+enum LoadKind { kLoadCached = 0, kLoadVolatile = 1, kLoadPredicated = 2 };
+
+template <int LOAD, typename T>
+__device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p, int active) {
   Vec4<T> v;
-  if constexpr (PINNED && sizeof(T) == 4) {
+  if constexpr (LOAD == kLoadVolatile && sizeof(T) == 4) {
     uint4 u;
     asm volatile("ld.volatile.global.v4.b32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
     *reinterpret_cast<uint4*>(&v) = u;
-  } else if constexpr (PINNED) {
+  } else if constexpr (LOAD == kLoadVolatile) {
     uint2 u;
     asm volatile("ld.volatile.global.v2.b32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+    *reinterpret_cast<uint2*>(&v) = u;
+  } else if constexpr (LOAD == kLoadPredicated && sizeof(T) == 4) {
+    uint4 u;
+    asm volatile("{.reg .pred q; setp.ne.b32 q, %5, 0; mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0;\n"
+                 "mov.b32 %3, 0; @q ld.global.v4.b32 {%0, %1, %2, %3}, [%4];}"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p), "r"(active));
+    *reinterpret_cast<uint4*>(&v) = u;
+  } else if constexpr (LOAD == kLoadPredicated) {
+    uint2 u;
+    asm volatile("{.reg .pred q; setp.ne.b32 q, %3, 0; mov.b32 %0, 0; mov.b32 %1, 0;\n"
+                 "@q ld.global.v2.b32 {%0, %1}, [%2];}" : "=r"(u.x), "=r"(u.y) : "l"(p), "r"(active));
     *reinterpret_cast<uint2*>(&v) = u;
   } else if constexpr (sizeof(T) == 4) {
     *reinterpret_cast<float4*>(&v) = __ldca(reinterpret_cast<const float4*>(p));
@@ -119,8 +140,9 @@ __device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p) {
   return v;
 }
 
-// Pinned cached-slot loads (load_cached) below this many rows, for the single-norm forms (plain
-// and residual) where they were measured: faster at 1 and 8 rows, slower from 128.
+// Below this many rows the single-norm forms (plain and residual) pin their cached-slot loads
+// (kLoadPredicated in the straight-line plain kernel, else kLoadVolatile): measured faster at 1
+// and 8 rows, slower from 128, where L1 reuse and occupancy decide instead.
 constexpr int64_t kPinnedMaxRows = 128;
 
 // One vector's output of the single-norm forms (x, its other row o: branch or residual, weights
@@ -250,7 +272,7 @@ __device__ __forceinline__ void add_uncached(float (&acc)[R][4], int slots, F&& 
 // reads it from the arguments.
 // ---------------------------------------------------------------------------------------------
 template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS, bool FULL = false,
-          int WARP_DOWN = -1, bool PINNED = false>
+          int WARP_DOWN = -1, int LOAD = kLoadCached>
 __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_kernel(const NormArgs a) {
   using V = Vec4<T>;
   constexpr bool kNN = MODE == kNormNormAdd;
@@ -279,11 +301,11 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (s < slots) {
-      w1c[s] = load_cached<PINNED>(w1 + s * kStride);
-      if constexpr (kNN) w2c[s] = load_cached<PINNED>(w2 + s * kStride);
-      xc[s] = load_cached<PINNED>(xr + s * kStride);
+      w1c[s] = load_cached<LOAD>(w1 + s * kStride, active);
+      if constexpr (kNN) w2c[s] = load_cached<LOAD>(w2 + s * kStride, active);
+      xc[s] = load_cached<LOAD>(xr + s * kStride, active);
       if constexpr (kOther) {
-        oc[s] = load_cached<PINNED>(orow + s * kStride);
+        oc[s] = load_cached<LOAD>(orow + s * kStride, active);
       } else {
         oc[s] = xc[s];  // unused by this form; keeps every value defined
       }
@@ -358,7 +380,7 @@ __global__ void __launch_bounds__(LOG_NW >= 2 ? 32 << LOG_NW : 128) norm_vec_ker
   } else {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (s < slots) out[s * kStride] = single_out_vec<T, MODE, HAS_R>(xc[s], oc[s], w1c[s], rstd1);
+      if (s < slots && active) out[s * kStride] = single_out_vec<T, MODE, HAS_R>(xc[s], oc[s], w1c[s], rstd1);
     }
 #pragma unroll 4
     for (int s = kSlots; s < slots; ++s) {
@@ -382,7 +404,8 @@ cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t strea
   const dim3 block(32 << LOG_NW, rows_per_block);
   if constexpr (MODE == kNormX) {
     if (a.rows < kPinnedMaxRows) {
-      norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, true>
+      constexpr int kLoad = FULL && !HAS_R ? kLoadPredicated : kLoadVolatile;
+      norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, kLoad>
           <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
       return cudaGetLastError();
     }
