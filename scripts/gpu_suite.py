@@ -211,9 +211,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                        "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
     "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
                                 "--arms torch,exact,approx,cuda --iters 100", "profile-native")),
-    "e2e-native": (330, rlt(f"e2e {OURO} --arms torch,exact,cuda,torch --workload burst "
+    "e2e-native": (420, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
                             "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
-                            "--deadline 300", "e2e-native")),
+                            "--deadline 380", "e2e-native")),
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
                        "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
