@@ -405,13 +405,16 @@ def test_vector_kernel_layouts_reproduce_torchs_row_sum(order: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # the sources compile for sm_90 with the instructions exactness needs (where nvcc exists)
 # ----------------------------------------------------------------------------------------------
+# the half/bfloat16 operator switches torch's extension build passes to nvcc
+TORCH_DEFINES = ("-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__")
+
+
 def test_sources_compile_to_the_expected_ptx(tmp_path: Path) -> None:
     nvcc = build.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    torch_defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
-    flags = ["-std=c++17", "-arch=sm_90", "-ptx", *torch_defines, *build.CUDA_FLAGS]
+    flags = ["-std=c++17", "-arch=sm_90", "-ptx", *TORCH_DEFINES, *build.CUDA_FLAGS]
     ptx = {}
     for name in ("norm", "act", "rope"):
         out = tmp_path / f"{name}.ptx"
@@ -454,10 +457,8 @@ def test_one_row_plain_kernel_issues_every_load_before_the_sum(tmp_path: Path) -
     cuobjdump = next((c for c in candidates if c.exists()), None)
     if cuobjdump is None:
         pytest.skip("cuobjdump not found")
-    torch_defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
     cubin = tmp_path / "norm.cubin"
-    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-cubin", *torch_defines, *build.CUDA_FLAGS,
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-cubin", *TORCH_DEFINES, *build.CUDA_FLAGS,
            str(build.CSRC / "norm.cu"), "-o", str(cubin)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
