@@ -145,12 +145,15 @@ def test_print_validation_report(dev: torch.device) -> None:
 
 
 @pytest.mark.parametrize("config", [OneLaunchConfig(layout="general"), OneLaunchConfig(tree="halvings"),
-                                    OneLaunchConfig(warps=2), OneLaunchConfig(packed=False)],
+                                    OneLaunchConfig(warps=2), OneLaunchConfig(packed=False),
+                                    OneLaunchConfig(stream_rows=1), OneLaunchConfig(stream_rows=8),
+                                    OneLaunchConfig(stream=False)],
                          ids=lambda c: c.name)
 def test_other_layouts_pass_the_validation_cases(dev: torch.device, config: OneLaunchConfig) -> None:
     """The general layout (what serves a key where the default is refused, and the unaligned
-    widths) and the lowwarp variants the tuner may choose (the fp32 epilogue among them): the
-    validation's cases at the models' widths, bitwise, in bf16."""
+    widths) and the lowwarp variants the tuner may choose (the fp32 epilogue, one or eight rows per
+    program in the plain two-pass form, no streaming hints among them): the validation's cases at
+    the models' widths, bitwise, in bf16."""
     for W in (2048, 5280):
         order = trm.default_warp_order(torch.__version__)
         cases, elems, bad, _ = run_cases(dev, torch.bfloat16, W, order, nol.kernels_for(config))

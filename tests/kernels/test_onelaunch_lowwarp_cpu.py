@@ -33,8 +33,8 @@ CASES = [(1, 2048), (1, 5280), (2, 1028), (3, 5280), (4, 1000), (4, 2052), (1, 1
 def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the one-launch kernels launched during the test."""
     calls: list[str] = []
-    for name in ("_lowwarp_norm_kernel", "_lowwarp_norm_norm_kernel", "_general_norm_kernel",
-                 "_general_norm_norm_kernel"):
+    for name in ("_lowwarp_norm_kernel", "_lowwarp_rows_norm_kernel", "_lowwarp_norm_norm_kernel",
+                 "_general_norm_kernel", "_general_norm_norm_kernel"):
         real = getattr(nol, name)
 
         class Spy:
@@ -121,16 +121,46 @@ def test_lowwarp_one_and_two_pass_forms_equal_general_layout(T: int, N: int, one
                                                               ran: list[str]) -> None:
     """Both row forms of the lowwarp kernels (one pass below two_pass_min_rows rows, two passes
     from it; the threshold forced here) give the general layout's bits in every form. Past 16
-    vectors per lane the single norms take two passes and norm-add-norm the general layout."""
+    vectors per lane the single norms take two passes and norm-add-norm the general layout; the
+    plain form's two passes at 32 lanes take the several-rows kernel."""
     x, r, b = (_adv((T, N), torch.bfloat16, seed) for seed in (71, 72, 73))
     w1, w2 = _adv((1, N), torch.bfloat16, 74)[0], _adv((1, N), torch.bfloat16, 75)[0]
     got = _all_forms(x, r, b, w1, w2, OneLaunchConfig(two_pass_min_rows=10**9 if one_pass else 1))
-    long_rows = -(-N // 4 // trm.plan_for(T, N, CPU).lanes) > nol.MAX_ONE_PASS_ITERS
+    lanes = trm.plan_for(T, N, CPU).lanes
+    long_rows = -(-N // 4 // lanes) > nol.MAX_ONE_PASS_ITERS
     nn = "_general_norm_norm_kernel" if long_rows else "_lowwarp_norm_norm_kernel"
-    assert ran == ["_lowwarp_norm_kernel"] * 3 + [nn]
+    # the plain form's two passes at 32 lanes and width <= 2048: several rows per program
+    rows_kernel = not one_pass and lanes == 32 and N <= nol.ROWS_MAX_WIDTH
+    plain = "_lowwarp_rows_norm_kernel" if rows_kernel else "_lowwarp_norm_kernel"
+    assert ran == [plain] + ["_lowwarp_norm_kernel"] * 2 + [nn]
     want = _all_forms(x, r, b, w1, w2, GENERAL)
     for k in want:
         assert_bitwise(got[k], want[k], k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T,N,rows", [(16, 2048, 4), (21, 2048, 4), (19, 2048, 8), (18, 1000, 2), (3, 132, 4),
+                                      (17, 1028, 16)])
+def test_rows_kernel_equals_model_and_one_row_kernel(T: int, N: int, rows: int, dtype: torch.dtype,
+                                                     ran: list[str]) -> None:
+    """The several-rows kernel of the plain two-pass form (stream_rows rows per program, one warp
+    each; the last program's missing rows masked): the variance is the modelled torch order bit for
+    bit, and the output is the one-row kernel's (stream_rows=1), which the general layout checks
+    above. Strided rows that start mid-buffer; one and two output chunks. torch gives a row 32
+    lanes from 16 rows up at these widths (at any row count below width 256)."""
+    big = _adv((T, N + 8), dtype, seed=T * 7 + N)
+    x = big[:, 4:4 + N]
+    w = _adv((1, N), dtype, 91)[0]
+    y, var = torch.empty((T, N), dtype=dtype), torch.empty(T)
+    nol.rms_norm_onelaunch_rows(x, w, EPS, y, var_out=var, warp_order=trm.WARP_DOWN,
+                                config=OneLaunchConfig(two_pass_min_rows=1, stream_rows=rows))
+    assert ran == ["_lowwarp_rows_norm_kernel"]
+    np.testing.assert_array_equal(_bits(var.numpy()), _bits(trm.mean_rows(_sq(x), warp_order=trm.WARP_DOWN)))
+    y1 = torch.empty_like(y)
+    nol.rms_norm_onelaunch_rows(x, w, EPS, y1, warp_order=trm.WARP_DOWN,
+                                config=OneLaunchConfig(two_pass_min_rows=1, stream_rows=1))
+    assert ran[1:] == ["_lowwarp_norm_kernel"]
+    assert_bitwise(y, y1, "plain")
 
 
 def test_lowwarp_norm_norm_second_variance_is_in_torch_order(ran: list[str]) -> None:

@@ -218,3 +218,44 @@ def test_lowwarp_row_forms_load_before_they_store() -> None:
     nothing spilled; the two-pass form stores a flat chunk only after loading all of it, at most one
     store-to-load turn per extra chunk."""
     run_sm90_script(ROW_FORMS_SASS_SCRIPT, "ROW_FORMS_OK")
+
+
+ROWS_KERNEL_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
+    rsig = {**{n: "*bf16" for n in ("x_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32", "T": "i32", "N": "i32",
+            "sx": "i32", "eps": "fp32", "factor": "fp32"}
+    for rows in (2, 4, 8):
+        consts = {"STORE_VAR": True, "DT": 1, "INTERPRET": False, "ROWS": rows, "ITERS": 16, "TL_SUM": True,
+                  "OUT_CHUNK": 1024, "TWO_CHUNKS": True, "PACKED": True, "STREAM": True}
+        full = {**rsig, **{c: "constexpr" for c in consts}}
+        names = list(full)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+                 if full[n].startswith("*") or n in ("N", "sx")}
+        k = triton.compile(ASTSource(fn=nol._lowwarp_rows_norm_kernel, signature=full, constexprs=consts,
+                                     attrs=attrs), target=target, options={"num_warps": rows})
+        ptx = k.asm["ptx"]
+        assert "ld.local" not in ptx, "register spills"
+        assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx
+        sass = sass_of(k)
+        # each warp sums its own row: torch's five warp levels, nothing across warps
+        levels = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)", sass)
+        assert levels == ["0x10", "0x8", "0x4", "0x2", "0x1"], (rows, levels)
+        mem = re.findall(r"\b(LDG|STG)\.", sass)
+        turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
+        first_store = mem.index("STG")
+        # the first pass (16 vectors per lane) and both output chunks of x (ROWS x 2048 values over
+        # 32 ROWS threads, 16 bytes a load) are in flight before the first store; only the second
+        # chunk's weights come after it
+        print(rows, first_store, turns, mem.count("LDG"), mem.count("STG"))
+        assert first_store >= 16 + 2048 * 2 // 16 // 32 and turns <= 1, (rows, mem)
+        assert re.search(r"\bH(MUL2|FMA2)[.\w]*BF16", sass), "packed multiply"
+    print("ROWS_OK")
+''')
+
+
+def test_rows_kernel_sums_per_warp_and_loads_its_chunks_before_storing() -> None:
+    """sm_90 SASS of the several-rows plain kernel (2, 4, 8 rows and warps per program, width
+    2048): each warp reduces its row with torch's five butterfly levels and no cross-warp step, no
+    spills, no FMA, and both output chunks of the rows are loaded before the first store (at most
+    one store-to-load turn, for the second chunk's weights). The bits are checked against torch
+    by the GPU tests and the start-up validation; the order on CPU by the interpreter tests."""
+    run_sm90_script(ROWS_KERNEL_SASS_SCRIPT, "ROWS_OK")

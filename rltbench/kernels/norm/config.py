@@ -53,10 +53,13 @@ class OneLaunchConfig:
     measurements). ``packed`` (bf16/fp16 on the GPU): the epilogue's dtype multiply and residual
     add as packed 16-bit instructions, two elements each, the same values with about a third fewer
     instructions (at 128 rows of width 2048 one warp runs a row's 64 values per thread alone).
-    ``stream`` (two passes, plain form only): the second read of a row marked evict-first and the
-    output stored streaming, as the approx norm's tuned launch does; at 4096 rows of width 2048 it
-    was faster than without, beyond the spread of an A/A copy, in an H200 side comparison
-    (docs/onelaunch_norm.md), so it is the default.
+    ``stream`` (two passes, plain form only): the row's reads marked evict-first and the output
+    stored streaming, as the approx norm's tuned launch does; at 4096 rows of width 2048 it was
+    faster than without, beyond the spread of an A/A copy, in an H200 side comparison
+    (docs/onelaunch_norm.md), so it is the default. ``stream_rows`` (two passes, plain form, torch's
+    32-lane plan, width <= 2048): rows per program of the several-rows kernel, one warp each (1:
+    the one-row kernel); 4 was the fastest of 1, 2, 4, 8, 16 and 32 at 4096 x 2048 in an H200 side
+    comparison.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -66,6 +69,7 @@ class OneLaunchConfig:
     two_pass_min_rows: int = 1024
     packed: bool = True
     stream: bool = True
+    stream_rows: int = 4
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -77,6 +81,8 @@ class OneLaunchConfig:
                  f"two_pass_min_rows must be an integer >= 1, got {self.two_pass_min_rows!r}")
         _require(isinstance(self.packed, bool), f"packed must be true or false, got {self.packed!r}")
         _require(isinstance(self.stream, bool), f"stream must be true or false, got {self.stream!r}")
+        _require(_pow2(self.stream_rows) and self.stream_rows <= MAX_WARPS,
+                 f"stream_rows must be a power of two in 1..{MAX_WARPS}, got {self.stream_rows!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:
@@ -88,7 +94,8 @@ class OneLaunchConfig:
         if self.layout == "general":
             return "general"
         return (f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
-                + ("" if self.packed else "-fp32epi") + ("" if self.stream else "-nostream"))
+                + ("" if self.packed else "-fp32epi") + ("" if self.stream else "-nostream")
+                + ("" if self.stream_rows == 4 else f"-rows{self.stream_rows}"))
 
     @classmethod
     def search_space(cls) -> dict[str, OneLaunchConfig]:
@@ -98,6 +105,7 @@ class OneLaunchConfig:
         space = [cls(layout="general")]
         space += [cls(warps=w, tree=t) for t in TREES for w in (1, 2, 4)]
         space += [cls(packed=False)]   # the fp32 epilogue of the default layout
+        space += [cls(stream_rows=1)]  # one row per program in the two-pass plain form
         return {c.name: c for c in space}
 
 

@@ -79,6 +79,7 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 OUT_CHUNK_PER_WARP = 1024   # two-pass output: columns per warp per chunk (32 per thread)
+ROWS_MAX_WIDTH = 2 * OUT_CHUNK_PER_WARP   # the several-rows kernel loads a row's (at most two) chunks at once
 MAX_ITERS = 64    # lowwarp: the two-pass unroll bound (width 5280 at 32 lanes: 42 vectors per lane)
 MAX_ONE_PASS_ITERS = 16   # lowwarp: the most vectors per lane a row held in registers takes
 
@@ -474,6 +475,92 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
 
 
 @triton.jit
+def _streamed(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
+    """A load of values this kernel reads for the last time or soon again from L2 (STREAM: marked
+    evict-first, so they leave L2 before the lines other kernels still need), in the dtype (fp32
+    values under the interpreter, whose conversions go through load_f32)."""
+    if INTERPRET:
+        return load_f32(ptrs, m, DT, INTERPRET)
+    elif STREAM:
+        return tl.load(ptrs, mask=m, other=0.0, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=m, other=0.0)
+
+
+@triton.jit
+def _rows_chunk_out(xv, w_ptr, out_rows, rstd, cols, cmask, m, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                    PACKED: tl.constexpr, STREAM: tl.constexpr):
+    """The plain epilogue of one [ROWS, CHUNK] chunk already loaded (`xv`, dtype or fp32 values;
+    `out_rows` the rows' output pointers [ROWS, 1], `cmask` the columns', `m` the chunk's mask):
+    round(w * round(v * rstd)), stored streaming (STREAM) or plainly."""
+    w = tl.broadcast_to(_operand(w_ptr + cols, cmask, DT, INTERPRET, PACKED), m.shape)
+    y = _out_vals(xv.to(tl.float32), w, w, rstd, False, DT, INTERPRET, PACKED)
+    ptrs = out_rows + cols
+    if INTERPRET:
+        store_f32(ptrs, y, m, DT, INTERPRET)
+    elif STREAM:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _lowwarp_rows_norm_kernel(x_ptr, w_ptr, out_ptr, var_ptr, T, N, sx, eps, factor,
+                              STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
+                              ROWS: tl.constexpr, ITERS: tl.constexpr, TL_SUM: tl.constexpr,
+                              OUT_CHUNK: tl.constexpr, TWO_CHUNKS: tl.constexpr, PACKED: tl.constexpr,
+                              STREAM: tl.constexpr):
+    """The plain norm, two passes, ROWS rows of torch's 32-lane plan per program: warp j sums row j
+    (torch lane = hardware lane, ITERS vectors each, the per-warp butterfly of _tree's one-warp
+    case), then the program writes its rows' output in at most two [ROWS, OUT_CHUNK] chunks, both
+    loaded before either is stored (a load after a store waits for it, see _lowwarp_norm_kernel).
+
+    Why a program takes several rows: at 4096 rows of width 2048 four rows per program (1024
+    programs of four warps) and the second chunk's load ahead of the first store were each faster
+    than one row per one-warp program, beyond the spread of an A/A copy, in an H200 side comparison
+    (docs/onelaunch_norm.md). STREAM (GPU): both passes read the row evict-first, the output is
+    stored streaming."""
+    pid = tl.program_id(0).to(tl.int64)
+    m = tl.arange(0, ROWS * 32)[:, None]          # warp m // 32 holds row m // 32, lane m % 32
+    row = pid * ROWS + m // 32
+    lane = m % 32
+    i = tl.arange(0, 4)[None, :]
+    acc = tl.zeros([ROWS * 32, 4], dtype=tl.float32)
+    for it in tl.static_range(ITERS):             # vector k = it * 32 + lane, element i -> acc i
+        k = it * 32 + lane
+        v = _streamed(x_ptr + row * sx + k * 4 + i, (row < T) & (k < N // 4) & (i < 4), DT, INTERPRET, STREAM)
+        acc = add_rn(acc, _sq_of(v.to(tl.float32), INTERPRET), INTERPRET)
+    p, q = tl.split(tl.reshape(acc, [ROWS * 32, 2, 2]))   # p = (a0, a2), q = (a1, a3)
+    a0, a2 = tl.split(p)
+    a1, a3 = tl.split(q)
+    s = tl.reshape(add_rn(add_rn(add_rn(a0, a1, INTERPRET), a2, INTERPRET), a3, INTERPRET), [ROWS, 32])
+    if TL_SUM:
+        total = tl.sum(s, axis=1)                  # per warp: the butterfly xor 16 .. 1
+    else:
+        for k in tl.static_range(5):               # lanes (h, h + 16), (h, h + 8), .. (h, h + 1)
+            s = tl.sum(tl.reshape(s, [ROWS, 2, 16 >> k]), axis=1)
+        total = tl.reshape(s, [ROWS])
+    var, rstd = _rstd(total, factor, eps, INTERPRET)
+    rows = (pid * ROWS + tl.arange(0, ROWS))[:, None]
+    rstd = rstd[:, None]
+    out_rows = out_ptr + rows * N
+    ca = tl.arange(0, OUT_CHUNK)[None, :]
+    ma = (rows < T) & (ca < N)
+    xa = _streamed(x_ptr + rows * sx + ca, ma, DT, INTERPRET, STREAM)
+    if TWO_CHUNKS:
+        cb = OUT_CHUNK + ca
+        mb = (rows < T) & (cb < N)
+        xb = _streamed(x_ptr + rows * sx + cb, mb, DT, INTERPRET, STREAM)
+        _rows_chunk_out(xa, w_ptr, out_rows, rstd, ca, ca < N, ma, DT, INTERPRET, PACKED, STREAM)
+        _rows_chunk_out(xb, w_ptr, out_rows, rstd, cb, cb < N, mb, DT, INTERPRET, PACKED, STREAM)
+    else:
+        _rows_chunk_out(xa, w_ptr, out_rows, rstd, ca, ca < N, ma, DT, INTERPRET, PACKED, STREAM)
+    if STORE_VAR:   # last: a store ahead of the output's loads would order them behind it
+        vrows = pid * ROWS + tl.arange(0, ROWS)
+        tl.store(var_ptr + vrows, var, mask=vrows < T)
+
+
+@triton.jit
 def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
@@ -607,12 +694,37 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
         cfg = config if config is not None else tuned.config(OneLaunchConfig)
         consts["STREAM"] = (cfg.stream and not consts["ONE_PASS"] and not consts["INTERPRET"]
                             and branch is None and residual is None)
+        if branch is None and residual is None and takes_rows_kernel(cfg, consts, W):
+            _launch_rows(x, w, out, var_out, s, consts, cfg)
+            return
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     kernel = _lowwarp_norm_kernel if layout == "lowwarp" else _general_norm_kernel
     kernel[(R,)](x, b, r, w, out, var_out if var_out is not None else out, W, row_stride(x), row_stride(b),
                  row_stride(r), *s, MODE=MODE_X if branch is None else MODE_ADD,
                  HAS_R=residual is not None, STORE_VAR=var_out is not None, **consts)
+
+
+def takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int) -> bool:
+    """Whether a plain-form lowwarp launch (`consts` from _launch) runs _lowwarp_rows_norm_kernel:
+    two passes, torch's 32-lane plan (one warp per row), rows of at most ROWS_MAX_WIDTH, and a
+    config asking for more than one row per program."""
+    return (not consts["ONE_PASS"] and consts["R"] * consts["NW"] == 1 and width <= ROWS_MAX_WIDTH
+            and cfg.stream_rows > 1)
+
+
+def _launch_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, var_out: torch.Tensor | None,
+                 scalars: tuple[float | int, ...], consts: dict[str, Any], cfg: OneLaunchConfig) -> None:
+    """_lowwarp_rows_norm_kernel over x's rows, cfg.stream_rows rows (and warps) per program."""
+    T, W = x.shape
+    rows = cfg.stream_rows
+    chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP)
+    interp = consts["INTERPRET"]
+    _lowwarp_rows_norm_kernel[(triton.cdiv(T, rows),)](
+        x, w, out, var_out if var_out is not None else out, T, W, row_stride(x), *scalars,
+        STORE_VAR=var_out is not None, DT=consts["DT"], INTERPRET=interp, ROWS=rows, ITERS=consts["ITERS"],
+        TL_SUM=consts["TL_SUM"], OUT_CHUNK=chunk, TWO_CHUNKS=W > chunk, PACKED=consts["PACKED"],
+        STREAM=cfg.stream and not interp, num_warps=1 if interp else rows)
 
 
 def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.Tensor, w1: torch.Tensor,
