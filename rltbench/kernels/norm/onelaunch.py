@@ -244,6 +244,30 @@ def _store_out(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl
 
 
 @triton.jit
+def _streamed(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
+    """A load of values this kernel reads for the last time or soon again from L2 (STREAM: marked
+    evict-first, so they leave L2 before the lines other kernels still need), in the dtype (fp32
+    values under the interpreter, whose conversions go through load_f32)."""
+    if INTERPRET:
+        return load_f32(ptrs, m, DT, INTERPRET)
+    elif STREAM:
+        return tl.load(ptrs, mask=m, other=0.0, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=m, other=0.0)
+
+
+@triton.jit
+def _store_y(ptrs, y, m, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr,
+             STREAM: tl.constexpr):
+    """Store an _out_vals result: streaming (st.global.cs: this kernel never reads it again) when
+    STREAM (GPU only, set by the host), else as _store_out."""
+    if STREAM:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m, cache_modifier=".cs")
+    else:
+        _store_out(ptrs, y, m, DT, INTERPRET, PACKED)
+
+
+@triton.jit
 def _widened(y, PACKED: tl.constexpr):
     """An _out_vals result as fp32 (exact), for a second sum over it."""
     if PACKED:
@@ -261,20 +285,14 @@ def _norm_out(x_row, b_row, w_ptr, r_row, out_row, rstd, cols, m, MODE: tl.const
     (st.global.cs): neither is read again by this kernel."""
     w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
     if STREAM:
-        v = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        v = _streamed(x_row + cols, m, DT, INTERPRET, STREAM).to(tl.float32)
     else:
         v = _vals(x_row, b_row, x_row, w_ptr, 1.0, cols, m, MODE, DT, INTERPRET)
     r = w
     if HAS_R:
         r = _operand(r_row + cols, m, DT, INTERPRET, PACKED)
-    y = _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED)
-    if STREAM:
-        if PACKED:
-            tl.store(out_row + cols, y, mask=m, cache_modifier=".cs")
-        else:
-            tl.store(out_row + cols, y.to((out_row + cols).dtype.element_ty), mask=m, cache_modifier=".cs")
-    else:
-        _store_out(out_row + cols, y, m, DT, INTERPRET, PACKED)
+    _store_y(out_row + cols, _out_vals(v, w, r, rstd, HAS_R, DT, INTERPRET, PACKED), m, DT, INTERPRET, PACKED,
+             STREAM)
 
 
 @triton.jit
@@ -475,19 +493,6 @@ def _lowwarp_norm_kernel(x_ptr, b_ptr, r_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb
 
 
 @triton.jit
-def _streamed(ptrs, m, DT: tl.constexpr, INTERPRET: tl.constexpr, STREAM: tl.constexpr):
-    """A load of values this kernel reads for the last time or soon again from L2 (STREAM: marked
-    evict-first, so they leave L2 before the lines other kernels still need), in the dtype (fp32
-    values under the interpreter, whose conversions go through load_f32)."""
-    if INTERPRET:
-        return load_f32(ptrs, m, DT, INTERPRET)
-    elif STREAM:
-        return tl.load(ptrs, mask=m, other=0.0, eviction_policy="evict_first")
-    else:
-        return tl.load(ptrs, mask=m, other=0.0)
-
-
-@triton.jit
 def _rows_chunk_out(xv, w_ptr, out_rows, rstd, cols, cmask, m, DT: tl.constexpr, INTERPRET: tl.constexpr,
                     PACKED: tl.constexpr, STREAM: tl.constexpr):
     """The plain epilogue of one [ROWS, CHUNK] chunk already loaded (`xv`, dtype or fp32 values;
@@ -495,13 +500,7 @@ def _rows_chunk_out(xv, w_ptr, out_rows, rstd, cols, cmask, m, DT: tl.constexpr,
     round(w * round(v * rstd)), stored streaming (STREAM) or plainly."""
     w = tl.broadcast_to(_operand(w_ptr + cols, cmask, DT, INTERPRET, PACKED), m.shape)
     y = _out_vals(xv.to(tl.float32), w, w, rstd, False, DT, INTERPRET, PACKED)
-    ptrs = out_rows + cols
-    if INTERPRET:
-        store_f32(ptrs, y, m, DT, INTERPRET)
-    elif STREAM:
-        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m, cache_modifier=".cs")
-    else:
-        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=m)
+    _store_y(out_rows + cols, y, m, DT, INTERPRET, PACKED, STREAM)
 
 
 @triton.jit
@@ -694,7 +693,7 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
         cfg = config if config is not None else tuned.config(OneLaunchConfig)
         consts["STREAM"] = (cfg.stream and not consts["ONE_PASS"] and not consts["INTERPRET"]
                             and branch is None and residual is None)
-        if branch is None and residual is None and takes_rows_kernel(cfg, consts, W):
+        if branch is None and residual is None and _takes_rows_kernel(cfg, consts, W):
             _launch_rows(x, w, out, var_out, s, consts, cfg)
             return
     b = branch if branch is not None else x
@@ -705,7 +704,7 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
                  HAS_R=residual is not None, STORE_VAR=var_out is not None, **consts)
 
 
-def takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int) -> bool:
+def _takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int) -> bool:
     """Whether a plain-form lowwarp launch (`consts` from _launch) runs _lowwarp_rows_norm_kernel:
     two passes, torch's 32-lane plan (one warp per row), rows of at most ROWS_MAX_WIDTH, and a
     config asking for more than one row per program."""
@@ -715,7 +714,8 @@ def takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int) 
 
 def _launch_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, var_out: torch.Tensor | None,
                  scalars: tuple[float | int, ...], consts: dict[str, Any], cfg: OneLaunchConfig) -> None:
-    """_lowwarp_rows_norm_kernel over x's rows, cfg.stream_rows rows (and warps) per program."""
+    """_lowwarp_rows_norm_kernel over x's rows, cfg.stream_rows rows (and warps) per program, with
+    the streaming decision the caller made (consts["STREAM"])."""
     T, W = x.shape
     rows = cfg.stream_rows
     chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP)
@@ -724,7 +724,7 @@ def _launch_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, var_out: t
         x, w, out, var_out if var_out is not None else out, T, W, row_stride(x), *scalars,
         STORE_VAR=var_out is not None, DT=consts["DT"], INTERPRET=interp, ROWS=rows, ITERS=consts["ITERS"],
         TL_SUM=consts["TL_SUM"], OUT_CHUNK=chunk, TWO_CHUNKS=W > chunk, PACKED=consts["PACKED"],
-        STREAM=cfg.stream and not interp, num_warps=1 if interp else rows)
+        STREAM=consts["STREAM"], num_warps=1 if interp else rows)
 
 
 def residual_rms_norm_norm_onelaunch_rows(residual: torch.Tensor, branch: torch.Tensor, w1: torch.Tensor,
