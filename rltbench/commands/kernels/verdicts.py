@@ -33,7 +33,6 @@ AA = "A/A"
 CASE_KEYS = ("op", "dtype", "width", "tokens")
 
 
-
 def round_medians(samples: Sequence[float], rounds: int) -> list[float]:
     """One median per round: the samples are stored round after round, the same count in each."""
     if rounds < 1 or len(samples) % rounds:

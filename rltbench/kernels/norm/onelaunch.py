@@ -534,6 +534,9 @@ def _lowwarp_rows_norm_kernel(x_ptr, w_ptr, out_ptr, var_ptr, T, N, sx, eps, fac
         k = it * 32 + lane
         v = _streamed(x_lane + it * 128, (row < T) & (k < N // 4) & (i < 4), DT, INTERPRET, STREAM)
         acc = add_rn(acc, _sq_of(v.to(tl.float32), INTERPRET), INTERPRET)
+    # the output pass's offsets and masks, ahead of the reduction: placed after it, ptxas (Triton 3.9,
+    # sm_90) gave the kernel 72 registers instead of 64, and at 72 not every program of 4096 rows
+    # is resident at once
     rows = (pid * ROWS + tl.arange(0, ROWS))[:, None]
     ca = tl.arange(0, OUT_CHUNK)[None, :]
     cb = OUT_CHUNK + ca
