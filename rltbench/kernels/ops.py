@@ -185,12 +185,12 @@ class Ops:
         return impl
 
     # -- norms ---------------------------------------------------------------------------------------------
-    def _route(self, x: Tensor) -> norm.Route:
-        """norm.route for this arm (the dispatch table); consulting the native norm's trust is
-        recorded so the stats carry its validation report."""
+    def _route(self, x: Tensor, others: tuple[Tensor | None, ...] = ()) -> norm.Route:
+        """norm.route for this arm (the dispatch table) over x and the tensors read beside it;
+        consulting the native norm's trust is recorded so the stats carry its validation report."""
         if self.selection.norm == native.NATIVE_IMPL:
             self.stats.native_norm_checked = True
-        return norm.route(self.selection.norm, x, self.onelaunch_norm)
+        return norm.route(self.selection.norm, x, self.onelaunch_norm, others)
 
     def _norm(
         self,
@@ -219,7 +219,7 @@ class Ops:
                     views[name] = rows_view(t)
                     if views[name] is None:
                         return "layout"
-            routed.append(self._route(x))
+            routed.append(self._route(x, (branch, residual, w)))
             return routed[0].fallback
 
         impl = self._impl(op, "norm", [x, w, *extra], check)
@@ -300,7 +300,7 @@ class Ops:
         rv, bv = rows_view(residual), rows_view(branch)
         if rv is None or bv is None:
             return None
-        r = self._route(branch)
+        r = self._route(branch, (residual, w1, w2))
         if r.norm_norm is None:
             return None
         h = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)

@@ -115,8 +115,9 @@ def offset_copy(t: torch.Tensor, by: int = 1) -> torch.Tensor:
 
 def arm_bitwise_cuda(ops, big: dict, dtype: torch.dtype, layouts: tuple[str, ...]) -> int:  # noqa: ANN001
     """An arm's every op bitwise against torch on CUDA: bulk_bitwise over `big`, then decode shapes
-    (T = 1 and 3) with each layout of the 2-D inputs: "strided" rows and "offset" storage (RoPE's q
-    and k are offset in both). Returns the elements compared by bulk_bitwise."""
+    (T = 1 and 3) and a prefill size (T = 4100) with each layout of the 2-D inputs: "strided" rows
+    and "offset" storage (RoPE's q and k are offset in both). Returns the elements compared by
+    bulk_bitwise."""
     from rltbench.kernels import OPS, OpSelection, make_ops, op_case
 
     rf = make_ops(OpSelection.torch())
@@ -125,7 +126,7 @@ def arm_bitwise_cuda(ops, big: dict, dtype: torch.dtype, layouts: tuple[str, ...
         total = bulk_bitwise(ops, rf, big, dtype, g, torch.Generator().manual_seed(1))
         for name in OPS:
             case = op_case(name)
-            for T in (1, 3):
+            for T in (1, 3, 4100):
                 for layout in layouts:
                     d = case.make_inputs(T, big[name][0][1], dtype, "cuda", g)
                     move = strided_rows if layout == "strided" else offset_copy

@@ -57,7 +57,7 @@ def test_ptx_helpers_match_torch_cuda() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
     """Every op through the exact arm over >= 1e8 elements, with inf/nan/denormals; then decode
-    shapes with strided rows and offset storage."""
+    shapes and a prefill size with strided rows and offset storage."""
     ex = make_ops(OpSelection.exact(scope="all"))
     total = arm_bitwise_cuda(ex, BIG, dtype, ("strided", "offset"))
     assert total >= 1e8, total
@@ -67,6 +67,59 @@ def test_exact_bitwise_vs_torch_cuda_big(dtype: torch.dtype) -> None:
 def test_graph_capture_replay_bitwise_with_new_inputs() -> None:
     ops = make_ops(OpSelection.exact(scope="graph"))
     graph_replay_bitwise(ops, make_ops(OpSelection.torch()), torch.Generator(device="cuda").manual_seed(2))
+
+
+def _rows_at(T: int, W: int, stride: int, start: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """T random rows of width W, row stride `stride`, starting `start` elements into a buffer."""
+    buf = torch.randn(start + T * stride, generator=g, device="cuda").to(dtype)
+    return buf[start:].view(T, stride)[:, :W]
+
+
+# (row stride, first element) of 2048-wide rows: contiguous, padded keeping the stride divisible
+# by 16 (the validated binary), and strides / starts that change Triton's specialisation
+STRIDED_2048 = [(2048, 0), (2064, 16), (2080, 8), (2056, 0), (2052, 2), (2050, 1), (2048, 3)]
+
+
+@pytest.mark.parametrize("arm", ["exact", "cuda"])
+def test_norm_forms_on_strided_rows_at_prefill_sizes(arm: str) -> None:
+    """The norm forms through an arm on 4096 and 4100 strided rows, each layout three times: bitwise
+    equal to torch. The exact arm runs its one-launch kernels only where the pointer is 16-byte
+    aligned and the row stride as divisible by 16 as the width (onelaunch.layout_reason), else its
+    3-launch path; a binary of another specialisation once wrote a few elements of one row in 4096
+    one or two ulp off torch at these sizes."""
+    from rltbench.kernels.norm import onelaunch
+
+    if arm == "cuda":
+        from rltbench import native
+        try:
+            native.load()
+        except native.NativeUnavailable as exc:
+            pytest.fail(f"native arm unavailable on a GPU machine: {exc}")
+    ops = make_ops(OpSelection.exact(scope="all") if arm == "exact" else OpSelection.cuda(scope="all"))
+    rf = make_ops(OpSelection.torch())
+    g = torch.Generator(device="cuda").manual_seed(11)
+    w = (1 + 0.5 * torch.randn(2048, generator=g, device="cuda")).to(torch.bfloat16)
+    w2 = (1 + 0.5 * torch.randn(2048, generator=g, device="cuda")).to(torch.bfloat16)
+    for T in (4096, 4100):
+        for stride, start in STRIDED_2048:
+            want = "onelaunch" if stride % 16 == 0 and start % 8 == 0 else "3launch"
+            for _ in range(3):
+                x = _rows_at(T, 2048, stride, start, torch.bfloat16, g)
+                r = _rows_at(T, 2048, stride, start, torch.bfloat16, g)
+                before = ops.stats.paths[("rms_norm", want)]
+                where = f"{arm} {T} {stride} {start}"
+                assert_bitwise(ops.rms_norm(x, w, 1e-6), rf.rms_norm(x, w, 1e-6), where)
+                if arm == "exact":
+                    assert ops.stats.paths[("rms_norm", want)] == before + 1, (stride, start)
+                assert_bitwise(ops.residual_rms_norm(r, x, w, 1e-6), rf.residual_rms_norm(r, x, w, 1e-6),
+                               f"residual {where}")
+                for a, b in zip(ops.residual_rms_norm_norm(r, x, w, w2, 1e-6),
+                                rf.residual_rms_norm_norm(r, x, w, w2, 1e-6), strict=True):
+                    assert_bitwise(a, b, f"norm-add-norm {where}")
+    assert ops.stats.fallback_count() == 0, ops.stats.to_dict()
+    if arm == "exact":
+        refusals = onelaunch.validation_report()["refusals"]
+        assert refusals.get("row_stride", 0) > 0 and refusals.get("unaligned_pointer", 0) > 0, refusals
 
 
 # the approx norm's tuned section (norm/config.py ApproxNormLaunch fields) for each setting

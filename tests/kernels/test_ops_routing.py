@@ -174,3 +174,49 @@ def test_dispatch_table_per_arm(monkeypatch) -> None:
     assert norm.route("cuda", x).kernel == "native"
     with pytest.raises(ValueError):
         norm.route("off", x)
+
+
+def _rows(T: int, W: int, stride: int, start: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(T + stride)
+    buf = torch.randn(start + T * stride, generator=g).to(torch.bfloat16)
+    return buf[start:].view(T, stride)[:, :W]
+
+
+def test_onelaunch_norm_reads_only_rows_of_its_validated_specialisation(monkeypatch) -> None:
+    """Even where the width is trusted, the exact arm's one-launch kernels get only the Triton
+    specialisation validation covers: 16-byte aligned pointers and row strides as divisible by 16 as
+    the width (contiguous rows, or a padded stride like 2064 for 2048). Other rows take the 3-launch
+    path, and the refusal is counted by reason (onelaunch.layout_reason)."""
+    onelaunch.reset_validation()
+    calls: list[str] = []
+    monkeypatch.setattr(onelaunch, "is_trusted", lambda x: True)
+    monkeypatch.setattr(onelaunch, "rms_norm_onelaunch_rows", lambda *a, **k: calls.append("one"))
+    monkeypatch.setattr(onelaunch, "residual_rms_norm_norm_onelaunch_rows",
+                        lambda *a, **k: calls.append("nn"))
+    monkeypatch.setattr(norm.exact, "rms_norm_exact_rows", lambda *a, **k: calls.append("three"))
+    ops = make_ops(OpSelection(norm="exact", rope="off", act="off", scope="all"))
+    w64 = torch.ones(64, dtype=torch.bfloat16)
+    cases = [((4, 64, 64, 0), "one"), ((4, 64, 80, 16), "one"), ((4, 64, 72, 0), "three"),
+             ((4, 64, 64, 1), "three"), ((1, 64, 72, 0), "one"),   # one row: its stride is never read
+             ((4, 40, 40, 0), "one"), ((4, 40, 48, 0), "three"), ((4, 40, 56, 8), "one")]
+    for (T, W, stride, start), want in cases:
+        calls.clear()
+        w = w64[:W] if W == 64 else torch.ones(W, dtype=torch.bfloat16)
+        ops.rms_norm(_rows(T, W, stride, start), w, 1e-6)
+        assert calls == [want], ((T, W, stride, start), calls)
+    assert onelaunch.validation_report()["refusals"] == {"row_stride": 2, "unaligned_pointer": 1}
+    # the tensors read beside x count too: a residual, a branch, the weights
+    x, ok = _rows(4, 64, 64, 0), _rows(4, 64, 64, 0)
+    for call in (lambda: ops.residual_rms_norm(_rows(4, 64, 72, 0), x, w64, 1e-6),
+                 lambda: ops.add_rms_norm_huginn(x, _rows(4, 64, 64, 1), w64, 1e-6),
+                 lambda: ops.rms_norm(x, torch.ones(65, dtype=torch.bfloat16)[1:], 1e-6)):
+        calls.clear()
+        call()
+        assert calls == ["three"], calls
+    calls.clear()
+    ops.residual_rms_norm_norm(ok, x, w64, w64, 1e-6)
+    assert calls == ["nn"]
+    calls.clear()
+    ops.residual_rms_norm_norm(_rows(4, 64, 72, 0), x, w64, w64, 1e-6)   # two composed norms
+    assert "nn" not in calls and calls[0] == "three", calls
+    onelaunch.reset_validation()

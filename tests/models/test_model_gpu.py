@@ -26,8 +26,10 @@ def _captured_outputs(model, ops, ids, positions, seq_ids, rows_are_seqs):
 def _check_exact(model, fused_ops):
     from rltbench.arms import ArmSpec
     from rltbench.kernels import make_ops
+    from rltbench.kernels.norm import onelaunch
 
     dev = model.device
+    refused_before = dict(onelaunch.validation_report()["refusals"])
     torch_ops, exact_ops = make_ops(ArmSpec.torch()), make_ops(ArmSpec.exact())
     cases = [  # a batched decode step, then an 8-token prefill chunk of one sequence
         (torch.tensor([11, 12], device=dev), torch.tensor([40, 47], device=dev), torch.arange(2, device=dev),
@@ -41,6 +43,11 @@ def _check_exact(model, fused_ops):
         for key in ("hidden", "logits", "next_token"):
             assert torch.equal(ex[key], ref[key]), key
     assert exact_ops.stats.fallback_count() == 0, exact_ops.stats.to_dict()
+    # the models' activations and weights are the one-launch norm's own specialisation: no norm
+    # call was sent to the 3-launch path for its pointer or row stride (onelaunch.layout_reason)
+    refused = onelaunch.validation_report()["refusals"]
+    for why in ("row_stride", "unaligned_pointer"):
+        assert refused.get(why, 0) == refused_before.get(why, 0), refused
     fused = {op for op, n in exact_ops.stats.fused.items() if n > 0}
     # where the one-launch norm is validated, Ouro's residual norm runs fused with the next norm
     if "residual_rms_norm_norm" in fused:

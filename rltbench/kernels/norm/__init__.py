@@ -39,13 +39,17 @@ class Route:
     fallback: str | None = None
 
 
-def route(arm: str, x: torch.Tensor, onelaunch_allowed: bool = True) -> Route:
+def route(arm: str, x: torch.Tensor, onelaunch_allowed: bool = True,
+          others: tuple[torch.Tensor | None, ...] = ()) -> Route:
     """THE norm dispatch table: which kernel normalises x's rows ([..., width], the tensor the norm
-    reads) for `arm`, once the op-level checks passed. Rows = x.numel() / width.
+    reads) for `arm`, once the op-level checks passed. Rows = x.numel() / width; `others`: the
+    branch, residual and weights the call reads beside x.
 
         arm     condition, in order                                  kernel       norm-add-norm
         exact   one-launch allowed (Ops, ExactNormRouting.onelaunch)
                 and width <= 4096 or rows >= wide_min_rows
+                and every pointer 16-byte aligned, every row stride
+                as divisible by 16 as the width (onelaunch.layout_reason)
                 and the one-launch norm is validated here             onelaunch    one launch
         exact   otherwise                                            3launch      two norms
         approx  width <= approx.MAX_WIDTH                            approx       one launch
@@ -60,7 +64,8 @@ def route(arm: str, x: torch.Tensor, onelaunch_allowed: bool = True) -> Route:
     if arm == "exact":
         rows = x.numel() // max(1, width)
         routing = tuned.config(ExactNormRouting)
-        if onelaunch_allowed and routing.takes_onelaunch(rows, width) and onelaunch.is_trusted(x):
+        if (onelaunch_allowed and routing.takes_onelaunch(rows, width)
+                and onelaunch.layout_reason(x, *others) is None and onelaunch.is_trusted(x)):
             return Route("onelaunch", onelaunch.rms_norm_onelaunch_rows,
                          onelaunch.residual_rms_norm_norm_onelaunch_rows)
         return Route("3launch", exact.rms_norm_exact_rows)

@@ -23,7 +23,14 @@ import torch
 
 from rltbench import native
 from rltbench.kernels.norm.torch_order import WARP_DOWN, WARP_ORDERS, mean_factor, plan_for
-from rltbench.kernels.norm.validate import CaseCounts, NormKernels, Trust, ValidationResult, run_cases
+from rltbench.kernels.norm.validate import (
+    UNALIGNED_STRIDED,
+    CaseCounts,
+    NormKernels,
+    Trust,
+    ValidationResult,
+    run_cases,
+)
 
 
 def _launch_scalars(x: torch.Tensor, eps: float, warp_order: str | None) -> tuple[float, float, int, bool]:
@@ -71,7 +78,8 @@ def _run_cases(device: torch.device, dtype: torch.dtype, width: int, order: str,
                ) -> CaseCounts:
     res.layout = "native"
     kernels = NormKernels(rms_norm_native_rows, residual_rms_norm_norm_native_rows)
-    return run_cases(device, dtype, width, order, kernels)
+    # the native norm takes strided and unaligned rows itself (its scalar path): validate those
+    return run_cases(device, dtype, width, order, kernels, strided_layout=UNALIGNED_STRIDED)
 
 
 TRUST = Trust(_run_cases)

@@ -36,7 +36,8 @@ Adding an exact 0 never changes an fp32 sum, so masked/absent elements (and tile
 (no FMA contraction); tree adds are size-2 ``tl.sum`` (one add, nothing to contract). The kernels
 are trusted only after validate.py compared them with torch on this GPU and torch version
 (`is_trusted`); a layout whose validation fails is taken off that key and the general layout is
-validated in its place.
+validated in its place. They read only rows of the Triton specialisation that validation covers:
+16-byte aligned pointers, row strides as divisible by 16 as the width (`layout_reason`).
 """
 
 from __future__ import annotations
@@ -865,6 +866,37 @@ def prevalidate(widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] |
     """Validate now, e.g. in engine warm-up before any CUDA-graph capture (is_trusted never
     validates during a capture). Returns validation_report()."""
     return TRUST.prevalidate(widths, dtypes, device)
+
+
+def layout_reason(x: torch.Tensor, *others: torch.Tensor | None, count: bool = True) -> str | None:
+    """Why the one-launch kernels may not read these tensors although their width may be trusted
+    (None: they may). `x`: the rows normalised ([..., width]); `others`: the branch, residual and
+    weights read beside it (None entries are skipped); `count` adds a refusal to the report.
+
+    Why: Triton compiles one binary per specialisation of the arguments, and a 16-byte aligned
+    pointer or an integer divisible by 16 is built into the code (vector widths, layouts, shared
+    memory exchanges). Validation and the bulk GPU tests exercise the binary of contiguous rows of
+    the width; a pointer not 16-byte aligned, or a row stride whose divisibility by 16 differs from
+    the width's, compiles another one. One such binary (width 2048, row stride 2050 to 2056) was
+    found on an H200 writing a few elements of one row in 4096 one or two ulp off torch although its
+    validation had passed, so those rows take the 3-launch exact norm (torch's own reduction), which
+    is bitwise by construction. Contiguous rows and padded strides that keep the width's
+    divisibility (2064 for 2048) run the validated binary."""
+    width = x.shape[-1]
+    why = None
+    for t in (x, *others):
+        if t is None:
+            continue
+        if t.data_ptr() % 16:
+            why = "unaligned_pointer"
+            break
+        rows = rows_view(t) if t.dim() > 1 else None
+        if rows is not None and rows.shape[0] > 1 and (rows.stride(0) % 16 == 0) != (width % 16 == 0):
+            why = "row_stride"
+            break
+    if why is not None and count:
+        TRUST.refuse(why)
+    return why
 
 
 def is_trusted(x: torch.Tensor) -> bool:

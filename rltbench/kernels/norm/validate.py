@@ -30,6 +30,12 @@ from rltbench.kernels.rounding import DTYPE_CODES
 
 VALIDATION_TOKENS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 100, 257, 1000, 2048, 4099, 8192)
 VALIDATION_FORMS = 7   # comparisons per validation_case
+# strided cases as (row stride - width, first element in the buffer). ALIGNED keeps the pointer
+# 16-byte aligned and the stride as divisible by 16 as the width: the Triton specialisation of
+# contiguous rows, the only one the one-launch kernels are given (onelaunch.layout_reason).
+# UNALIGNED (odd stride, start off 16 bytes): rows the native norm takes through its scalar path.
+ALIGNED_STRIDED = (16, 16)
+UNALIGNED_STRIDED = (5, 3)
 Key = tuple[str, str, str, int]            # (GPU name, torch version, dtype, width)
 Mismatch = dict[str, Any]
 CaseCounts = tuple[int, int, list[Mismatch], set[int]]   # (comparisons, elements, mismatches, lanes)
@@ -111,8 +117,10 @@ class NormKernels:
 
 
 def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int, gen: torch.Generator,
-                    strided: bool, order: str, bad: list[Mismatch], kernels: NormKernels) -> int:
-    """One case: T adversarial rows (``strided``: starting mid-buffer with a row stride > width),
+                    strided: bool, order: str, bad: list[Mismatch], kernels: NormKernels,
+                    strided_layout: tuple[int, int] = ALIGNED_STRIDED) -> int:
+    """One case: T adversarial rows (``strided``: starting mid-buffer with a row stride > width,
+    `strided_layout` = (stride - width, start)),
     every form and the stored variance against the torch expressions, bitwise. Mismatches are
     appended to `bad`; returns the number of elements compared. The tuner's bitwise checks run
     the same cases, so a configuration it times is one validation would accept."""
@@ -121,9 +129,11 @@ def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int
     x, r, b = (adversarial((T, width), dtype, gen, device) for _ in range(3))
     w1, w2 = weights(width, dtype, gen, device), weights(width, dtype, gen, device)
     if strided:
-        big = torch.empty((T, width + 5), dtype=dtype, device=device)
-        big[:, 3:3 + width] = x
-        x = big[:, 3:3 + width]
+        pad, start = strided_layout
+        buf = torch.empty(start + T * (width + pad), dtype=dtype, device=device)
+        view = buf[start:].view(T, width + pad)[:, :width]
+        view.copy_(x)
+        x = view
     out = torch.empty((T, width), dtype=dtype, device=device)
     var = torch.empty(T, dtype=torch.float32, device=device)
     norm(x, w1, eps, out, var_out=var, warp_order=order)
@@ -142,9 +152,10 @@ def validation_case(device: torch.device, dtype: torch.dtype, width: int, T: int
 
 
 def run_cases(device: torch.device, dtype: torch.dtype, width: int, order: str, kernels: NormKernels,
-              seed: int = 0, tokens: tuple[int, ...] = VALIDATION_TOKENS) -> CaseCounts:
+              seed: int = 0, tokens: tuple[int, ...] = VALIDATION_TOKENS,
+              strided_layout: tuple[int, int] = ALIGNED_STRIDED) -> CaseCounts:
     """Every form against torch for every token count whose plan is reproducible (every third case
-    strided)."""
+    strided, as `strided_layout`: the rows the family's kernels are given)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     cases, elems, bad, lanes = 0, 0, [], set()
     for i, T in enumerate(tokens):
@@ -152,7 +163,8 @@ def run_cases(device: torch.device, dtype: torch.dtype, width: int, order: str, 
         if plan.unsupported_reason is not None:
             continue
         lanes.add(plan.lanes)
-        elems += validation_case(device, dtype, width, T, gen, i % 3 == 1, order, bad, kernels)
+        elems += validation_case(device, dtype, width, T, gen, i % 3 == 1, order, bad, kernels,
+                                 strided_layout)
         cases += VALIDATION_FORMS
     torch.cuda.synchronize(device)
     return cases, elems, bad, lanes
@@ -268,6 +280,11 @@ class Trust:
         if plan.lanes not in res.lanes_covered:
             return "plan_not_validated"
         return None
+
+    def refuse(self, why: str) -> None:
+        """Count a refusal decided outside `reason` (e.g. onelaunch.layout_reason) in the report."""
+        with self._lock:
+            self._refusals[why] += 1
 
     def report(self) -> dict[str, Any]:
         """JSON-ready: every validation of this process and the refusals by reason."""
