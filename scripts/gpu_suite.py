@@ -203,6 +203,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "kernels-verdicts": (330, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
                                   "silu_mul --arms torch,exact,cuda,approx,torch,exact --dtypes bf16 "
                                   "--mode all --repeats 40", "kernels-verdicts")),
+    # the norms at 4096 x 2048 on five placements (inputs, outputs and graphs allocated anew, rounds
+    # pooled): each placement's % copy beside the pooled one, exact's A/A copy and the Liger peer
+    "kernels-placements": (240, rlt("kernels --tokens 4096 --ops rmsnorm,rmsnorm_residual --arms "
+                                    "torch,exact,exact --dtypes bf16 --widths 2048 --mode graph --repeats 40 "
+                                    "--placements 5", "kernels-placements")),
     # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
     # many rounds, for a difference of a few hundredths of a microsecond
     "kernels-t1": (150, rlt("kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "

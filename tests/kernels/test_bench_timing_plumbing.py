@@ -356,3 +356,53 @@ def test_each_slot_starts_with_an_untimed_run(monkeypatch):
     assert {k: len(v) for k, v in out.items()} == {"a": 6, "b": 6}
     slot = lambda n: [n, *(["event", n, "event"] * 3), "sync"]   # noqa: E731
     assert log == ["a", "b", "sync", *slot("a"), *slot("b"), *slot("b"), *slot("a")]
+
+
+def test_placements_pool_rounds_over_newly_allocated_inputs(fake_cuda, monkeypatch, tmp_path):
+    """--placements 3: graph mode captures and times every arm three times, each on input sets
+    allocated anew (the earlier sets kept alive, so no buffer is handed out twice) with the same
+    values; the samples pool round after round (60 rounds of the verdicts), the figures are the
+    pooled medians, and each placement's median and % copy stand beside them (table.md's
+    Placements section). The graph-output check takes the worst placement."""
+    seen: list[list[dict]] = []
+    real = bench._time_graph_placement
+
+    def spy(*args):
+        seen.append(args[-1])   # the sets this placement's graphs read
+        return real(*args)
+
+    monkeypatch.setattr(bench, "_time_graph_placement", spy)
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact", "exact#2"], modes=["graph"], repeats=20, placements=3)
+    case = bench.Case("silu_mul", "bf16", 16, 2)
+    rows, samples = bench.case_rows(case, cfg.arms, torch.device("cpu"), cfg, _ctx(1024))
+    by_arm = {r["arm"]: r for r in rows}
+    sets = by_arm["exact"]["rotation_sets"]
+    assert len(seen) == 3 and all(len(ps) == sets for ps in seen)
+    ptrs = [{t.data_ptr() for d in ps for t in d.values()} for ps in seen]
+    assert not (ptrs[0] & ptrs[1]) and not (ptrs[0] & ptrs[2]) and not (ptrs[1] & ptrs[2])
+    assert all(torch.equal(seen[0][i]["gate"], seen[p][i]["gate"]) for p in (1, 2) for i in range(sets))
+    per_placement = len(cfg.arms) + 1    # the arms' graphs and the same-size copy's
+    assert len(FakeGraph.instances) == 3 * per_placement
+    for r in rows:
+        assert r["graph_placements"] == 3 and len(r["graph_placement_us"]) == 3
+        assert r["graph_us_n"] == 3 * 20 and r["graph_mismatches"] == 0
+        assert len(r["graph_placement_pct_copy"]) == 3
+        assert r["graph_placement_pct_copy_min"] <= r["graph_pct_copy"] <= r["graph_placement_pct_copy_max"]
+    rec = next(s for s in samples if s["arm"] == "exact")
+    assert rec["rounds"] == 3 * 20 and rec["placements"] == 3 and len(rec["samples_us"]) == 3 * 20
+    from rltbench.commands.kernels import verdicts as vd
+    aa = [v for v in vd.verdicts(samples, skip=(bench.SIZE_COPY,)) if v["arm"] == "exact#2"]
+    assert aa and aa[0]["rounds"] == 60
+    df = report.pd.DataFrame(rows)
+    text = report.markdown_table(df, {"device": "cuda"}, {"status": "complete"})
+    assert "## Placements" in text and "% copy per placement" in text
+
+
+def test_one_placement_keeps_the_records_as_before(fake_cuda):
+    cfg = bench.BenchConfig(ops=["silu_mul"], tokens=[2], dtypes=["bf16"], widths=[16],
+                            arms=["torch", "exact"], modes=["graph"], repeats=20)
+    rows, samples = bench.case_rows(bench.Case("silu_mul", "bf16", 16, 2), cfg.arms, torch.device("cpu"), cfg,
+                                    _ctx(1024))
+    assert all("graph_placements" not in r and "placements" not in s for r in rows for s in samples)
+    assert "## Placements" not in report.markdown_table(report.pd.DataFrame(rows), {}, {"status": "complete"})

@@ -111,3 +111,20 @@ def test_report_of_a_damaged_run_is_one_line(tmp_path):
 def test_mode_choices(mode: str, modes: list[str]) -> None:
     cfg, _ = kcli.build_config("1", "silu_mul", "fp32", "8", "torch", 3, mode, "all", 0, False)
     assert cfg.modes == modes
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--placements", "0"], "--placements: must be a positive integer"),
+    (["--placements", "2", "--mode", "eager"], "--placements applies to graph mode"),
+])
+def test_bad_placements_are_one_line_before_any_work(invoke, tmp_path, args, says):
+    out = tmp_path / "r"
+    res = invoke(*SMALL, *args, "--result-dir", str(out))
+    assert res.exit_code == 2 and says in res.output and not out.exists()
+
+
+def test_placements_default_to_one_and_reach_the_config():
+    cfg, _ = kcli.build_config("1", "silu_mul", "fp32", "8", "torch", 3, "graph", "all", 0, False)
+    assert cfg.placements == 1 and cfg.to_dict()["placements"] == 1
+    cfg, _ = kcli.build_config("1", "silu_mul", "fp32", "8", "torch", 3, "all", "all", 0, False, placements=4)
+    assert cfg.placements == 4

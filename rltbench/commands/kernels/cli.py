@@ -108,7 +108,8 @@ def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict
 
 def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, repeats: int, mode: str,
                  scope: str, seed: int, peer: bool,
-                 overrides: dict[str, str | None] | None = None) -> tuple[bench.BenchConfig, list[str]]:
+                 overrides: dict[str, str | None] | None = None,
+                 placements: int = 1) -> tuple[bench.BenchConfig, list[str]]:
     """Parse and validate every flag (UsageError on bad input); returns the config and notes. `scope`
     is the scope of the fused arms while timing (correctness always runs them with scope all)."""
     mode_key = str(mode).strip().lower()
@@ -119,6 +120,11 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
         raise UsageError(f"--scope: unknown value {scope!r} (known: {', '.join(bench.SCOPES)})")
     if repeats <= 0:
         raise UsageError(f"--repeats: must be a positive integer, got {repeats}")
+    if placements <= 0:
+        raise UsageError(f"--placements: must be a positive integer, got {placements}")
+    if placements > 1 and "graph" not in MODE_CHOICES[mode_key]:
+        raise UsageError(f"--placements applies to graph mode; --mode {mode_key} has none "
+                         "(use --mode graph, both or all)")
     specs, notes = parse_kernel_arms(arms, {**(overrides or {}), "scope": scope_key})
     cfg = bench.BenchConfig(
         ops=parse_choice(ops, "--ops", list(OPS)),
@@ -131,6 +137,7 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
         scope=scope_key,
         seed=int(seed),
         peer=bool(peer),
+        placements=int(placements),
         specs=specs,
     )
     return cfg, notes
@@ -178,6 +185,11 @@ def kernels_command(
     act: armspec.ActOption = None,
     repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
                                          "only).")] = 100,
+    placements: Annotated[int, typer.Option(help="Graph mode (GPU): time each case this many times, "
+                                            "each on newly allocated inputs, outputs and graphs, and "
+                                            "pool the rounds. A streaming kernel's level moves with "
+                                            "where its buffers lie; the table lists each placement's "
+                                            "figure beside the pooled one.")] = 1,
     mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "
                                       "past the L2: cold), eager, hot (graph replay of one input set: "
                                       "L2-hot, as a decode step's activations), both (graph + eager) "
@@ -194,7 +206,7 @@ def kernels_command(
     if not console.is_terminal:  # logs and pipes: wide enough for the table, no folding
         console = Console(width=max(console.width, 160))
     cfg, notes = build_config(tokens, ops, dtypes, widths, arms, repeats, mode, scope, seed, peer,
-                              {"norm": norm, "rope": rope, "act": act})
+                              {"norm": norm, "rope": rope, "act": act}, placements)
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     plan = bench.plan_cases(cfg, on_gpu)

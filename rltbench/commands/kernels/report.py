@@ -220,6 +220,33 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
                     "A/A spread", "verdict"], body)]
 
 
+def placement_lines(df: pd.DataFrame) -> list[str]:
+    """The placements section (`--placements N`): each arm's graph figure per placement beside the
+    pooled one, so a threshold read off the pooled % copy shows how far one allocation moves it."""
+    body = []
+    for _, r in _sorted(df).iterrows():
+        levels = r.get("graph_placement_us")
+        if not isinstance(levels, list) or len(levels) < 2:
+            continue
+        pct = r.get("graph_placement_pct_copy")
+        size = r.get("graph_placement_size_copy_us")
+        body.append([str(r["op"]), str(r["dtype"]), str(r["width"]), str(r["tokens"]), str(r["arm"]),
+                     " / ".join(_fmt(u, 3) for u in levels),
+                     " / ".join(_fmt(v, 1) for v in pct) if isinstance(pct, list) else "-",
+                     _fmt(r.get("graph_pct_copy"), 1),
+                     " / ".join(_fmt(100 * c / u, 1) for c, u in zip(size, levels, strict=True))
+                     if isinstance(size, list) else "-"])
+    if not body:
+        return []
+    return ["", "## Placements", "",
+            "Graph mode timed each case once per placement: inputs, outputs and graphs allocated anew "
+            "(same values), the rounds of all placements pooled into the figures above and the verdicts. "
+            "Per placement: the arm's median, its % of the device copy, and the same-size copy's time "
+            "over the arm's in that placement.", "",
+            *table(["op", "dtype", "width", "tokens", "arm", "graph us per placement",
+                    "% copy per placement", "% copy pooled", "% same-size copy per placement"], body)]
+
+
 def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any],
                    verdict_rows: list[dict[str, Any]] | None = None) -> str:
     """The human summary: contract, device facts, notes, one line per case x arm, then the verdicts."""
@@ -272,6 +299,7 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     if notes_rows:
         lines += ["", "Row notes:"]
         lines += [f"- {op} {dt} w={w} T={t} {arm}: {note}" for op, dt, w, t, arm, note in notes_rows]
+    lines += placement_lines(df)
     lines += verdict_lines(verdict_rows or [])
     return "\n".join(lines) + "\n"
 

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,9 @@ class BenchConfig:
     # calls per captured graph, cycling over the rotation sets (> 3x L2, so still cold): a replay's
     # fixed launch cost is spread over this many calls instead of inflating few big ones
     min_graph_calls: int = 32
+    # graph mode: how many times each case is timed on freshly allocated inputs, outputs and graphs,
+    # the rounds of all of them pooled (a streaming kernel's level moves with where its buffers lie)
+    placements: int = 1
     # each arm's settings (rltbench.arms); an arm missing here is the named arm of that name
     specs: dict[str, ArmSpec] = field(default_factory=dict)
 
@@ -428,57 +432,18 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     # project arms (and their graph-output check) keep reading the original inputs.
     arm_sets = {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
     if "graph" in cfg.modes:
-        def capture(arm: str) -> timing.GraphCalls:
-            ops = ops_factory(arm, cfg.scope)
-            return timing.GraphCalls(
-                lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k, keep_outputs=plan.sets)
-
-        with pdl.plain_launches():
-            graphs = {arm: capture(arm) for arm in arms}
-        # beside the plain figure: the arms whose tuned launch mode for this case is PDL
+        # the PDL mode each arm's tuned launch takes for this case: decided once, on the first set
         pdl_modes = {a: tuned_pdl_mode(lambda a=a: oc.run(ops_factory(a, "all"), clone_tree(first)))
                      for a in arms if a != PEER_ARM}
-        runners = {a: g.replay for a, g in graphs.items()}
-        pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
-        runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
-        srcs = size_copy_sources(int(oc.bytes_moved(first)), plan.sets, ctx.device)
-        with pdl.plain_launches():
-            copy_graph = timing.GraphCalls(lambda i: size_copy(srcs[i % len(srcs)]), k,
-                                           keep_outputs=plan.sets)
-        runners[SIZE_COPY] = copy_graph.replay
-        cold = ColdWork(device=ctx.device)
-        times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
-                                        window=cold)
-        copy_med = timing.summarize(times[SIZE_COPY]).median
-        samples.append({**case.key, "arm": SIZE_COPY, "mode": "graph", "samples_us": times[SIZE_COPY],
-                        "rounds": rounds, "cold_work": cold.counts})
-        del copy_graph, srcs
-        for arm, g in graphs.items():
-            stats = timing.summarize(times[arm])
-            f = fields[arm]
-            f.update(stats.to_dict("graph_us_"), graph_warm=cold.warm, graph_size_copy_us=copy_med,
-                     graph_pct_size_copy=100.0 * copy_med / stats.median if stats.median > 0 else None)
-            if g.kernel_nodes is not None:  # graph nodes: exact, and no profiler session needed
-                f["graph_kernels_per_call"] = g.kernel_nodes / k
-            else:
-                f["graph_kernels_per_call"] = timing.count_kernels_profiler(g.replay, k)
-            if arm != PEER_ARM:  # in-place peers rewrite their inputs; their graph check is moot
-                g.replay()
-                torch.cuda.synchronize()
-                f["graph_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
-            samples.append({**case.key, "arm": arm, "mode": "graph", "samples_us": times[arm],
-                            "rounds": rounds, "cold_work": cold.counts})
-        for arm, g in pdl_graphs.items():
-            f = fields[arm]
-            f.update(timing.summarize(times[f"{arm}{PDL_SUFFIX}"]).to_dict("graph_pdl_us_"))
-            f["graph_pdl_mode"] = pdl_modes[arm]
-            g.replay()
-            torch.cuda.synchronize()
-            f["graph_pdl_mismatches"] = compare(g.outputs[0], ref0)["mismatches"]
-            samples.append({**case.key, "arm": arm, "mode": "graph-pdl",
-                            "samples_us": times[f"{arm}{PDL_SUFFIX}"], "rounds": rounds,
-                            "cold_work": cold.counts})
-        del graphs, pdl_graphs
+        timed, held = [], [sets]
+        for p in range(cfg.placements):
+            if p:   # same values in new buffers: the earlier sets stay held, cached blocks go back
+                torch.cuda.empty_cache()
+                held.append([make_inputs(case, ctx.device, cfg.seed, i) for i in range(plan.sets)])
+            timed.append(_time_graph_placement(case, arms, cfg, ctx, ops_factory, plan, k, rounds, reps,
+                                               before, pdl_modes, ref0, held[-1]))
+        _pool_graph_placements(timed, arms, case, rounds, pdl_modes, fields, samples)
+        del held
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
         # finds the activations the previous kernel just wrote (the spec's latency table is hot);
@@ -536,6 +501,11 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                                        if copy_gbps and math.isfinite(copy_gbps) else None)
             torch_med = fields.get("torch", {}).get("graph_us_median", float("nan"))
             f["graph_pdl_speedup"] = torch_med / med if med and math.isfinite(med) else float("nan")
+        levels = f.get("graph_placement_us")
+        if levels and copy_gbps and math.isfinite(copy_gbps):   # each placement's own % copy
+            pct = [100.0 * timing.gbps(nbytes, us * 1e-6) / copy_gbps for us in levels]
+            f.update(graph_placement_pct_copy=pct, graph_placement_pct_copy_min=min(pct),
+                     graph_placement_pct_copy_max=max(pct))
     torch.cuda.empty_cache()
     return fields, samples
 
@@ -543,6 +513,113 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
 TIMING_KEYS = [f"{m}_{k}" for m in MODES for k in (
     "us_median", "us_p10", "us_p90", "us_n", "kernels_per_call", "gbps", "pct_copy", "speedup")] + [
     "graph_size_copy_us", "graph_pct_size_copy"]
+
+
+@dataclass
+class GraphPlacement:
+    """One placement's graph-mode timing: every runner's samples (arms, their PDL graphs, the
+    same-size copy), what the timed window did cold, and per arm the graph facts checked after it."""
+
+    times: dict[str, list[float]]
+    cold: ColdWork
+    kernels_per_call: dict[str, float | None]
+    mismatches: dict[str, int]
+    pdl_mismatches: dict[str, int]
+
+
+def _time_graph_placement(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
+                          ops_factory: Callable[[str, str], Any], plan: timing.RotationPlan, k: int,
+                          rounds: int, reps: int, before: Callable[[], Any] | None, pdl_modes: dict[str, int],
+                          ref0: Any, sets: list[Any]) -> GraphPlacement:
+    """Capture every arm (and its PDL graph where tuned), and the same-size copy, on `sets`, time
+    them interleaved, check each graph's output against `ref0` (torch on the first set)."""
+    oc = op_case(case.op)
+    # The Liger peer's RoPE writes its inputs in place: it gets its own copy of the sets so the
+    # project arms (and their graph-output check) keep reading the original inputs.
+    arm_sets = {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
+
+    def capture(arm: str) -> timing.GraphCalls:
+        ops = ops_factory(arm, cfg.scope)
+        return timing.GraphCalls(
+            lambda i, ops=ops, ss=arm_sets[arm]: oc.run(ops, ss[i % len(ss)]), k, keep_outputs=plan.sets)
+
+    with pdl.plain_launches():
+        graphs = {arm: capture(arm) for arm in arms}
+    runners = {a: g.replay for a, g in graphs.items()}
+    pdl_graphs = {a: capture(a) for a, m in pdl_modes.items() if m}
+    runners.update({f"{a}{PDL_SUFFIX}": g.replay for a, g in pdl_graphs.items()})
+    srcs = size_copy_sources(int(oc.bytes_moved(sets[0])), plan.sets, ctx.device)
+    with pdl.plain_launches():
+        copy_graph = timing.GraphCalls(lambda i, ss=srcs: size_copy(ss[i % len(ss)]), k,
+                                       keep_outputs=plan.sets)
+    runners[SIZE_COPY] = copy_graph.replay
+    cold = ColdWork(device=ctx.device)
+    times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
+                                    window=cold)
+    del copy_graph, srcs   # before the checks below: their memory goes back first
+    out = GraphPlacement(times, cold, {}, {}, {})
+    for arm, g in graphs.items():
+        out.kernels_per_call[arm] = (g.kernel_nodes / k if g.kernel_nodes is not None  # exact, no profiler
+                                     else timing.count_kernels_profiler(g.replay, k))
+        if arm != PEER_ARM:  # in-place peers rewrite their inputs; their graph check is moot
+            g.replay()
+            torch.cuda.synchronize()
+            out.mismatches[arm] = compare(g.outputs[0], ref0)["mismatches"]
+    for arm, g in pdl_graphs.items():
+        g.replay()
+        torch.cuda.synchronize()
+        out.pdl_mismatches[arm] = compare(g.outputs[0], ref0)["mismatches"]
+    return out
+
+
+def _summed_counts(counts: list[dict[str, int | None]]) -> dict[str, int | None]:
+    """Cold-work counts of several timed windows added up (None where any window could not count)."""
+    keys = {key for c in counts for key in c}
+    return {key: None if any(c.get(key) is None for c in counts) else sum(int(c[key] or 0) for c in counts)
+            for key in keys}
+
+
+def _pool_graph_placements(timed: list[GraphPlacement], arms: list[str], case: Case, rounds: int,
+                           pdl_modes: dict[str, int], fields: dict[str, dict[str, Any]],
+                           samples: list[dict[str, Any]]) -> None:
+    """The graph-mode fields and sample records of a case from its placements: every runner's samples
+    pooled round after round (each placement is `rounds` full rounds, so the verdicts pair round i of
+    two arms as before), medians over the pool, and each placement's own median beside it."""
+    pooled = {name: [t for p in timed for t in p.times[name]] for name in timed[0].times}
+    levels = {name: [statistics.median(p.times[name]) for p in timed] for name in pooled}
+    cold_work = _summed_counts([p.cold.counts for p in timed])
+    warm = all(p.cold.warm for p in timed)
+    n_rounds = rounds * len(timed)
+    extra = {"placements": len(timed)} if len(timed) > 1 else {}
+
+    def record(arm: str, mode: str, name: str) -> dict[str, Any]:
+        rec = {**case.key, "arm": arm, "mode": mode, "samples_us": pooled[name], "rounds": n_rounds,
+               "cold_work": cold_work, **extra}
+        if extra:
+            rec["placement_medians_us"] = levels[name]
+        return rec
+
+    copy_med = timing.summarize(pooled[SIZE_COPY]).median
+    samples.append(record(SIZE_COPY, "graph", SIZE_COPY))
+    for arm in arms:
+        stats = timing.summarize(pooled[arm])
+        f = fields[arm]
+        f.update(stats.to_dict("graph_us_"), graph_warm=warm, graph_size_copy_us=copy_med,
+                 graph_pct_size_copy=100.0 * copy_med / stats.median if stats.median > 0 else None,
+                 graph_kernels_per_call=timed[0].kernels_per_call[arm])
+        if extra:
+            f.update(graph_placements=len(timed), graph_placement_us=levels[arm],
+                     graph_placement_size_copy_us=levels[SIZE_COPY])
+        if arm != PEER_ARM:
+            f["graph_mismatches"] = max(p.mismatches[arm] for p in timed)
+        samples.append(record(arm, "graph", arm))
+    for arm in timed[0].pdl_mismatches:
+        name = f"{arm}{PDL_SUFFIX}"
+        f = fields[arm]
+        f.update(timing.summarize(pooled[name]).to_dict("graph_pdl_us_"))
+        f["graph_pdl_mode"] = pdl_modes[arm]
+        f["graph_pdl_mismatches"] = max(p.pdl_mismatches[arm] for p in timed)
+        samples.append(record(arm, "graph-pdl", name))
 
 
 def size_copy_sources(nbytes: int, sets: int, device: torch.device) -> list[torch.Tensor]:
