@@ -428,9 +428,6 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     fields: dict[str, dict[str, Any]] = {a: dict(base) for a in arms}
     samples: list[dict[str, Any]] = []
     ref0 = oc.run(ops_factory("torch", "all"), clone_tree(first))
-    # The Liger peer's RoPE writes its inputs in place: it gets its own copy of the sets so the
-    # project arms (and their graph-output check) keep reading the original inputs.
-    arm_sets = {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
     if "graph" in cfg.modes:
         # the PDL mode each arm's tuned launch takes for this case: decided once, on the first set
         pdl_modes = {a: tuned_pdl_mode(lambda a=a: oc.run(ops_factory(a, "all"), clone_tree(first)))
@@ -444,6 +441,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                                                before, pdl_modes, ref0, held[-1]))
         _pool_graph_placements(timed, arms, case, rounds, pdl_modes, fields, samples)
         del held
+    arm_sets = per_arm_sets(sets, arms)   # the hot and eager modes read the first placement's sets
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
         # finds the activations the previous kernel just wrote (the spec's latency table is hot);
@@ -515,6 +513,12 @@ TIMING_KEYS = [f"{m}_{k}" for m in MODES for k in (
     "graph_size_copy_us", "graph_pct_size_copy"]
 
 
+def per_arm_sets(sets: list[Any], arms: list[str]) -> dict[str, list[Any]]:
+    """The input sets each arm reads. The Liger peer's RoPE writes its inputs in place: it gets its
+    own copy, so the project arms (and their graph-output check) keep reading the original inputs."""
+    return {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
+
+
 @dataclass
 class GraphPlacement:
     """One placement's graph-mode timing: every runner's samples (arms, their PDL graphs, the
@@ -534,9 +538,7 @@ def _time_graph_placement(case: Case, arms: list[str], cfg: BenchConfig, ctx: Ti
     """Capture every arm (and its PDL graph where tuned), and the same-size copy, on `sets`, time
     them interleaved, check each graph's output against `ref0` (torch on the first set)."""
     oc = op_case(case.op)
-    # The Liger peer's RoPE writes its inputs in place: it gets its own copy of the sets so the
-    # project arms (and their graph-output check) keep reading the original inputs.
-    arm_sets = {a: [clone_tree(s) for s in sets] if a == PEER_ARM else sets for a in arms}
+    arm_sets = per_arm_sets(sets, arms)
 
     def capture(arm: str) -> timing.GraphCalls:
         ops = ops_factory(arm, cfg.scope)

@@ -868,10 +868,10 @@ def prevalidate(widths: list[int] | tuple[int, ...], dtypes: list[torch.dtype] |
     return TRUST.prevalidate(widths, dtypes, device)
 
 
-def layout_reason(x: torch.Tensor, *others: torch.Tensor | None, count: bool = True) -> str | None:
+def layout_reason(x: torch.Tensor, *others: torch.Tensor | None) -> str | None:
     """Why the one-launch kernels may not read these tensors although their width may be trusted
-    (None: they may). `x`: the rows normalised ([..., width]); `others`: the branch, residual and
-    weights read beside it (None entries are skipped); `count` adds a refusal to the report.
+    (None: they may); a refusal is counted in the validation report. `x`: the rows normalised
+    ([..., width]); `others`: the branch, residual and weights read beside it (None: skipped).
 
     Why: Triton compiles one binary per specialisation of the arguments, and a 16-byte aligned
     pointer or an integer divisible by 16 is built into the code (vector widths, layouts, shared
@@ -894,7 +894,7 @@ def layout_reason(x: torch.Tensor, *others: torch.Tensor | None, count: bool = T
         if rows is not None and rows.shape[0] > 1 and (rows.stride(0) % 16 == 0) != (width % 16 == 0):
             why = "row_stride"
             break
-    if why is not None and count:
+    if why is not None:
         TRUST.refuse(why)
     return why
 
