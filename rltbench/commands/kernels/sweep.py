@@ -441,7 +441,8 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                                                before, pdl_modes, ref0, held[-1]))
         _pool_graph_placements(timed, arms, case, rounds, pdl_modes, fields, samples)
         del held
-    arm_sets = per_arm_sets(sets, arms)   # the hot and eager modes read the first placement's sets
+    # the hot and eager modes read the first placement's sets (the Liger copy only where they run)
+    arm_sets = per_arm_sets(sets, arms) if {"hot", "eager"} & set(cfg.modes) else {}
     if "hot" in cfg.modes:
         # one input set and one reused output: every call finds its inputs in L2, as a decode step
         # finds the activations the previous kernel just wrote (the spec's latency table is hot);
