@@ -521,9 +521,10 @@ def _lowwarp_rows_norm_kernel(x_ptr, w_ptr, out_ptr, var_ptr, T, N, sx, eps, fac
     (docs/onelaunch_norm.md). STREAM (GPU): both passes read the row evict-first, the output is
     stored streaming. Every load of the output pass (both chunks of x and of the weights) is issued
     before its first store, and each lane's vectors are addressed as one pointer plus constant
-    offsets (fewer address registers and instructions): together about 1% faster at 4096 x 2048
-    than the weights of the second chunk loaded after the first chunk's stores, in an H200 side
-    comparison beside an A/A copy of the kernel."""
+    offsets (fewer address registers and instructions): together faster at 4096 x 2048 than the
+    weights of the second chunk loaded after the first chunk's stores, beyond the spread of an A/A
+    copy of the kernel, in an H200 side comparison (the committed figure of this kernel:
+    results/gpu/kernels-placements)."""
     pid = tl.program_id(0).to(tl.int64)
     m = tl.arange(0, ROWS * 32)[:, None]          # warp m // 32 holds row m // 32, lane m % 32
     row = pid * ROWS + m // 32
