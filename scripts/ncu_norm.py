@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""Nsight Compute counters of the norms at 4096 x 2048 (bf16) beside streaming copies, alone and back to back.
+
+Why: `rltbench kernels` times each arm by replaying a CUDA graph of calls back to back (inputs
+rotated over more than 3 x L2) and reports its rate as a percentage of the device copy. At 4096 x
+2048 the exact plain norm sits a few percent below a streaming copy of its own size there
+(docs/limits.md), and timings alone cannot say where that goes: DRAM bytes beyond the kernel's
+input and output, fewer programs resident, SMs idle while the DRAM works, or the company the
+kernel keeps (the dirty lines and the launch of the call before it). Nsight Compute counts these.
+
+Two views, each its own Nsight Compute pass over the same cases:
+* alone (`kernel`): every launch profiled by itself, L2 flushed and invalidated before it
+  (`--cache-control all`): the kernel's own duration and traffic, with no neighbour;
+* back to back (`graph`): the kernels command's graph of calls (at least 32, cycling over the
+  rotated sets) profiled as one workload (`--graph-profiling graph`, `--cache-control none`);
+  figures per call are the graph's divided by its calls. Nsight Compute replays the graph once per
+  pass of counters, restoring memory in between, so these are close to, not the same as, the
+  kernels command's replays.
+Clocks are left free (`--clock-control none`). The kernels command's figures stay the headline;
+here a kernel is compared with the copies beside it in the same view.
+
+The script runs Nsight Compute on itself: the child (`--workload`) builds the cases, warms them
+(compiles, the exact norm's validation, graph captures), then launches each case once per
+repetition (cases in ABBA order) between cudaProfilerStart/Stop and writes the launch plan; the
+parent reads each report back as CSV and joins its rows to the plan in launch order (it fails if
+their counts differ: a case is one kernel or one graph). Writes ncu_<view>.ncu-rep (the raw
+reports), metrics_<view>.csv, plan_<view>.json, launches.jsonl, summary.json and table.md.
+
+    python scripts/ncu_norm.py --result-dir results/gpu/ncu-norm
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as `python scripts/ncu_norm.py`: rltbench from this tree
+
+from rltbench.errors import UsageError  # noqa: E402
+from rltbench.results import RunDir  # noqa: E402
+
+# what each metric answers (Nsight Compute names; base units: ns, bytes, %); launch__* only alone
+METRICS: dict[str, str] = {
+    "gpu__time_duration.sum": "duration, ns",
+    "dram__bytes_read.sum": "bytes read from DRAM",
+    "dram__bytes_write.sum": "bytes written to DRAM",
+    "lts__t_sectors_srcunit_tex_op_read.sum": "L2 sectors read by the SMs' loads",
+    "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum": "of those, hits in L2",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy, % of the warp slots",
+    "sm__cycles_active.avg": "cycles an SM had a resident warp (mean over SMs)",
+    "gpc__cycles_elapsed.max": "cycles elapsed",
+    "launch__registers_per_thread": "registers per thread",
+    "launch__grid_size": "programs (thread blocks)",
+    "launch__occupancy_limit_registers": "programs per SM the registers allow",
+}
+PER_CALL = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum")
+VIEWS: dict[str, list[str]] = {   # view -> its Nsight Compute options
+    "kernel": ["--cache-control", "all"],
+    "graph": ["--graph-profiling", "graph", "--cache-control", "none"],
+}
+GRAPH_CALLS = 32   # at least this many calls per graph, as the kernels command (BenchConfig.min_graph_calls)
+LARGE_COPY = "large copy"
+Call = Callable[[int], Any]   # one launch on input set i % sets
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--result-dir", type=Path, help="run directory to create (required)")
+    p.add_argument("--tokens", type=int, default=4096, help="rows of the norms (default 4096)")
+    p.add_argument("--width", type=int, default=2048, help="row width (default 2048)")
+    p.add_argument("--reps", type=int, default=6, help="launches of each case per view (default 6)")
+    p.add_argument("--views", default="kernel,graph",
+                   help="comma-separated: kernel (each launch alone), graph (back to back); default both")
+    p.add_argument("--large-copy-mib", type=int, default=1024,
+                   help="bytes moved by the large copy, read + write (default 1024 MiB)")
+    p.add_argument("--ncu", default="ncu", help="Nsight Compute command line tool (default: ncu on "
+                   "PATH, else $CUDA_HOME/bin or /usr/local/cuda/bin)")
+    p.add_argument("--workload", type=Path, help=argparse.SUPPRESS)  # the child under ncu: plan path
+    p.add_argument("--workload-mode", choices=list(VIEWS), default="kernel", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    for name in ("tokens", "width", "reps", "large_copy_mib"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    a.views = [v for v in a.views.split(",") if v]
+    unknown = [v for v in a.views if v not in VIEWS]
+    if unknown or not a.views:
+        p.error(f"--views: {','.join(unknown) or 'none given'}; choose from {','.join(VIEWS)}")
+    if a.workload is None and a.result_dir is None:
+        p.error("--result-dir is required")
+    return a
+
+
+
+Case = tuple[Call, int, int, int]   # call, input sets, bytes read once, bytes written once
+
+
+def build_cases(tokens: int, width: int, large_copy_mib: int) -> dict[str, Case]:
+    """case name -> (call(i): one launch on input set i % sets, sets, input bytes, output bytes).
+    Norms through the arms' Ops (scope all: eager calls take the fused kernels) as the kernels
+    command's cases call them; copies through the kernels command's same-size copy (torch's
+    elementwise kernel, never a memcpy). The sets rotate over more than 3 x L2, as the kernels
+    command's do."""
+    import torch
+
+    from rltbench.bench import timing
+    from rltbench.commands.kernels.sweep import liger_available, make_arm_ops, size_copy, size_copy_sources
+    from rltbench.kernels.cases import op_case
+
+    dev = torch.device("cuda")
+    l2 = timing.l2_cache_bytes(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cases: dict[str, Case] = {}
+    arms = [("exact", "rmsnorm"), ("exact", "rmsnorm_residual"), ("approx", "rmsnorm")]
+    if liger_available():
+        arms.append(("liger", "rmsnorm"))
+    size_of: dict[str, int] = {}
+    for arm, op in arms:
+        case = op_case(op)
+        first = case.make_inputs(tokens, width, torch.bfloat16, dev, gen)
+        size_of[op] = case.bytes_moved(first)
+        n = timing.rotation_sets(size_of[op], l2).sets
+        sets = [first] + [case.make_inputs(tokens, width, torch.bfloat16, dev, gen) for _ in range(n - 1)]
+        ops = make_arm_ops(arm, "all")
+        written = sum(first[k].numel() * first[k].element_size() for k in case.output_keys)
+        cases[f"{arm} {op}"] = (lambda i, c=case, o=ops, ss=sets: c.run(o, ss[i % len(ss)]), n,
+                                size_of[op] - written, written)
+    for op, nbytes in size_of.items():
+        n = timing.rotation_sets(nbytes, l2).sets
+        srcs = size_copy_sources(nbytes, n, dev)
+        half = srcs[0].numel() * srcs[0].element_size()
+        cases[f"same-size copy {op}"] = (lambda i, ss=srcs: size_copy(ss[i % len(ss)]), n, half, half)
+    big = size_copy_sources(large_copy_mib << 20, 1, dev)[0]
+    half = big.numel() * big.element_size()
+    cases[LARGE_COPY] = (lambda i, s=big: size_copy(s), 1, half, half)
+    return cases
+
+
+
+def run_workload(a: argparse.Namespace) -> None:
+    """Warm every case (compiles, the exact norm's validation); in graph mode capture each case's
+    GRAPH_CALLS calls into one graph as the kernels command does; then launch each case (one kernel,
+    or one replay) once per repetition between cudaProfilerStart/Stop, cases in ABBA order, and
+    write the plan (one entry per launch)."""
+    import torch
+
+    from rltbench.bench import timing
+    from rltbench.results.stats import abba_order
+
+    cases = build_cases(a.tokens, a.width, a.large_copy_mib)
+    with torch.inference_mode():
+        launch: dict[str, Call] = {}
+        calls: dict[str, int] = {}
+        for name, (call, n, _, _) in cases.items():
+            if a.workload_mode == "graph":
+                k = max(n, GRAPH_CALLS)
+                graph = timing.GraphCalls(call, k, keep_outputs=n)
+                launch[name], calls[name] = (lambda rep, g=graph: g.replay()), k
+            else:
+                for i in range(n):
+                    call(i)
+                launch[name], calls[name] = call, 1
+        torch.cuda.synchronize()
+        plan = []
+        for i, name in enumerate(abba_order(list(cases), a.reps)):
+            rep = i // len(cases)
+            torch.cuda.profiler.start()
+            launch[name](rep)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            plan.append({"case": name, "rep": rep, "calls": calls[name], "read_bytes": cases[name][2],
+                         "write_bytes": cases[name][3]})
+    a.workload.write_text(json.dumps(plan))
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent: Nsight Compute on the child, the report read back
+# ---------------------------------------------------------------------------------------------
+# the parent: Nsight Compute on the child, the reports read back
+# ---------------------------------------------------------------------------------------------
+def number(text: str) -> float | None:
+    """An Nsight Compute CSV value as a float (thousands separators dropped); None when empty or
+    not a number ("n/a")."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def parse_raw_csv(text: str) -> list[dict[str, Any]]:
+    """Rows of `ncu --import R --csv --page raw`: a header line, a units line, then one line per
+    profiled kernel or graph. Returns per row its name and the METRICS found, as floats."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]   # ncu's own notes are unquoted
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        raise RuntimeError("Nsight Compute returned no profiled kernels")
+    header, body = rows[0], rows[2:]
+    out = []
+    for r in body:
+        rec = dict(zip(header, r, strict=False))
+        row: dict[str, Any] = {"kernel": rec.get("Kernel Name", "?")}
+        row.update({m: number(rec[m]) for m in METRICS if m in rec})
+        out.append(row)
+    return out
+
+
+def join_plan(plan: list[dict[str, Any]], profiled: list[dict[str, Any]], view: str) -> list[dict[str, Any]]:
+    """The plan's launches and the report's rows in launch order, one to one; the counted
+    quantities divided by the launch's calls (figures per call)."""
+    if len(plan) != len(profiled):
+        raise RuntimeError(f"{view}: {len(profiled)} rows profiled for {len(plan)} planned launches: a "
+                           "case launched more or fewer than one kernel or graph")
+    rows = []
+    for p, k in zip(plan, profiled, strict=True):
+        row = {"view": view, **p, **k}
+        for m in PER_CALL:
+            if row.get(m) is not None:
+                row[m] = row[m] / p["calls"]
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per case of one view: the median of each metric over its launches, the kernel's name, the
+    duration's spread (min, max), and the derived figures: DRAM bytes and duration against the
+    same-size copy's, DRAM rate against the large copy's, L2 hit rate of loads, SM-active share."""
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for case, rs in by_case.items():
+        med = {m: statistics.median(v) for m in METRICS
+               if (v := [r[m] for r in rs if r.get(m) is not None])}
+        dur = [r["gpu__time_duration.sum"] for r in rs if r.get("gpu__time_duration.sum") is not None]
+        s: dict[str, Any] = {"kernel": rs[0]["kernel"], "launches": len(rs), "calls": rs[0]["calls"],
+                             "read_bytes": rs[0]["read_bytes"], "write_bytes": rs[0]["write_bytes"],
+                             "median": med, "duration_ns_min": min(dur) if dur else None,
+                             "duration_ns_max": max(dur) if dur else None}
+        s["dram_bytes"] = med.get("dram__bytes_read.sum", 0.0) + med.get("dram__bytes_write.sum", 0.0)
+        s["dram_read_vs_inputs"] = med.get("dram__bytes_read.sum", 0.0) / s["read_bytes"]
+        s["dram_write_vs_outputs"] = med.get("dram__bytes_write.sum", 0.0) / s["write_bytes"]
+        if med.get("gpu__time_duration.sum"):
+            s["dram_gbps"] = s["dram_bytes"] / med["gpu__time_duration.sum"]
+        reads = med.get("lts__t_sectors_srcunit_tex_op_read.sum")
+        if reads:
+            hits = med.get("lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum", 0.0)
+            s["l2_load_hit_pct"] = 100 * hits / reads
+        if med.get("gpc__cycles_elapsed.max") and med.get("sm__cycles_active.avg") is not None:
+            s["sm_active_pct"] = 100 * med["sm__cycles_active.avg"] / med["gpc__cycles_elapsed.max"]
+        out[case] = s
+    for case, s in out.items():
+        op = None if case.startswith(("same-size", LARGE_COPY)) else case.split(" ", 1)[1]
+        copy = out.get(f"same-size copy {op}") if op else None
+        if copy and copy["median"].get("gpu__time_duration.sum"):
+            s["duration_vs_same_size_copy"] = (s["median"]["gpu__time_duration.sum"]
+                                               / copy["median"]["gpu__time_duration.sum"])
+    big = out.get(LARGE_COPY)
+    if big and big.get("dram_gbps"):
+        for s in out.values():
+            if s.get("dram_gbps"):
+                s["dram_rate_pct_of_large_copy"] = 100 * s["dram_gbps"] / big["dram_gbps"]
+    return out
+
+
+COLUMNS = ("case", "us (min-max)", "x copy time", "DRAM MB read / written", "read / inputs",
+           "written / outputs", "DRAM GB/s",
+           "% of large copy's rate", "L2 hit % of loads", "SM active %", "occupancy %", "regs", "programs",
+           "programs/SM by regs")
+
+
+def _fmt(v: Any, fmt: str, scale: float = 1.0) -> str:
+    return "-" if v is None else format(v / scale, fmt)
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]], config: dict[str, Any]) -> str:
+    """table.md: per view, one row per case."""
+    lines = [
+        f"# Nsight Compute: norms at {config['tokens']} x {config['width']} bf16 beside streaming copies",
+        "",
+        f"Medians over {config['reps']} launches per case and view; clocks free. 'alone': each launch "
+        "profiled by itself with L2 flushed and invalidated before it. 'back to back': the kernels "
+        "command's graph of calls over rotated inputs profiled as one workload, figures per call. "
+        "Durations exclude nothing between calls back to back and everything alone; neither is the "
+        "kernels command's figure: compare a kernel with the copies beside it in the same view. "
+        "DRAM MB per call; 'read / inputs' and 'written / outputs': DRAM bytes over the bytes the "
+        "case reads and writes once (L2 is write-back: alone, most of a launch's writes are still in "
+        "L2 when it ends); 'x copy time' = the same-size copy's duration as 1.",
+    ]
+    for view, cases in summary.items():
+        title = {"kernel": "Alone", "graph": "Back to back"}[view]
+        lines += ["", f"## {title}", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+        for case, s in cases.items():
+            m = s["median"]
+            cells = [
+                case,
+                f"{_fmt(m.get('gpu__time_duration.sum'), '.2f', 1e3)} "
+                f"({_fmt(s['duration_ns_min'], '.2f', 1e3)}-{_fmt(s['duration_ns_max'], '.2f', 1e3)})",
+                _fmt(s.get("duration_vs_same_size_copy"), ".3f"),
+                f"{_fmt(m.get('dram__bytes_read.sum'), '.2f', 1e6)} / "
+                f"{_fmt(m.get('dram__bytes_write.sum'), '.2f', 1e6)}",
+                _fmt(s.get("dram_read_vs_inputs"), ".3f"),
+                _fmt(s.get("dram_write_vs_outputs"), ".3f"),
+                _fmt(s.get("dram_gbps"), ".0f"),
+                _fmt(s.get("dram_rate_pct_of_large_copy"), ".1f"),
+                _fmt(s.get("l2_load_hit_pct"), ".1f"),
+                _fmt(s.get("sm_active_pct"), ".1f"),
+                _fmt(m.get("sm__warps_active.avg.pct_of_peak_sustained_active"), ".1f"),
+                _fmt(m.get("launch__registers_per_thread"), ".0f"),
+                _fmt(m.get("launch__grid_size"), ".0f"),
+                _fmt(m.get("launch__occupancy_limit_registers"), ".0f"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    kernels = next(iter(summary.values()), {})
+    lines += ["", "Kernels: " + "; ".join(f"{c}: `{s['kernel'][:60]}`" for c, s in kernels.items()), ""]
+    return "\n".join(lines)
+
+
+def find_ncu(ncu: str) -> str | None:
+    """`ncu` as given (a path or a name on PATH), else, for the default name, the CUDA toolkit's copy
+    ($CUDA_HOME/bin, /usr/local/cuda/bin: toolkits often leave their bin off PATH)."""
+    path = shutil.which(ncu)
+    if path is not None or ncu != "ncu":
+        return path
+    homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    return next((str(p) for h in homes if h and (p := Path(h) / "bin" / "ncu").is_file()), None)
+
+
+def check_environment(ncu: str) -> str:
+    """The ncu executable's path; UsageError (exit 2) before any work when ncu or a GPU is missing."""
+    path = find_ncu(ncu)
+    if path is None:
+        raise UsageError(f"Nsight Compute not found ({ncu!r}): install it or pass --ncu PATH")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("ncu_norm needs a CUDA GPU; none is visible")
+    return path
+
+
+def profile_view(run: RunDir, ncu: str, view: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """One Nsight Compute pass over the child in `view`; its rows joined to the plan."""
+    plan_path = run.file(f"plan_{view}.json")
+    report = run.file(f"ncu_{view}")
+    child = [sys.executable, str(Path(__file__).resolve()), "--workload", str(plan_path), "--workload-mode",
+             view, "--tokens", str(a.tokens), "--width", str(a.width), "--reps", str(a.reps),
+             "--large-copy-mib", str(a.large_copy_mib)]
+    prof = [ncu, "--profile-from-start", "off", *VIEWS[view], "--clock-control", "none",
+            "--metrics", ",".join(METRICS), "--export", str(report), "--force-overwrite", *child]
+    print(f"[{view}] profiling:", " ".join(prof), flush=True)
+    subprocess.run(prof, check=True)
+    read_back = [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"]
+    csv_text = subprocess.run(read_back, check=True, capture_output=True, text=True).stdout
+    run.file(f"metrics_{view}.csv").write_text(csv_text)
+    return join_plan(json.loads(plan_path.read_text()), parse_raw_csv(csv_text), view)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.workload is not None:
+        run_workload(a)
+        return 0
+    try:
+        ncu = check_environment(a.ncu)
+        config = {"tokens": a.tokens, "width": a.width, "reps": a.reps, "views": a.views,
+                  "large_copy_mib": a.large_copy_mib, "graph_calls_min": GRAPH_CALLS, "metrics": METRICS,
+                  "ncu_options": {v: VIEWS[v] + ["--clock-control", "none"] for v in a.views}}
+        run = RunDir.create("ncu-norm", a.result_dir, argv=sys.argv, config=config)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        for view in a.views:   # each view's rows are kept as soon as it ends
+            view_rows = profile_view(run, ncu, view, a)
+            rows += view_rows
+            run.write_jsonl("launches.jsonl", rows)
+            summary[view] = summarize(view_rows)
+    except BaseException as exc:
+        if summary:
+            run.write_json("summary.json", summary)
+            run.write_markdown("table.md", table(summary, config))
+        run.mark_ended(exc)
+        raise
+    print(run.finish(table(summary, config), summary=summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""scripts/ncu_norm.py without a GPU: Nsight Compute's raw CSV read back (units row, thousands
+separators, notes, n/a), rows joined to the launch plan one to one (a count mismatch is an error, not
+a silent shift), figures per call in the back-to-back view, ratios against the copies beside a
+kernel, and bad input refused with exit 2 before any work."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+from rltbench.errors import UsageError
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ncu_norm.py"
+
+
+@pytest.fixture(scope="module")
+def ncu() -> dict:
+    return runpy.run_path(str(SCRIPT))
+
+
+def _csv(rows: list[tuple[str, float, float, float]]) -> str:
+    """A raw-page CSV as `ncu --import --csv --page raw --print-units base` writes it: header, units,
+    one quoted row per kernel; an unquoted note line first."""
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "launch__registers_per_thread"]
+    units = '"","","ns","byte","byte","register/thread"'
+    lines = ["==PROF== a note", ",".join(f'"{c}"' for c in cols), units]
+    for i, (name, dur, rd, wr) in enumerate(rows):
+        vals = [str(i), name, f"{dur:,.0f}", f"{rd:,.0f}", f"{wr:,.0f}", "n/a"]
+        lines.append(",".join(f'"{v}"' for v in vals))
+    return "\n".join(lines) + "\n"
+
+
+def _plan(cases: list[str], calls: int = 1) -> list[dict]:
+    return [{"case": c, "rep": 0, "calls": calls, "read_bytes": 1000, "write_bytes": 1000} for c in cases]
+
+
+def test_raw_csv_read_back(ncu) -> None:
+    rows = ncu["parse_raw_csv"](_csv([("_lowwarp_rows_norm_kernel", 9410, 16_800_000, 520_000)]))
+    assert rows == [{"kernel": "_lowwarp_rows_norm_kernel", "gpu__time_duration.sum": 9410.0,
+                     "dram__bytes_read.sum": 16_800_000.0, "dram__bytes_write.sum": 520_000.0,
+                     "launch__registers_per_thread": None}]
+    with pytest.raises(RuntimeError, match="no profiled kernels"):
+        ncu["parse_raw_csv"]("==PROF== nothing\n")
+
+
+def test_plan_and_rows_must_match_one_to_one(ncu) -> None:
+    profiled = ncu["parse_raw_csv"](_csv([("k", 1000, 10, 10)] * 2))
+    with pytest.raises(RuntimeError, match="2 rows profiled for 3 planned launches"):
+        ncu["join_plan"](_plan(["a", "b", "c"]), profiled, "kernel")
+
+
+def test_graph_view_is_per_call(ncu) -> None:
+    profiled = ncu["parse_raw_csv"](_csv([("graph", 320_000, 32_000, 64_000)]))
+    (row,) = ncu["join_plan"](_plan(["exact rmsnorm"], calls=32), profiled, "graph")
+    assert (row["gpu__time_duration.sum"], row["dram__bytes_read.sum"], row["dram__bytes_write.sum"]) == (
+        10_000.0, 1000.0, 2000.0)
+    assert row["view"] == "graph" and row["calls"] == 32
+
+
+def test_summary_ratios_against_the_copies(ncu) -> None:
+    cases = ["exact rmsnorm", "same-size copy rmsnorm", "large copy"]
+    profiled = ncu["parse_raw_csv"](_csv([("norm", 9900, 1000, 500), ("copy", 9000, 1000, 500),
+                                          ("big", 1000, 2000, 2000)]))
+    s = ncu["summarize"](ncu["join_plan"](_plan(cases), profiled, "kernel"))
+    norm = s["exact rmsnorm"]
+    assert norm["duration_vs_same_size_copy"] == pytest.approx(1.1)
+    assert norm["dram_read_vs_inputs"] == 1.0 and norm["dram_write_vs_outputs"] == 0.5
+    assert norm["dram_rate_pct_of_large_copy"] == pytest.approx(100 * (1500 / 9900) / (4000 / 1000))
+    assert "duration_vs_same_size_copy" not in s["same-size copy rmsnorm"]
+    md = ncu["table"]({"kernel": s}, {"tokens": 4096, "width": 2048, "reps": 1})
+    assert "## Alone" in md and "| exact rmsnorm | 9.90 (9.90-9.90) | 1.100 |" in md
+
+
+def test_bad_input_exits_2(ncu, capsys) -> None:
+    for argv in (["--result-dir", "x", "--views", "warp"], ["--result-dir", "x", "--reps", "0"], []):
+        with pytest.raises(SystemExit) as exc:
+            ncu["parse_args"](argv)
+        assert exc.value.code == 2
+    with pytest.raises(UsageError, match="Nsight Compute not found"):
+        ncu["check_environment"]("/nonexistent/ncu")
+
+
+def test_missing_ncu_leaves_no_run_directory(ncu, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert ncu["main"](["--result-dir", str(out), "--ncu", "/nonexistent/ncu"]) == 2
+    assert not out.exists() and "Nsight Compute not found" in capsys.readouterr().err
