@@ -208,9 +208,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "kernels-placements": (240, rlt("kernels --tokens 4096 --ops rmsnorm,rmsnorm_residual --arms "
                                     "torch,exact,exact --dtypes bf16 --widths 2048 --mode graph --repeats 40 "
                                     "--placements 5", "kernels-placements")),
-    # Nsight Compute on the norms at 4096 x 2048 beside same-size and large copies, each launch alone
-    # (L2 flushed) and back to back (the kernels command's graph of calls): DRAM bytes, occupancy,
-    # durations against the copies (scripts/ncu_norm.py); ~2 minutes
+    # the norms at 4096 x 2048 beside same-size and large copies: Nsight Compute counters of each
+    # launch alone (L2 flushed) and back to back (the kernels command's graph of calls), and kernel
+    # timestamps of that graph (duration, gap, period) (scripts/ncu_norm.py); ~2 minutes
     "ncu-norm": (300, [PY, str(ROOT / "scripts" / "ncu_norm.py"), "--result-dir", str(RESULTS / "ncu-norm")]),
     # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
     # many rounds, for a difference of a few hundredths of a microsecond

@@ -1,30 +1,35 @@
 #!/usr/bin/env python3
-"""Nsight Compute counters of the norms at 4096 x 2048 (bf16) beside streaming copies, alone and back to back.
+"""Counters and kernel timestamps of the norms at 4096 x 2048 (bf16) beside streaming copies.
 
 Why: `rltbench kernels` times each arm by replaying a CUDA graph of calls back to back (inputs
 rotated over more than 3 x L2) and reports its rate as a percentage of the device copy. At 4096 x
 2048 the exact plain norm sits a few percent below a streaming copy of its own size there
 (docs/limits.md), and timings alone cannot say where that goes: DRAM bytes beyond the kernel's
 input and output, fewer programs resident, SMs idle while the DRAM works, or the company the
-kernel keeps (the dirty lines and the launch of the call before it). Nsight Compute counts these.
+kernel keeps (the dirty lines and the launch of the call before it). Nsight Compute counts the
+first three; kernel timestamps split the time between the kernel and what lies between kernels.
 
-Two views, each its own Nsight Compute pass over the same cases:
-* alone (`kernel`): every launch profiled by itself, L2 flushed and invalidated before it
-  (`--cache-control all`): the kernel's own duration and traffic, with no neighbour;
-* back to back (`graph`): the kernels command's graph of calls (at least 32, cycling over the
-  rotated sets) profiled as one workload (`--graph-profiling graph`, `--cache-control none`);
-  figures per call are the graph's divided by its calls. Nsight Compute replays the graph once per
-  pass of counters, restoring memory in between, so these are close to, not the same as, the
-  kernels command's replays.
+Three views, each its own pass over the same cases:
+* alone (`kernel`, Nsight Compute): every launch profiled by itself, L2 flushed and invalidated
+  before it (`--cache-control all`): the kernel's own duration and traffic, with no neighbour;
+* back to back (`graph`, Nsight Compute): the kernels command's graph of calls (at least 32,
+  cycling over the rotated sets) profiled as one workload (`--graph-profiling graph`,
+  `--cache-control none`), counters per call. Nsight Compute replays the graph once per pass of
+  counters and does its own work between the nodes, so the graph's duration is not reported;
+* back to back, timestamps (`trace`): the same graph replayed under torch.profiler (CUPTI kernel
+  records): each kernel's duration, the gap to the next one and the period from start to start,
+  which splits the per-call time the kernels command measures into the kernel and what lies
+  between kernels.
 Clocks are left free (`--clock-control none`). The kernels command's figures stay the headline;
 here a kernel is compared with the copies beside it in the same view.
 
 The script runs Nsight Compute on itself: the child (`--workload`) builds the cases, warms them
 (compiles, the exact norm's validation, graph captures), then launches each case once per
-repetition (cases in ABBA order) between cudaProfilerStart/Stop and writes the launch plan; the
-parent reads each report back as CSV and joins its rows to the plan in launch order (it fails if
-their counts differ: a case is one kernel or one graph). Writes ncu_<view>.ncu-rep (the raw
-reports), metrics_<view>.csv, plan_<view>.json, launches.jsonl, summary.json and table.md.
+repetition (cases in ABBA order) between cudaProfilerStart/Stop (or under torch.profiler) and
+writes the launch plan; the parent reads each report back as CSV and joins its rows to the plan in
+launch order (it fails if their counts differ: a case is one kernel or one graph). Writes
+ncu_<view>.ncu-rep.gz (the raw reports), metrics_<view>.csv, plan_<view>.json, launches.jsonl,
+summary.json and table.md; each view's rows are kept as soon as it ends.
 
     python scripts/ncu_norm.py --result-dir results/gpu/ncu-norm
 """
@@ -66,9 +71,10 @@ METRICS: dict[str, str] = {
 }
 PER_CALL = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
             "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum")
-VIEWS: dict[str, list[str]] = {   # view -> its Nsight Compute options
+VIEWS: dict[str, list[str] | None] = {   # view -> its Nsight Compute options (None: no ncu)
     "kernel": ["--cache-control", "all"],
     "graph": ["--graph-profiling", "graph", "--cache-control", "none"],
+    "trace": None,
 }
 GRAPH_CALLS = 32   # at least this many calls per graph, as the kernels command (BenchConfig.min_graph_calls)
 LARGE_COPY = "large copy"
@@ -82,8 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=4096, help="rows of the norms (default 4096)")
     p.add_argument("--width", type=int, default=2048, help="row width (default 2048)")
     p.add_argument("--reps", type=int, default=6, help="launches of each case per view (default 6)")
-    p.add_argument("--views", default="kernel,graph",
-                   help="comma-separated: kernel (each launch alone), graph (back to back); default both")
+    p.add_argument("--views", default="kernel,graph,trace",
+                   help="comma-separated: kernel (each launch alone, Nsight Compute), graph (back to back, "
+                   "Nsight Compute), trace (back to back, kernel timestamps); default all three")
     p.add_argument("--large-copy-mib", type=int, default=1024,
                    help="bytes moved by the large copy, read + write (default 1024 MiB)")
     p.add_argument("--ncu", default="ncu", help="Nsight Compute command line tool (default: ncu on "
@@ -149,22 +156,43 @@ def build_cases(tokens: int, width: int, large_copy_mib: int) -> dict[str, Case]
 
 
 
+def kernel_spans(prof: Any) -> list[tuple[float, float]]:
+    """(start, end) in ns of every GPU kernel a torch.profiler run recorded, in start order."""
+    from torch.autograd import DeviceType
+
+    return sorted((e.time_range.start * 1e3, e.time_range.end * 1e3) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA)
+
+
+def trace_record(spans: list[tuple[float, float]]) -> dict[str, Any]:
+    """One replay's kernels: how many, and the medians of each kernel's duration, of the gap from
+    one kernel's end to the next one's start, and of the period from start to start, in ns."""
+    pairs = list(zip(spans, spans[1:], strict=False))
+    return {"kernels": len(spans),
+            "duration_ns": statistics.median(e - b for b, e in spans) if spans else None,
+            "gap_ns": statistics.median(n[0] - p[1] for p, n in pairs) if pairs else None,
+            "period_ns": statistics.median(n[0] - p[0] for p, n in pairs) if pairs else None}
+
+
 def run_workload(a: argparse.Namespace) -> None:
-    """Warm every case (compiles, the exact norm's validation); in graph mode capture each case's
-    GRAPH_CALLS calls into one graph as the kernels command does; then launch each case (one kernel,
-    or one replay) once per repetition between cudaProfilerStart/Stop, cases in ABBA order, and
-    write the plan (one entry per launch)."""
+    """Warm every case (compiles, the exact norm's validation); in the graph and trace views
+    capture each case's calls (at least GRAPH_CALLS, cycling over its sets) into one graph as the
+    kernels command does; then launch each case (one kernel, or one replay) once per repetition,
+    cases in ABBA order, between cudaProfilerStart/Stop (the Nsight Compute views) or under
+    torch.profiler (trace: each kernel's start and end), and write the plan (one entry per
+    launch; in the trace view with its kernels' medians)."""
     import torch
 
     from rltbench.bench import timing
     from rltbench.results.stats import abba_order
 
+    view = a.workload_mode
     cases = build_cases(a.tokens, a.width, a.large_copy_mib)
     with torch.inference_mode():
         launch: dict[str, Call] = {}
         calls: dict[str, int] = {}
         for name, (call, n, _, _) in cases.items():
-            if a.workload_mode == "graph":
+            if view in ("graph", "trace"):
                 k = max(n, GRAPH_CALLS)
                 graph = timing.GraphCalls(call, k, keep_outputs=n)
                 launch[name], calls[name] = (lambda rep, g=graph: g.replay()), k
@@ -176,17 +204,22 @@ def run_workload(a: argparse.Namespace) -> None:
         plan = []
         for i, name in enumerate(abba_order(list(cases), a.reps)):
             rep = i // len(cases)
-            torch.cuda.profiler.start()
-            launch[name](rep)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
-            plan.append({"case": name, "rep": rep, "calls": calls[name], "read_bytes": cases[name][2],
-                         "write_bytes": cases[name][3]})
+            entry = {"case": name, "rep": rep, "calls": calls[name], "read_bytes": cases[name][2],
+                     "write_bytes": cases[name][3]}
+            if view == "trace":
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    launch[name](rep)
+                    torch.cuda.synchronize()
+                entry.update(trace_record(kernel_spans(prof)))
+            else:
+                torch.cuda.profiler.start()
+                launch[name](rep)
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+            plan.append(entry)
     a.workload.write_text(json.dumps(plan))
 
 
-# ---------------------------------------------------------------------------------------------
-# the parent: Nsight Compute on the child, the report read back
 # ---------------------------------------------------------------------------------------------
 # the parent: Nsight Compute on the child, the reports read back
 # ---------------------------------------------------------------------------------------------
@@ -232,40 +265,50 @@ def join_plan(plan: list[dict[str, Any]], profiled: list[dict[str, Any]], view: 
     return rows
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per case of one view: the median of each metric over its launches, the kernel's name, the
-    duration's spread (min, max), and the derived figures: DRAM bytes and duration against the
-    same-size copy's, DRAM rate against the large copy's, L2 hit rate of loads, SM-active share."""
+def _same_size_copy(case: str, cases: dict[str, Any]) -> Any:
+    """The same-size copy beside a kernel case ("exact rmsnorm" -> "same-size copy rmsnorm"); None
+    for the copies themselves."""
+    if case.startswith(("same-size", LARGE_COPY)):
+        return None
+    return cases.get(f"same-size copy {case.split(' ', 1)[1]}")
+
+
+def summarize_counters(rows: list[dict[str, Any]], view: str) -> dict[str, dict[str, Any]]:
+    """Per case of an Nsight Compute view: the median of each metric over its launches, the
+    kernel's name, and the derived figures: DRAM bytes against the case's inputs and outputs, L2 hit
+    rate of loads; alone also the duration (min-max) against the same-size copy's, the DRAM rate
+    against the large copy's and the SM-active share. Back to back those three are left out: a
+    profiled graph runs longer than its replay (Nsight Compute's own work between the nodes), so its
+    duration is not the calls' time."""
     by_case: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_case.setdefault(r["case"], []).append(r)
+    timed = view == "kernel"
     out: dict[str, dict[str, Any]] = {}
     for case, rs in by_case.items():
         med = {m: statistics.median(v) for m in METRICS
                if (v := [r[m] for r in rs if r.get(m) is not None])}
-        dur = [r["gpu__time_duration.sum"] for r in rs if r.get("gpu__time_duration.sum") is not None]
         s: dict[str, Any] = {"kernel": rs[0]["kernel"], "launches": len(rs), "calls": rs[0]["calls"],
                              "read_bytes": rs[0]["read_bytes"], "write_bytes": rs[0]["write_bytes"],
-                             "median": med, "duration_ns_min": min(dur) if dur else None,
-                             "duration_ns_max": max(dur) if dur else None}
-        s["dram_bytes"] = med.get("dram__bytes_read.sum", 0.0) + med.get("dram__bytes_write.sum", 0.0)
+                             "median": med}
         s["dram_read_vs_inputs"] = med.get("dram__bytes_read.sum", 0.0) / s["read_bytes"]
         s["dram_write_vs_outputs"] = med.get("dram__bytes_write.sum", 0.0) / s["write_bytes"]
-        if med.get("gpu__time_duration.sum"):
-            s["dram_gbps"] = s["dram_bytes"] / med["gpu__time_duration.sum"]
         reads = med.get("lts__t_sectors_srcunit_tex_op_read.sum")
         if reads:
             hits = med.get("lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum", 0.0)
             s["l2_load_hit_pct"] = 100 * hits / reads
-        if med.get("gpc__cycles_elapsed.max") and med.get("sm__cycles_active.avg") is not None:
-            s["sm_active_pct"] = 100 * med["sm__cycles_active.avg"] / med["gpc__cycles_elapsed.max"]
+        dur = [r["gpu__time_duration.sum"] for r in rs if r.get("gpu__time_duration.sum") is not None]
+        if timed and dur:
+            s.update(duration_ns=statistics.median(dur), duration_ns_min=min(dur), duration_ns_max=max(dur))
+            dram = med.get("dram__bytes_read.sum", 0.0) + med.get("dram__bytes_write.sum", 0.0)
+            s["dram_gbps"] = dram / s["duration_ns"]
+            if med.get("gpc__cycles_elapsed.max") and med.get("sm__cycles_active.avg") is not None:
+                s["sm_active_pct"] = 100 * med["sm__cycles_active.avg"] / med["gpc__cycles_elapsed.max"]
         out[case] = s
     for case, s in out.items():
-        op = None if case.startswith(("same-size", LARGE_COPY)) else case.split(" ", 1)[1]
-        copy = out.get(f"same-size copy {op}") if op else None
-        if copy and copy["median"].get("gpu__time_duration.sum"):
-            s["duration_vs_same_size_copy"] = (s["median"]["gpu__time_duration.sum"]
-                                               / copy["median"]["gpu__time_duration.sum"])
+        copy = _same_size_copy(case, out)
+        if copy and copy.get("duration_ns") and s.get("duration_ns"):
+            s["duration_vs_same_size_copy"] = s["duration_ns"] / copy["duration_ns"]
     big = out.get(LARGE_COPY)
     if big and big.get("dram_gbps"):
         for s in out.values():
@@ -274,57 +317,119 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-COLUMNS = ("case", "us (min-max)", "x copy time", "DRAM MB read / written", "read / inputs",
-           "written / outputs", "DRAM GB/s",
-           "% of large copy's rate", "L2 hit % of loads", "SM active %", "occupancy %", "regs", "programs",
-           "programs/SM by regs")
+def summarize_trace(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per case of the trace view: medians over its replays of the kernels' duration, the gap
+    between kernels and the period (start to start), the period's min-max, and each against the
+    same-size copy's (ratios for duration and period, the difference for the gap)."""
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for case, rs in by_case.items():
+        s: dict[str, Any] = {"launches": len(rs), "calls": rs[0]["calls"],
+                             "kernels_per_replay": sorted({r["kernels"] for r in rs})}
+        for key in ("duration_ns", "gap_ns", "period_ns"):
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            s[key] = statistics.median(vals) if vals else None
+            if key == "period_ns" and vals:
+                s["period_ns_min"], s["period_ns_max"] = min(vals), max(vals)
+        out[case] = s
+    for case, s in out.items():
+        copy = _same_size_copy(case, out)
+        if copy and copy.get("period_ns") and s.get("period_ns"):
+            s["period_vs_same_size_copy"] = s["period_ns"] / copy["period_ns"]
+            s["duration_vs_same_size_copy"] = s["duration_ns"] / copy["duration_ns"]
+            s["gap_ns_minus_same_size_copy"] = s["gap_ns"] - copy["gap_ns"]
+    return out
+
+
+def summarize(rows: list[dict[str, Any]], view: str) -> dict[str, dict[str, Any]]:
+    """A view's summary per case (summarize_trace or summarize_counters)."""
+    return summarize_trace(rows) if view == "trace" else summarize_counters(rows, view)
+
+
+COUNTER_COLUMNS = ("case", "us (min-max)", "x copy time", "DRAM MB read / written", "read / inputs",
+                   "written / outputs", "DRAM GB/s", "% of large copy's rate", "L2 hit % of loads",
+                   "SM active %", "occupancy %", "regs", "programs", "programs/SM by regs")
+TRACE_COLUMNS = ("case", "period us (min-max)", "x copy period", "kernel us", "x copy kernel", "gap us",
+                 "gap - copy's, us", "kernels per replay")
+TITLES = {"kernel": "Alone (Nsight Compute)", "graph": "Back to back (Nsight Compute)",
+          "trace": "Back to back, timestamps (torch.profiler)"}
 
 
 def _fmt(v: Any, fmt: str, scale: float = 1.0) -> str:
     return "-" if v is None else format(v / scale, fmt)
 
 
+def _counter_cells(case: str, s: dict[str, Any]) -> list[str]:
+    m = s["median"]
+    return [
+        case,
+        "-" if s.get("duration_ns") is None else
+        f"{_fmt(s['duration_ns'], '.2f', 1e3)} "
+        f"({_fmt(s['duration_ns_min'], '.2f', 1e3)}-{_fmt(s['duration_ns_max'], '.2f', 1e3)})",
+        _fmt(s.get("duration_vs_same_size_copy"), ".3f"),
+        f"{_fmt(m.get('dram__bytes_read.sum'), '.2f', 1e6)} / "
+        f"{_fmt(m.get('dram__bytes_write.sum'), '.2f', 1e6)}",
+        _fmt(s.get("dram_read_vs_inputs"), ".3f"),
+        _fmt(s.get("dram_write_vs_outputs"), ".3f"),
+        _fmt(s.get("dram_gbps"), ".0f"),
+        _fmt(s.get("dram_rate_pct_of_large_copy"), ".1f"),
+        _fmt(s.get("l2_load_hit_pct"), ".1f"),
+        _fmt(s.get("sm_active_pct"), ".1f"),
+        _fmt(m.get("sm__warps_active.avg.pct_of_peak_sustained_active"), ".1f"),
+        _fmt(m.get("launch__registers_per_thread"), ".0f"),
+        _fmt(m.get("launch__grid_size"), ".0f"),
+        _fmt(m.get("launch__occupancy_limit_registers"), ".0f"),
+    ]
+
+
+def _trace_cells(case: str, s: dict[str, Any]) -> list[str]:
+    return [
+        case,
+        f"{_fmt(s.get('period_ns'), '.2f', 1e3)} "
+        f"({_fmt(s.get('period_ns_min'), '.2f', 1e3)}-{_fmt(s.get('period_ns_max'), '.2f', 1e3)})",
+        _fmt(s.get("period_vs_same_size_copy"), ".3f"),
+        _fmt(s.get("duration_ns"), ".2f", 1e3),
+        _fmt(s.get("duration_vs_same_size_copy"), ".3f"),
+        _fmt(s.get("gap_ns"), ".2f", 1e3),
+        _fmt(s.get("gap_ns_minus_same_size_copy"), "+.3f", 1e3),
+        ",".join(map(str, s["kernels_per_replay"])),
+    ]
+
+
 def table(summary: dict[str, dict[str, dict[str, Any]]], config: dict[str, Any]) -> str:
     """table.md: per view, one row per case."""
     lines = [
-        f"# Nsight Compute: norms at {config['tokens']} x {config['width']} bf16 beside streaming copies",
+        f"# Norms at {config['tokens']} x {config['width']} bf16 beside streaming copies: counters, "
+        "timestamps",
         "",
-        f"Medians over {config['reps']} launches per case and view; clocks free. 'alone': each launch "
-        "profiled by itself with L2 flushed and invalidated before it. 'back to back': the kernels "
-        "command's graph of calls over rotated inputs profiled as one workload, figures per call. "
-        "Durations exclude nothing between calls back to back and everything alone; neither is the "
-        "kernels command's figure: compare a kernel with the copies beside it in the same view. "
-        "DRAM MB per call; 'read / inputs' and 'written / outputs': DRAM bytes over the bytes the "
-        "case reads and writes once (L2 is write-back: alone, most of a launch's writes are still in "
-        "L2 when it ends); 'x copy time' = the same-size copy's duration as 1.",
+        f"Medians over {config['reps']} launches per case and view; clocks free. Compare a kernel with "
+        "the copies beside it in the same view; none of these durations is the kernels command's "
+        "figure, which stays the headline.",
+        "",
+        "- Alone: each launch profiled by itself, L2 flushed and invalidated before it; its duration "
+        "excludes any launch gap. L2 is write-back, so most of a launch's writes are still in L2 when "
+        "it ends ('written / outputs' well below 1).",
+        "- Back to back (Nsight Compute): the kernels command's graph of calls over rotated inputs "
+        "profiled as one workload, counters per call. No durations: a profiled graph runs longer than "
+        "its replay.",
+        "- Back to back, timestamps: the same graph replayed under torch.profiler (CUPTI kernel "
+        "records); per replay the median kernel duration, gap (one kernel's end to the next one's "
+        "start) and period (start to start), the period being what the kernels command divides out.",
+        "- 'read / inputs', 'written / outputs': DRAM bytes over the bytes the case reads and writes "
+        "once; 'x copy': the same-size copy's figure as 1.",
     ]
     for view, cases in summary.items():
-        title = {"kernel": "Alone", "graph": "Back to back"}[view]
-        lines += ["", f"## {title}", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
-        for case, s in cases.items():
-            m = s["median"]
-            cells = [
-                case,
-                f"{_fmt(m.get('gpu__time_duration.sum'), '.2f', 1e3)} "
-                f"({_fmt(s['duration_ns_min'], '.2f', 1e3)}-{_fmt(s['duration_ns_max'], '.2f', 1e3)})",
-                _fmt(s.get("duration_vs_same_size_copy"), ".3f"),
-                f"{_fmt(m.get('dram__bytes_read.sum'), '.2f', 1e6)} / "
-                f"{_fmt(m.get('dram__bytes_write.sum'), '.2f', 1e6)}",
-                _fmt(s.get("dram_read_vs_inputs"), ".3f"),
-                _fmt(s.get("dram_write_vs_outputs"), ".3f"),
-                _fmt(s.get("dram_gbps"), ".0f"),
-                _fmt(s.get("dram_rate_pct_of_large_copy"), ".1f"),
-                _fmt(s.get("l2_load_hit_pct"), ".1f"),
-                _fmt(s.get("sm_active_pct"), ".1f"),
-                _fmt(m.get("sm__warps_active.avg.pct_of_peak_sustained_active"), ".1f"),
-                _fmt(m.get("launch__registers_per_thread"), ".0f"),
-                _fmt(m.get("launch__grid_size"), ".0f"),
-                _fmt(m.get("launch__occupancy_limit_registers"), ".0f"),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    kernels = next(iter(summary.values()), {})
-    lines += ["", "Kernels: " + "; ".join(f"{c}: `{s['kernel'][:60]}`" for c, s in kernels.items()), ""]
-    return "\n".join(lines)
+        trace = view == "trace"
+        columns, cells = (TRACE_COLUMNS, _trace_cells) if trace else (COUNTER_COLUMNS, _counter_cells)
+        lines += ["", f"## {TITLES[view]}", "", "| " + " | ".join(columns) + " |",
+                  "|---" * len(columns) + "|"]
+        lines += ["| " + " | ".join(cells(case, s)) + " |" for case, s in cases.items()]
+    named = next((c for v, c in summary.items() if v != "trace"), {})
+    if named:
+        lines += ["", "Kernels: " + "; ".join(f"{c}: `{s['kernel'][:60]}`" for c, s in named.items())]
+    return "\n".join(lines) + "\n"
 
 
 def find_ncu(ncu: str) -> str | None:
@@ -337,10 +442,11 @@ def find_ncu(ncu: str) -> str | None:
     return next((str(p) for h in homes if h and (p := Path(h) / "bin" / "ncu").is_file()), None)
 
 
-def check_environment(ncu: str) -> str:
-    """The ncu executable's path; UsageError (exit 2) before any work when ncu or a GPU is missing."""
+def check_environment(ncu: str, needs_ncu: bool = True) -> str | None:
+    """The ncu executable's path (None when no view needs it); UsageError (exit 2) before any work
+    when a needed ncu or a GPU is missing."""
     path = find_ncu(ncu)
-    if path is None:
+    if path is None and needs_ncu:
         raise UsageError(f"Nsight Compute not found ({ncu!r}): install it or pass --ncu PATH")
     import torch
 
@@ -349,20 +455,35 @@ def check_environment(ncu: str) -> str:
     return path
 
 
-def profile_view(run: RunDir, ncu: str, view: str, a: argparse.Namespace) -> list[dict[str, Any]]:
-    """One Nsight Compute pass over the child in `view`; its rows joined to the plan."""
+def child_command(view: str, plan_path: Path, a: argparse.Namespace) -> list[str]:
+    """The workload process of one view."""
+    return [sys.executable, str(Path(__file__).resolve()), "--workload", str(plan_path), "--workload-mode",
+            view, "--tokens", str(a.tokens), "--width", str(a.width), "--reps", str(a.reps),
+            "--large-copy-mib", str(a.large_copy_mib)]
+
+
+def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """One view's rows: the trace view runs the child alone (it records its own timestamps); the
+    Nsight Compute views run it under ncu, keep the report (gzipped) and its CSV, and join the
+    report's rows to the plan."""
     plan_path = run.file(f"plan_{view}.json")
+    child = child_command(view, plan_path, a)
+    if VIEWS[view] is None:
+        print(f"[{view}]", " ".join(child), flush=True)
+        subprocess.run(child, check=True)
+        run.write_text(plan_path.name, plan_path.read_text())   # listed in the manifest
+        return [{"view": view, **p} for p in json.loads(plan_path.read_text())]
+    assert ncu is not None
     report = run.file(f"ncu_{view}")
-    child = [sys.executable, str(Path(__file__).resolve()), "--workload", str(plan_path), "--workload-mode",
-             view, "--tokens", str(a.tokens), "--width", str(a.width), "--reps", str(a.reps),
-             "--large-copy-mib", str(a.large_copy_mib)]
     prof = [ncu, "--profile-from-start", "off", *VIEWS[view], "--clock-control", "none",
             "--metrics", ",".join(METRICS), "--export", str(report), "--force-overwrite", *child]
-    print(f"[{view}] profiling:", " ".join(prof), flush=True)
+    print(f"[{view}]", " ".join(prof), flush=True)
     subprocess.run(prof, check=True)
     read_back = [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"]
     csv_text = subprocess.run(read_back, check=True, capture_output=True, text=True).stdout
-    run.file(f"metrics_{view}.csv").write_text(csv_text)
+    run.write_text(f"metrics_{view}.csv", csv_text)
+    run.adopt_gzipped(f"ncu_{view}.ncu-rep")
+    run.write_text(plan_path.name, plan_path.read_text())
     return join_plan(json.loads(plan_path.read_text()), parse_raw_csv(csv_text), view)
 
 
@@ -372,10 +493,10 @@ def main(argv: list[str] | None = None) -> int:
         run_workload(a)
         return 0
     try:
-        ncu = check_environment(a.ncu)
+        ncu = check_environment(a.ncu, needs_ncu=any(VIEWS[v] is not None for v in a.views))
         config = {"tokens": a.tokens, "width": a.width, "reps": a.reps, "views": a.views,
                   "large_copy_mib": a.large_copy_mib, "graph_calls_min": GRAPH_CALLS, "metrics": METRICS,
-                  "ncu_options": {v: VIEWS[v] + ["--clock-control", "none"] for v in a.views}}
+                  "ncu_options": {v: [*o, "--clock-control", "none"] for v in a.views if (o := VIEWS[v])}}
         run = RunDir.create("ncu-norm", a.result_dir, argv=sys.argv, config=config)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -387,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             view_rows = profile_view(run, ncu, view, a)
             rows += view_rows
             run.write_jsonl("launches.jsonl", rows)
-            summary[view] = summarize(view_rows)
+            summary[view] = summarize(view_rows, view)
     except BaseException as exc:
         if summary:
             run.write_json("summary.json", summary)

@@ -64,14 +64,35 @@ def test_summary_ratios_against_the_copies(ncu) -> None:
     cases = ["exact rmsnorm", "same-size copy rmsnorm", "large copy"]
     profiled = ncu["parse_raw_csv"](_csv([("norm", 9900, 1000, 500), ("copy", 9000, 1000, 500),
                                           ("big", 1000, 2000, 2000)]))
-    s = ncu["summarize"](ncu["join_plan"](_plan(cases), profiled, "kernel"))
+    s = ncu["summarize"](ncu["join_plan"](_plan(cases), profiled, "kernel"), "kernel")
     norm = s["exact rmsnorm"]
     assert norm["duration_vs_same_size_copy"] == pytest.approx(1.1)
     assert norm["dram_read_vs_inputs"] == 1.0 and norm["dram_write_vs_outputs"] == 0.5
     assert norm["dram_rate_pct_of_large_copy"] == pytest.approx(100 * (1500 / 9900) / (4000 / 1000))
     assert "duration_vs_same_size_copy" not in s["same-size copy rmsnorm"]
-    md = ncu["table"]({"kernel": s}, {"tokens": 4096, "width": 2048, "reps": 1})
-    assert "## Alone" in md and "| exact rmsnorm | 9.90 (9.90-9.90) | 1.100 |" in md
+    # back to back the profiled graph's duration is not the calls' time: counters only
+    g = ncu["summarize"](ncu["join_plan"](_plan(cases), profiled, "graph"), "graph")
+    assert "duration_ns" not in g["exact rmsnorm"] and g["exact rmsnorm"]["dram_read_vs_inputs"] == 1.0
+    md = ncu["table"]({"kernel": s, "graph": g}, {"tokens": 4096, "width": 2048, "reps": 1})
+    assert "## Alone (Nsight Compute)" in md and "| exact rmsnorm | 9.90 (9.90-9.90) | 1.100 |" in md
+    assert "| exact rmsnorm | - | - | 0.00 / 0.00 | 1.000 | 0.500 | - | - |" in md
+
+
+def test_trace_view(ncu) -> None:
+    spans = [(0.0, 9000.0), (9500.0, 18500.0), (19100.0, 28100.0)]
+    rec = ncu["trace_record"](spans)
+    assert rec == {"kernels": 3, "duration_ns": 9000.0, "gap_ns": 550.0, "period_ns": 9550.0}
+    rows = [{"view": "trace", "case": c, "rep": 0, "calls": 32, **r} for c, r in (
+        ("exact rmsnorm", {"kernels": 32, "duration_ns": 9900.0, "gap_ns": 600.0, "period_ns": 10500.0}),
+        ("same-size copy rmsnorm", {"kernels": 32, "duration_ns": 9600.0, "gap_ns": 400.0,
+                                    "period_ns": 10000.0}))]
+    s = ncu["summarize"](rows, "trace")
+    norm = s["exact rmsnorm"]
+    assert norm["period_vs_same_size_copy"] == pytest.approx(1.05)
+    assert norm["duration_vs_same_size_copy"] == pytest.approx(9900 / 9600)
+    assert norm["gap_ns_minus_same_size_copy"] == pytest.approx(200.0)
+    md = ncu["table"]({"trace": s}, {"tokens": 4096, "width": 2048, "reps": 1})
+    assert "| exact rmsnorm | 10.50 (10.50-10.50) | 1.050 | 9.90 | 1.031 | 0.60 | +0.200 | 32 |" in md
 
 
 def test_bad_input_exits_2(ncu, capsys) -> None:
@@ -81,6 +102,8 @@ def test_bad_input_exits_2(ncu, capsys) -> None:
         assert exc.value.code == 2
     with pytest.raises(UsageError, match="Nsight Compute not found"):
         ncu["check_environment"]("/nonexistent/ncu")
+    with pytest.raises(UsageError, match="needs a CUDA GPU"):   # the trace view needs no ncu
+        ncu["check_environment"]("/nonexistent/ncu", needs_ncu=False)
 
 
 def test_missing_ncu_leaves_no_run_directory(ncu, tmp_path: Path, capsys) -> None:

@@ -358,9 +358,22 @@ class RunDir:
         return pd.DataFrame(self.read_json(f"{name}.json"))
 
     def write_markdown(self, name: str, text: str) -> Path:
-        atomic_write_text(self.path / name, text if text.endswith("\n") else text + "\n")
+        return self.write_text(name, text if text.endswith("\n") else text + "\n")
+
+    def write_text(self, name: str, text: str) -> Path:
+        """A text file (CSV, a tool's output) written atomically and listed in the manifest."""
+        atomic_write_text(self.path / name, text)
         self._note_file(name)
         return self.path / name
+
+    def adopt_gzipped(self, name: str) -> Path:
+        """Replace `name`, a file another program wrote into the run, by `name`.gz (a raw report
+        kept small enough to commit) and list that in the manifest."""
+        src = self.path / name
+        atomic_write_bytes(self.path / f"{name}.gz", gzip.compress(src.read_bytes(), mtime=0))
+        src.unlink()
+        self._note_file(f"{name}.gz")
+        return self.path / f"{name}.gz"
 
     def save_plot(self, name: str, fig: Any) -> Path:
         """Save a matplotlib figure as PNG (atomically) and close it."""
