@@ -28,8 +28,9 @@ The script runs Nsight Compute on itself: the child (`--workload`) builds the ca
 repetition (cases in ABBA order) between cudaProfilerStart/Stop (or under torch.profiler) and
 writes the launch plan; the parent reads each report back as CSV and joins its rows to the plan in
 launch order (it fails if their counts differ: a case is one kernel or one graph). Writes
-ncu_<view>.ncu-rep.gz (the raw reports), metrics_<view>.csv, plan_<view>.json, launches.jsonl,
-summary.json and table.md; each view's rows are kept as soon as it ends.
+metrics_<view>.csv (every metric collected, per launch), plan_<view>.json, launches.jsonl,
+summary.json and table.md (with --keep-reports also the raw reports, ncu_<view>.ncu-rep.gz); each
+view's rows are kept as soon as it ends.
 
     python scripts/ncu_norm.py --result-dir results/gpu/ncu-norm
 """
@@ -93,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "Nsight Compute), trace (back to back, kernel timestamps); default all three")
     p.add_argument("--large-copy-mib", type=int, default=1024,
                    help="bytes moved by the large copy, read + write (default 1024 MiB)")
+    p.add_argument("--keep-reports", action="store_true",
+                   help="keep each Nsight Compute report, gzipped (about 1 MB each; metrics_<view>.csv "
+                   "holds every metric collected either way)")
     p.add_argument("--ncu", default="ncu", help="Nsight Compute command line tool (default: ncu on "
                    "PATH, else $CUDA_HOME/bin or /usr/local/cuda/bin)")
     p.add_argument("--workload", type=Path, help=argparse.SUPPRESS)  # the child under ncu: plan path
@@ -252,6 +256,22 @@ def parse_raw_csv(text: str) -> list[dict[str, Any]]:
         row.update({m: number(rec[m]) for m in METRICS if m in rec})
         out.append(row)
     return out
+
+
+ID_COLUMNS = ("ID", "Kernel Name", "Block Size", "Grid Size", "Device")
+
+
+def metric_columns(text: str) -> str:
+    """The raw CSV cut to the launch's identity and the METRICS (header and units rows kept): the
+    raw page also repeats every device attribute on every row, ten times the size."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if not rows:
+        return ""
+    keep = [i for i, name in enumerate(rows[0]) if name in ID_COLUMNS or name in METRICS]
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([r[i] for i in keep] for r in rows)
+    return out.getvalue()
 
 
 def join_plan(plan: list[dict[str, Any]], profiled: list[dict[str, Any]], view: str) -> list[dict[str, Any]]:
@@ -471,8 +491,8 @@ def child_command(view: str, plan_path: Path, a: argparse.Namespace) -> list[str
 
 def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     """One view's rows: the trace view runs the child alone (it records its own timestamps); the
-    Nsight Compute views run it under ncu, keep the report (gzipped) and its CSV, and join the
-    report's rows to the plan."""
+    Nsight Compute views run it under ncu, keep its metrics as CSV (and with --keep-reports the
+    report itself, gzipped), and join the report's rows to the plan."""
     plan_path = run.file(f"plan_{view}.json")
     child = child_command(view, plan_path, a)
     if VIEWS[view] is None:
@@ -488,8 +508,11 @@ def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace)
     subprocess.run(prof, check=True)
     read_back = [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"]
     csv_text = subprocess.run(read_back, check=True, capture_output=True, text=True).stdout
-    run.write_text(f"metrics_{view}.csv", csv_text)
-    run.adopt_gzipped(f"ncu_{view}.ncu-rep")
+    run.write_text(f"metrics_{view}.csv", metric_columns(csv_text))
+    if a.keep_reports:
+        run.adopt_gzipped(f"ncu_{view}.ncu-rep")
+    else:
+        run.file(f"ncu_{view}.ncu-rep").unlink()
     run.write_text(plan_path.name, plan_path.read_text())
     return join_plan(json.loads(plan_path.read_text()), parse_raw_csv(csv_text), view)
 

@@ -28,7 +28,7 @@ OUTPUT = "RESULTS.md"
 MAX_TABLE_ROWS = 12
 """Rows of one headline table; the rest is in the directory's table.md."""
 
-HEADLINE_HEADINGS = ("Token identity", "Paired comparison")
+HEADLINE_HEADINGS = ("Token identity", "Paired comparison", "Back to back, timestamps")
 """Besides a table.md's first table, the tables under `## ` headings that start with these."""
 
 _REPO_DIRS = "rltbench|scripts|results|tests|workloads|docs"

@@ -46,6 +46,14 @@ def test_raw_csv_read_back(ncu) -> None:
         ncu["parse_raw_csv"]("==PROF== nothing\n")
 
 
+def test_metrics_csv_keeps_identity_and_metrics_only(ncu) -> None:
+    raw = _csv([("k", 1000, 10, 20)]).replace('"ID",', '"ID","device__attribute_chip",').replace(
+        '"","",', '"","","",', 1).replace('"0",', '"0","GH100",')
+    cut = ncu["metric_columns"](raw)
+    assert "device__attribute_chip" not in cut and "GH100" not in cut and "==PROF==" not in cut
+    assert ncu["parse_raw_csv"](cut) == ncu["parse_raw_csv"](raw)
+
+
 def test_plan_and_rows_must_match_one_to_one(ncu) -> None:
     profiled = ncu["parse_raw_csv"](_csv([("k", 1000, 10, 10)] * 2))
     with pytest.raises(RuntimeError, match="2 rows profiled for 3 planned launches"):
