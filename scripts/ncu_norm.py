@@ -53,6 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as `python scripts/ncu_norm.py`: rltbench from this tree
 
+from rltbench.commands.kernels.sweep import BenchConfig  # noqa: E402
 from rltbench.errors import UsageError  # noqa: E402
 from rltbench.results import RunDir  # noqa: E402
 
@@ -77,7 +78,7 @@ VIEWS: dict[str, list[str] | None] = {   # view -> its Nsight Compute options (N
     "graph": ["--graph-profiling", "graph", "--cache-control", "none"],
     "trace": None,
 }
-GRAPH_CALLS = 32   # at least this many calls per graph, as the kernels command (BenchConfig.min_graph_calls)
+GRAPH_CALLS = BenchConfig.min_graph_calls   # at least this many calls per graph, as the kernels command
 LARGE_COPY = "large copy"
 Call = Callable[[int], Any]   # one launch on input set i % sets
 
@@ -112,7 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.workload is None and a.result_dir is None:
         p.error("--result-dir is required")
     return a
-
 
 
 Case = tuple[Call, int, int, int]   # call, input sets, bytes read once, bytes written once
@@ -159,7 +159,6 @@ def build_cases(tokens: int, width: int, large_copy_mib: int) -> dict[str, Case]
     half = big.numel() * big.element_size()
     cases[LARGE_COPY] = (lambda i, s=big: size_copy(s), 1, half, half)
     return cases
-
 
 
 def kernel_spans(prof: Any) -> list[tuple[float, float]]:
@@ -495,26 +494,26 @@ def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace)
     report itself, gzipped), and join the report's rows to the plan."""
     plan_path = run.file(f"plan_{view}.json")
     child = child_command(view, plan_path, a)
-    if VIEWS[view] is None:
-        print(f"[{view}]", " ".join(child), flush=True)
-        subprocess.run(child, check=True)
-        run.write_text(plan_path.name, plan_path.read_text())   # listed in the manifest
-        return [{"view": view, **p} for p in json.loads(plan_path.read_text())]
-    assert ncu is not None
+    options = VIEWS[view]
     report = run.file(f"ncu_{view}")
-    prof = [ncu, "--profile-from-start", "off", *VIEWS[view], "--clock-control", "none",
-            "--metrics", ",".join(METRICS), "--export", str(report), "--force-overwrite", *child]
-    print(f"[{view}]", " ".join(prof), flush=True)
-    subprocess.run(prof, check=True)
+    if options is not None:
+        assert ncu is not None
+        child = [ncu, "--profile-from-start", "off", *options, "--clock-control", "none",
+                 "--metrics", ",".join(METRICS), "--export", str(report), "--force-overwrite", *child]
+    print(f"[{view}]", " ".join(child), flush=True)
+    subprocess.run(child, check=True)
+    run.adopt(plan_path.name)
+    plan = json.loads(plan_path.read_text())
+    if options is None:
+        return [{"view": view, **p} for p in plan]
     read_back = [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"]
     csv_text = subprocess.run(read_back, check=True, capture_output=True, text=True).stdout
     run.write_text(f"metrics_{view}.csv", metric_columns(csv_text))
     if a.keep_reports:
-        run.adopt_gzipped(f"ncu_{view}.ncu-rep")
+        run.adopt(f"ncu_{view}.ncu-rep", gzipped=True)
     else:
         run.file(f"ncu_{view}.ncu-rep").unlink()
-    run.write_text(plan_path.name, plan_path.read_text())
-    return join_plan(json.loads(plan_path.read_text()), parse_raw_csv(csv_text), view)
+    return join_plan(plan, parse_raw_csv(csv_text), view)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,18 +57,20 @@ def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
 
 
 def test_text_and_adopted_gzipped_files_are_listed(tmp_path: Path) -> None:
-    """A tool's CSV (write_text) and a raw report another program wrote (adopt_gzipped: replaced by
-    its .gz) both end up in the manifest's files."""
+    """A tool's CSV (write_text), a file another program wrote (adopt) and a raw report replaced by
+    its .gz (adopt, gzipped) all end up in the manifest's files."""
     import gzip
 
     run = RunDir.create("ncu-norm", tmp_path / "r")
     run.write_text("metrics.csv", "a,b\n1,2\n")
     (run.path / "report.bin").write_bytes(b"\x00raw" * 100)
-    run.adopt_gzipped("report.bin")
+    (run.path / "plan.json").write_text("[]")
+    run.adopt("plan.json")
+    run.adopt("report.bin", gzipped=True)
     assert not (run.path / "report.bin").exists()
     assert gzip.decompress((run.path / "report.bin.gz").read_bytes()) == b"\x00raw" * 100
     files = json.loads((run.path / "manifest.json").read_text())["files"]
-    assert files == ["metrics.csv", "report.bin.gz"]
+    assert files == ["metrics.csv", "plan.json", "report.bin.gz"]
 
 
 def test_plot_saved_as_png(tmp_path: Path) -> None:

@@ -366,14 +366,16 @@ class RunDir:
         self._note_file(name)
         return self.path / name
 
-    def adopt_gzipped(self, name: str) -> Path:
-        """Replace `name`, a file another program wrote into the run, by `name`.gz (a raw report
-        kept small enough to commit) and list that in the manifest."""
-        src = self.path / name
-        atomic_write_bytes(self.path / f"{name}.gz", gzip.compress(src.read_bytes(), mtime=0))
-        src.unlink()
-        self._note_file(f"{name}.gz")
-        return self.path / f"{name}.gz"
+    def adopt(self, name: str, gzipped: bool = False) -> Path:
+        """List `name`, a file another program wrote into the run, in the manifest; with `gzipped`
+        replace it by `name`.gz first (a raw report kept small enough to commit)."""
+        if gzipped:
+            src = self.path / name
+            atomic_write_bytes(self.path / f"{name}.gz", gzip.compress(src.read_bytes(), mtime=0))
+            src.unlink()
+            name = f"{name}.gz"
+        self._note_file(name)
+        return self.path / name
 
     def save_plot(self, name: str, fig: Any) -> Path:
         """Save a matplotlib figure as PNG (atomically) and close it."""
