@@ -31,6 +31,15 @@ def test_create_writes_manifest_with_provenance(tmp_path: Path) -> None:
     assert prov["versions"]["python"]
 
 
+def test_versions_fall_back_to_the_distribution_metadata() -> None:
+    """A module without `__version__` (Liger-Kernel) is recorded by its distribution's version, the
+    import name normalised as pip does (`liger_kernel` finds `liger-kernel`)."""
+    from rltbench.results.provenance import distribution_version
+
+    assert distribution_version("pytest") == pytest.__version__
+    assert distribution_version("no_such_package_rltbench") == "unknown"
+
+
 def test_round_trip_tables_json_jsonl(tmp_path: Path) -> None:
     run = RunDir.create("e2e", tmp_path / "r")
     df = pd.DataFrame({"arm": ["torch", "exact"], "ms": [1.5, float("nan")]})

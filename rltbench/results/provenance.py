@@ -8,6 +8,7 @@ is recorded as None rather than stopping the measurement.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import os
 import platform
 import shlex
@@ -63,11 +64,22 @@ def software_info() -> dict[str, Any]:
     for name in ("torch", "triton", "numpy", "pandas", "lm_eval", "liger_kernel"):
         try:
             mod = __import__(name)
-            versions[name] = getattr(mod, "__version__", "unknown")
         except Exception:  # noqa: BLE001 - optional packages may fail to import in many ways
             versions[name] = None
+            continue
+        versions[name] = getattr(mod, "__version__", None) or distribution_version(name)
     versions["rltbench"] = __version__
     return versions
+
+
+def distribution_version(import_name: str) -> str:
+    """The installed distribution's version for a module that has no `__version__` (Liger-Kernel has
+    none, and a peer column is only comparable across runs with its version). importlib.metadata
+    normalises the name, so `liger_kernel` finds the `liger-kernel` distribution."""
+    try:
+        return importlib.metadata.version(import_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def collect(argv: list[str] | None = None) -> dict[str, Any]:
