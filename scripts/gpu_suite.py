@@ -108,13 +108,18 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                          "--iters 100", "profile")),
     "profile-b128": (300, rlt("profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
                               "--iters 20 --replays 1 --steps 1", "profile-b128")),
-    # Huginn (width 5280) at batch 1: the exact norm's 3-launch path below 128 rows (the default)
-    # against the one-launch low-warp kernel for every row count (next stage)
+    # Huginn (width 5280) at batch 1: the exact norm in one launch at every row count (the default),
+    # then with the 3-launch path below 128 rows (the earlier routing), each beside its own torch arm
     "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
                                 "--iters 50", "profile-huginn")),
-    "profile-huginn-1launch": (150, with_tuned("profile-huginn-1launch", "norm_exact", {"wide_min_rows": 1},
-                                               rlt("profile --model huginn-0125 --batch 1 --context 512 "
-                                                   "--arms exact --iters 50", "profile-huginn-1launch"))),
+    "profile-huginn-3launch": (150, with_tuned(
+        "profile-huginn-3launch", "norm_exact", {"wide_min_rows": 128},
+        rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact --iters 50",
+            "profile-huginn-3launch"))),
+    # Huginn's norms at width 5280 with exact's A/A copy: the routing's per-call figures
+    "kernels-huginn": (200, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm_huginn,add_rmsnorm_huginn "
+                                "--arms torch,exact,approx,exact --dtypes bf16 --mode all --repeats 30",
+                                "kernels-huginn")),
     # the exact arm with the K/V write folded into its RoPE launch (the tuned ``rope_kv`` section): its
     # GPU tests (they switch the fusion on and off themselves), then the same profile as above with it on
     "fusekv-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",

@@ -62,16 +62,16 @@ def test_override_file_replaces_the_gpus_and_none_means_code_defaults(
         fake_gpu: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tuned.write_section(DEV, "rope_kv", {"enabled": True}, {})
     other = tmp_path / "mine.json"
-    other.write_text(json.dumps({"norm_exact": {"wide_min_rows": 1}}))
+    other.write_text(json.dumps({"norm_exact": {"wide_min_rows": 128}}))
     monkeypatch.setenv("RLTBENCH_TUNED", str(other))
     tuned.reload()
-    assert tuned.config(ExactNormRouting).wide_min_rows == 1
+    assert tuned.config(ExactNormRouting).wide_min_rows == 128
     assert not tuned.config(RopeKvConfig).enabled                      # the GPU's file is not read
     assert tuned.in_use() == {"origin": "override", "file": str(other),
-                              "sections": {"norm_exact": {"wide_min_rows": 1}}}
+                              "sections": {"norm_exact": {"wide_min_rows": 128}}}
     monkeypatch.setenv("RLTBENCH_TUNED", "none")
     tuned.reload()
-    assert tuned.in_use() is None and tuned.config(ExactNormRouting).wide_min_rows == 128
+    assert tuned.in_use() is None and tuned.config(ExactNormRouting).wide_min_rows == 1
 
 
 def test_bad_override_and_bad_values_are_one_line_usage_errors(fake_gpu: Path, tmp_path: Path,

@@ -133,29 +133,27 @@ def test_exact_norm_path_is_recorded_and_onelaunch_needs_trust(monkeypatch) -> N
     assert calls == ["norm", "nn"]
 
 
-def test_wide_rows_with_few_tokens_keep_the_3_launch_exact_norm(monkeypatch) -> None:
-    """For rows wider than WIDE_ROW the one-launch norm (one program per row, torch's order) is slower
-    than three launches at small T, so it is used only from ExactNormRouting.wide_min_rows rows."""
+def test_wide_rows_take_the_one_launch_norm_from_the_tuned_row_count(monkeypatch) -> None:
+    """Rows wider than WIDE_ROW take the one-launch norm from ExactNormRouting.wide_min_rows rows (by
+    default 1: every row count); below a tuned threshold they keep the 3-launch exact norm."""
     calls: list[int] = []
     monkeypatch.setattr(onelaunch, "is_trusted", lambda x: True)
     monkeypatch.setattr(onelaunch, "rms_norm_onelaunch_rows", lambda x, *a, **k: calls.append(x.shape[0]))
     ops = make_ops(OpSelection(norm="exact", rope="off", act="off", scope="all"))
-    routing = ExactNormRouting()
-    W = routing.WIDE_ROW + 8
+    W = ExactNormRouting.WIDE_ROW + 8
     g = torch.Generator().manual_seed(5)
     w = torch.randn(W, generator=g).to(torch.bfloat16)
     few = torch.randn(2, W, generator=g).to(torch.bfloat16)
     with tuned.use(None):
-        ops.rms_norm(few, w, 1e-6)  # runs the real 3-launch kernels through the interpreter
-        assert calls == [] and ops.stats.paths[("rms_norm", "3launch")] == 1
-        many = torch.randn(routing.wide_min_rows, W, generator=g).to(torch.bfloat16)
-        ops.rms_norm(many, w, 1e-6)
-    assert calls == [routing.wide_min_rows] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
-    # the row count is a tuned value: 1 sends every row count
-    with tuned.use({"norm_exact": {"wide_min_rows": 1}}):
+        assert ExactNormRouting().wide_min_rows == 1
         ops.rms_norm(few, w, 1e-6)
-    assert calls == [routing.wide_min_rows, 2]
-    assert ops.stats.paths[("rms_norm", "onelaunch")] == 2
+    assert calls == [2] and ops.stats.paths[("rms_norm", "onelaunch")] == 1
+    with tuned.use({"norm_exact": {"wide_min_rows": 128}}):
+        ops.rms_norm(few, w, 1e-6)  # runs the real 3-launch kernels through the interpreter
+        assert calls == [2] and ops.stats.paths[("rms_norm", "3launch")] == 1
+        many = torch.randn(128, W, generator=g).to(torch.bfloat16)
+        ops.rms_norm(many, w, 1e-6)
+    assert calls == [2, 128] and ops.stats.paths[("rms_norm", "onelaunch")] == 2
 
 
 def test_dispatch_table_per_arm(monkeypatch) -> None:

@@ -115,16 +115,17 @@ class ExactNormRouting:
     """Which exact kernel serves a call (the dispatch table in norm/__init__.py reads it).
 
     ``onelaunch``: False keeps every exact norm on the 3-launch path. ``wide_min_rows``: rows wider
-    than WIDE_ROW take the one-launch kernel only from this many rows; below, one program per row
-    is slower than three launches (H200, width 5280, T=1: 8.6 us against 6.0, results/gpu/kernels;
-    a Huginn decode step 33.78 ms with one launch everywhere against 33.70,
-    results/gpu/profile-huginn-1launch).
+    than WIDE_ROW take the one-launch kernel only from this many rows (1: at every row count). It
+    was 128 while the one-launch kernel ran such rows one program per row on the general layout,
+    slower than three launches at decode sizes; on the low-warp layout Huginn's width 5280 takes
+    about half the 3-launch time at 1 and 8 rows (docs/onelaunch_norm.md, "Width 5280"), so every
+    row count now takes it. A tuned file can set a GPU's own threshold.
     """
 
     SECTION: ClassVar[str] = "norm_exact"
     WIDE_ROW: ClassVar[int] = 4096
     onelaunch: bool = True
-    wide_min_rows: int = 128
+    wide_min_rows: int = 1
 
     def __post_init__(self) -> None:
         _require(isinstance(self.onelaunch, bool), f"onelaunch must be true or false, got {self.onelaunch!r}")
