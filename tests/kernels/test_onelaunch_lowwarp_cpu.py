@@ -163,6 +163,31 @@ def test_rows_kernel_equals_model_and_one_row_kernel(T: int, N: int, rows: int, 
     assert_bitwise(y, y1, "plain")
 
 
+def test_add_form_of_many_wide_rows_writes_wider_chunks(monkeypatch: pytest.MonkeyPatch,
+                                                        ran: list[str]) -> None:
+    """From ADD_OUT_CHUNK_MIN_ROWS rows wider than ROWS_MAX_WIDTH the add form writes its output in
+    chunks of ADD_OUT_CHUNK_PER_WARP columns per warp (two round trips per Huginn row instead of
+    six); only the order of the stores changes, so its bits stay the general layout's. The row
+    threshold is lowered here so that the interpreter runs the wide chunks at a few rows."""
+    many = nol.ADD_OUT_CHUNK_MIN_ROWS
+    assert nol.out_chunk_per_warp(many, 5280, add_form=True) == nol.ADD_OUT_CHUNK_PER_WARP
+    assert nol.out_chunk_per_warp(many - 1, 5280, add_form=True) == nol.OUT_CHUNK_PER_WARP
+    assert nol.out_chunk_per_warp(4096, 5280, add_form=False) == nol.OUT_CHUNK_PER_WARP
+    assert nol.out_chunk_per_warp(4096, nol.ROWS_MAX_WIDTH, add_form=True) == nol.OUT_CHUNK_PER_WARP
+    monkeypatch.setattr(nol, "ADD_OUT_CHUNK_MIN_ROWS", 2)
+    T, N = 16, 5280   # torch's 32 lanes: one warp per row, as at prefill sizes
+    x, b = _adv((T, N), torch.bfloat16, 81), _adv((T, N), torch.bfloat16, 82)
+    w = _adv((1, N), torch.bfloat16, 83)[0]
+    _, _, consts = nol._launch(x, EPS, None, OneLaunchConfig(two_pass_min_rows=1), add_form=True)
+    assert consts["NW"] == 1 and consts["OUT_CHUNKS"] == 2
+    assert consts["OUT_CHUNK"] == nol.ADD_OUT_CHUNK_PER_WARP
+    got, want = torch.empty_like(x), torch.empty_like(x)
+    nol.rms_norm_onelaunch_rows(x, w, EPS, got, branch=b, config=OneLaunchConfig(two_pass_min_rows=1))
+    nol.rms_norm_onelaunch_rows(x, w, EPS, want, branch=b, config=GENERAL)
+    assert ran == ["_lowwarp_norm_kernel", "_general_norm_kernel"]
+    assert_bitwise(got, want, "add_huginn")
+
+
 def test_lowwarp_norm_norm_second_variance_is_in_torch_order(ran: list[str]) -> None:
     T, N = 2, 2048
     a, r = _adv((T, N), torch.float32, 61), _adv((T, N), torch.float32, 62)

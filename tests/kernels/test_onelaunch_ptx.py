@@ -197,14 +197,16 @@ ROW_FORMS_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
                 assert not has_r or re.search(r"\bHADD2[.\w]*BF16", sass), "packed add"
             else:
                 assert turns <= consts["OUT_CHUNKS"] - 1, (has_r, turns)
-    # Huginn's add form at width 5280 from 16 rows: 42 vectors per lane, two passes, six chunks
-    consts = {"MODE": 1, "HAS_R": False, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
-              "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 42, "TL_SUM": True, "ONE_PASS": False,
-              "OUT_CHUNK": 1024, "OUT_CHUNKS": 6, "PACKED": True, "STREAM": False}
-    k = compile_lowwarp(consts, 1)
-    mem = re.findall(r"\b(LDG|STG)\.", sass_of(k))
-    turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
-    assert "ld.local" not in k.asm["ptx"] and turns <= consts["OUT_CHUNKS"] - 1, turns
+    # Huginn's add form at width 5280 from 16 rows: 42 vectors per lane, two passes, six chunks;
+    # from ADD_OUT_CHUNK_MIN_ROWS rows two chunks of ADD_OUT_CHUNK_PER_WARP columns, still unspilled
+    for chunk in (nol.OUT_CHUNK_PER_WARP, nol.ADD_OUT_CHUNK_PER_WARP):
+        consts = {"MODE": 1, "HAS_R": False, "STORE_VAR": False, "DT": 1, "INTERPRET": False, "R": 1,
+                  "LOG_R": 0, "NW": 1, "LOG_NW": 0, "ITERS": 42, "TL_SUM": True, "ONE_PASS": False,
+                  "OUT_CHUNK": chunk, "OUT_CHUNKS": -(-5280 // chunk), "PACKED": True, "STREAM": False}
+        k = compile_lowwarp(consts, 1)
+        mem = re.findall(r"\b(LDG|STG)\.", sass_of(k))
+        turns = sum(1 for a, b in zip(mem, mem[1:]) if (a, b) == ("STG", "LDG"))
+        assert "ld.local" not in k.asm["ptx"] and turns <= consts["OUT_CHUNKS"] - 1, (chunk, turns)
     print("ROW_FORMS_OK")
 ''')
 

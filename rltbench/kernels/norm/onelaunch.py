@@ -80,6 +80,12 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 OUT_CHUNK_PER_WARP = 1024   # two-pass output: columns per warp per chunk (32 per thread)
+# the add form (x + branch) of rows wider than the several-rows kernel takes, from this many rows:
+# chunks of 4096 columns per warp, so a Huginn row (5280) is written in two round trips instead of
+# six. In an H200 side comparison this was faster beyond the A/A spread at 2048 and 4096 rows, not
+# below 2048 rows nor for the plain form (docs/onelaunch_norm.md, "Width 5280")
+ADD_OUT_CHUNK_PER_WARP = 4096
+ADD_OUT_CHUNK_MIN_ROWS = 2048
 ROWS_MAX_WIDTH = 2 * OUT_CHUNK_PER_WARP   # the several-rows kernel loads a row's (at most two) chunks at once
 MAX_ITERS = 64    # lowwarp: the two-pass unroll bound (width 5280 at 32 lanes: 42 vectors per lane)
 MAX_ONE_PASS_ITERS = 16   # lowwarp: the most vectors per lane a row held in registers takes
@@ -650,10 +656,21 @@ def layout_for(width: int, rows: int, device: torch.device, warp_order: str,
     return "lowwarp"
 
 
+def out_chunk_per_warp(rows: int, width: int, add_form: bool) -> int:
+    """Columns per warp of each chunk of the two-pass output: ADD_OUT_CHUNK_PER_WARP for the add
+    form of many wide rows (ADD_OUT_CHUNK_MIN_ROWS, wider than ROWS_MAX_WIDTH), else
+    OUT_CHUNK_PER_WARP. Only the order of the stores changes: each output is the same expression."""
+    if add_form and width > ROWS_MAX_WIDTH and rows >= ADD_OUT_CHUNK_MIN_ROWS:
+        return ADD_OUT_CHUNK_PER_WARP
+    return OUT_CHUNK_PER_WARP
+
+
 def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaunchConfig | None,
-            max_iters: int = MAX_ITERS) -> tuple[str, tuple[float | int, ...], dict[str, Any]]:
+            max_iters: int = MAX_ITERS, add_form: bool = False
+            ) -> tuple[str, tuple[float | int, ...], dict[str, Any]]:
     """(layout, the scalars after the strides: eps, factor [, lanes], constexprs + num_warps) of a
-    launch over x's rows; `max_iters` bounds the lowwarp layout's vectors per lane."""
+    launch over x's rows; `max_iters` bounds the lowwarp layout's vectors per lane; `add_form`: the
+    rows are normalised as x + branch (out_chunk_per_warp)."""
     R, W = x.shape
     plan = plan_for(R, W, x.device)
     if plan.unsupported_reason is not None:
@@ -678,7 +695,7 @@ def _launch(x: torch.Tensor, eps: float, warp_order: str | None, config: OneLaun
         # the single pass holds a power-of-two register tile (masked past the row); two passes
         # unroll exactly the row's vectors
         consts |= {"ONE_PASS": one_pass, "ITERS": triton.next_power_of_2(iters) if one_pass else iters}
-        chunk = min(triton.next_power_of_2(W), OUT_CHUNK_PER_WARP * nw)
+        chunk = min(triton.next_power_of_2(W), out_chunk_per_warp(R, W, add_form) * nw)
         # the packed epilogue is inline PTX: GPU only, 16-bit dtypes
         consts |= {"OUT_CHUNK": chunk, "OUT_CHUNKS": triton.cdiv(W, chunk),
                    "PACKED": cfg.packed and not interp and x.dtype != torch.float32}
@@ -702,7 +719,7 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
     R, W = x.shape
     if R == 0 or W == 0:
         return
-    layout, s, consts = _launch(x, eps, warp_order, config)
+    layout, s, consts = _launch(x, eps, warp_order, config, add_form=branch is not None)
     if layout == "lowwarp":   # the streaming epilogue: plain form, two passes, GPU (OneLaunchConfig)
         cfg = config if config is not None else tuned.config(OneLaunchConfig)
         consts["STREAM"] = (cfg.stream and not consts["ONE_PASS"] and not consts["INTERPRET"]
