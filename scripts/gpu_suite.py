@@ -117,8 +117,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
         rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact --iters 50",
             "profile-huginn-3launch"))),
     # Huginn's norms at width 5280 with exact's A/A copy: the routing's per-call figures
-    "kernels-huginn": (200, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm_huginn,add_rmsnorm_huginn "
-                                "--arms torch,exact,approx,exact --dtypes bf16 --mode all --repeats 30",
+    "kernels-huginn": (300, rlt("kernels --tokens 1,8,16,128,1024,2048,4096 "
+                                "--ops rmsnorm_huginn,add_rmsnorm_huginn --arms torch,exact,approx,exact "
+                                "--dtypes bf16 --mode all --repeats 30",
                                 "kernels-huginn")),
     # the exact arm with the K/V write folded into its RoPE launch (the tuned ``rope_kv`` section): its
     # GPU tests (they switch the fusion on and off themselves), then the same profile as above with it on

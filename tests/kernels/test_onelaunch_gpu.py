@@ -84,6 +84,42 @@ def test_onelaunch_bulk_1e8_elements(dev: torch.device, dtype: torch.dtype) -> N
             batch += 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_held_rows_bulk(dev: torch.device, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held kernel (rows wider than 2048 at torch's 32 lanes, read once and kept in registers):
+    Huginn's plain form below wide_registers_plain_max_rows rows and its add form at prefill sizes,
+    variance and output torch.equal to torch over >= 1e8 elements per form and dtype at width 5280;
+    a spy requires that the held kernel is what ran."""
+    launched: list[int] = []
+    real = nol._lowwarp_held_norm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            launched.append(1)
+            return real[grid]
+
+    monkeypatch.setattr(nol, "_lowwarp_held_norm_kernel", Spy())
+    gen = torch.Generator(device=dev).manual_seed(5)
+    W = 5280
+    order = _order(dev, dtype, W)
+    w = weights(W, dtype, gen, dev)
+    for form, counts in (("plain", (16, 333, 1000, 2047)), ("add", (16, 1000, 2048, 4096))):
+        done = 0
+        while done < 100_000_000:
+            for T in counts:
+                x = _adv((T, W), dtype, gen, dev)
+                b = _adv((T, W), dtype, gen, dev) if form == "add" else None
+                out, var = torch.empty_like(x), torch.empty(T, device=dev)
+                before = len(launched)
+                nol.rms_norm_onelaunch_rows(x, w, EPS, out, branch=b, var_out=var, warp_order=order)
+                assert len(launched) == before + 1, (form, T)
+                v = x if b is None else b + x
+                want = ref.rms_norm_huginn(x, w, EPS) if b is None else ref.add_rms_norm_huginn(x, b, w, EPS)
+                assert torch.equal(var, v.float().pow(2).mean(-1)), (form, T, dtype)
+                assert torch.equal(out, want), (form, T, dtype)
+                done += x.numel()
+
+
 def test_all_forms_bf16(dev: torch.device) -> None:
     """The five public forms at the models' widths, a few token counts, strided input rows."""
     gen = torch.Generator(device=dev).manual_seed(3)
@@ -147,12 +183,13 @@ def test_print_validation_report(dev: torch.device) -> None:
 @pytest.mark.parametrize("config", [OneLaunchConfig(layout="general"), OneLaunchConfig(tree="halvings"),
                                     OneLaunchConfig(warps=2), OneLaunchConfig(packed=False),
                                     OneLaunchConfig(stream_rows=1), OneLaunchConfig(stream_rows=8),
-                                    OneLaunchConfig(stream=False)],
+                                    OneLaunchConfig(stream=False), OneLaunchConfig(wide_registers=False)],
                          ids=lambda c: c.name)
 def test_other_layouts_pass_the_validation_cases(dev: torch.device, config: OneLaunchConfig) -> None:
     """The general layout (what serves a key where the default is refused, and the unaligned
     widths) and the lowwarp variants the tuner may choose (the fp32 epilogue, one or eight rows per
-    program in the plain two-pass form, no streaming hints among them): the validation's cases at
+    program in the plain two-pass form, no streaming hints, wide rows in two passes instead of held
+    in registers among them): the validation's cases at
     the models' widths, bitwise, in bf16."""
     for W in (2048, 5280):
         order = trm.default_warp_order(torch.__version__)

@@ -33,8 +33,8 @@ CASES = [(1, 2048), (1, 5280), (2, 1028), (3, 5280), (4, 1000), (4, 2052), (1, 1
 def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the one-launch kernels launched during the test."""
     calls: list[str] = []
-    for name in ("_lowwarp_norm_kernel", "_lowwarp_rows_norm_kernel", "_lowwarp_norm_norm_kernel",
-                 "_general_norm_kernel", "_general_norm_norm_kernel"):
+    for name in ("_lowwarp_norm_kernel", "_lowwarp_rows_norm_kernel", "_lowwarp_held_norm_kernel",
+                 "_lowwarp_norm_norm_kernel", "_general_norm_kernel", "_general_norm_norm_kernel"):
         real = getattr(nol, name)
 
         class Spy:
@@ -122,7 +122,8 @@ def test_lowwarp_one_and_two_pass_forms_equal_general_layout(T: int, N: int, one
     """Both row forms of the lowwarp kernels (one pass below two_pass_min_rows rows, two passes
     from it; the threshold forced here) give the general layout's bits in every form. Past 16
     vectors per lane the single norms take two passes and norm-add-norm the general layout; the
-    plain form's two passes at 32 lanes take the several-rows kernel."""
+    plain form's two passes at 32 lanes take the several-rows kernel, and wider rows at 32 lanes
+    the held kernel (plain and add forms; the residual form keeps two passes)."""
     x, r, b = (_adv((T, N), torch.bfloat16, seed) for seed in (71, 72, 73))
     w1, w2 = _adv((1, N), torch.bfloat16, 74)[0], _adv((1, N), torch.bfloat16, 75)[0]
     got = _all_forms(x, r, b, w1, w2, OneLaunchConfig(two_pass_min_rows=10**9 if one_pass else 1))
@@ -131,8 +132,11 @@ def test_lowwarp_one_and_two_pass_forms_equal_general_layout(T: int, N: int, one
     nn = "_general_norm_norm_kernel" if long_rows else "_lowwarp_norm_norm_kernel"
     # the plain form's two passes at 32 lanes and width <= 2048: several rows per program
     rows_kernel = not one_pass and lanes == 32 and N <= nol.ROWS_MAX_WIDTH
-    plain = "_lowwarp_rows_norm_kernel" if rows_kernel else "_lowwarp_norm_kernel"
-    assert ran == [plain] + ["_lowwarp_norm_kernel"] * 2 + [nn]
+    held = lanes == 32 and N > nol.ROWS_MAX_WIDTH       # > 16 vectors per lane: never one pass
+    plain = ("_lowwarp_rows_norm_kernel" if rows_kernel else "_lowwarp_held_norm_kernel" if held
+             else "_lowwarp_norm_kernel")
+    add = "_lowwarp_held_norm_kernel" if held else "_lowwarp_norm_kernel"
+    assert ran == [plain, "_lowwarp_norm_kernel", add, nn]
     want = _all_forms(x, r, b, w1, w2, GENERAL)
     for k in want:
         assert_bitwise(got[k], want[k], k)
@@ -178,14 +182,80 @@ def test_add_form_of_many_wide_rows_writes_wider_chunks(monkeypatch: pytest.Monk
     T, N = 16, 5280   # torch's 32 lanes: one warp per row, as at prefill sizes
     x, b = _adv((T, N), torch.bfloat16, 81), _adv((T, N), torch.bfloat16, 82)
     w = _adv((1, N), torch.bfloat16, 83)[0]
-    _, _, consts = nol._launch(x, EPS, None, OneLaunchConfig(two_pass_min_rows=1), add_form=True)
+    two_pass = OneLaunchConfig(two_pass_min_rows=1, wide_registers=False)   # fp32 rows, or a tuned file
+    _, _, consts = nol._launch(x, EPS, None, two_pass, add_form=True)
     assert consts["NW"] == 1 and consts["OUT_CHUNKS"] == 2
     assert consts["OUT_CHUNK"] == nol.ADD_OUT_CHUNK_PER_WARP
     got, want = torch.empty_like(x), torch.empty_like(x)
-    nol.rms_norm_onelaunch_rows(x, w, EPS, got, branch=b, config=OneLaunchConfig(two_pass_min_rows=1))
+    nol.rms_norm_onelaunch_rows(x, w, EPS, got, branch=b, config=two_pass)
     nol.rms_norm_onelaunch_rows(x, w, EPS, want, branch=b, config=GENERAL)
     assert ran == ["_lowwarp_norm_kernel", "_general_norm_kernel"]
     assert_bitwise(got, want, "add_huginn")
+
+
+def test_held_parts_cover_the_row_with_at_most_four_register_tiles() -> None:
+    assert nol.held_parts(42) == (32, 8, 2, 0)         # Huginn's 5280 at 32 lanes: no padding
+    assert nol.held_parts(23) == (16, 4, 2, 1)
+    assert nol.held_parts(17) == (16, 1, 0, 0)
+    assert nol.held_parts(64) == (32, 32, 0, 0)
+    assert nol.held_parts(63) == (32, 16, 8, 8)        # the rest rounded up: one vector masked
+    for iters in range(1, nol.MAX_ITERS + 1):
+        parts = nol.held_parts(iters)
+        assert iters <= sum(parts) < iters + parts[3] + 1 and list(parts) == sorted(parts, reverse=True)
+        assert all(p == 0 or (p & (p - 1) == 0 and p <= nol.HELD_MAX_TILE) for p in parts)
+    for bad in (0, nol.MAX_ITERS + 1):
+        with pytest.raises(ValueError, match="vectors per lane"):
+            nol.held_parts(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,N", [(16, 2900), (17, 2336), pytest.param(18, 5280, marks=pytest.mark.slow)])
+def test_held_kernel_equals_model_and_general_layout(T: int, N: int, dtype: torch.dtype,
+                                                     ran: list[str]) -> None:
+    """Rows wider than 2048 at torch's 32-lane plan, held in registers (four register tiles at
+    width 2900: 16, 4, 2 and 1 vectors per lane, the last lanes of the last vector masked; three at
+    2336 and at Huginn's 5280): the variance is the modelled torch order bit for bit, plain and add
+    forms give the general layout's bits. Strided rows that start mid-buffer."""
+    big = _adv((T, N + 16), dtype, seed=T * 7 + N)
+    x = big[:, 8:8 + N]
+    b, w = _adv((T, N), dtype, 92), _adv((1, N), dtype, 93)[0]
+    for branch, vals in ((None, x), (b, (x.float() + b.float()).to(dtype))):
+        y, var = torch.empty((T, N), dtype=dtype), torch.empty(T)
+        nol.rms_norm_onelaunch_rows(x, w, EPS, y, branch=branch, var_out=var, warp_order=trm.WARP_DOWN)
+        assert ran.pop() == "_lowwarp_held_norm_kernel"
+        np.testing.assert_array_equal(_bits(var.numpy()),
+                                      _bits(trm.mean_rows(_sq(vals), warp_order=trm.WARP_DOWN)))
+        want = torch.empty_like(y)
+        nol.rms_norm_onelaunch_rows(x, w, EPS, want, branch=branch, config=GENERAL)
+        assert ran.pop() == "_general_norm_kernel"
+        assert_bitwise(y, want, "add_huginn" if branch is not None else "plain")
+
+
+def test_held_kernel_routing() -> None:
+    """Which launches take the held kernel: 16-bit rows wider than 2048 at torch's 32-lane plan, the
+    add form at every such row count, the plain form below wide_registers_plain_max_rows rows; not
+    fp32 rows, not the residual form, not with wide_registers off."""
+    cfg = OneLaunchConfig()
+
+    def held(T: int, N: int, dtype: torch.dtype, add_form: bool, config: OneLaunchConfig = cfg) -> bool:
+        x = torch.empty((T, N), dtype=dtype)
+        _, _, consts = nol._launch(x, EPS, trm.WARP_DOWN, config, add_form=add_form)
+        return "ONE_PASS" in consts and nol._takes_held_kernel(config, consts, x, add_form)
+
+    many = cfg.wide_registers_plain_max_rows
+    assert held(16, 5280, torch.bfloat16, False) and held(many - 1, 5280, torch.float16, False)
+    assert not held(many, 5280, torch.bfloat16, False) and held(many, 5280, torch.bfloat16, True)
+    assert held(4096, 5280, torch.bfloat16, True) and held(16, 2052, torch.bfloat16, True)
+    assert not held(8, 5280, torch.bfloat16, True)            # 64 lanes: two warps per row
+    assert not held(4096, 2048, torch.bfloat16, True)         # the several-rows width
+    assert not held(128, 5280, torch.float32, True)
+    assert not held(128, 5280, torch.bfloat16, True, OneLaunchConfig(wide_registers=False))
+    assert not held(128, 5280, torch.bfloat16, False, OneLaunchConfig(wide_registers_plain_max_rows=0))
+    for bad in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="wide_registers_plain_max_rows"):
+            OneLaunchConfig(wide_registers_plain_max_rows=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wide_registers must"):
+        OneLaunchConfig(wide_registers=1)  # type: ignore[arg-type]
 
 
 def test_lowwarp_norm_norm_second_variance_is_in_torch_order(ran: list[str]) -> None:

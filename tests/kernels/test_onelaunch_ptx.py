@@ -261,3 +261,41 @@ def test_rows_kernel_sums_per_warp_and_loads_its_chunks_before_storing() -> None
     is issued before the first store: no store-to-load turn. The bits are checked against torch
     by the GPU tests and the start-up validation; the order on CPU by the interpreter tests."""
     run_sm90_script(ROWS_KERNEL_SASS_SCRIPT, "ROWS_OK")
+
+
+HELD_KERNEL_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
+    hsig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32", "N": "i32",
+            "sx": "i32", "sb": "i32", "eps": "fp32", "factor": "fp32"}
+    parts = nol.held_parts(42)          # Huginn's width 5280 at torch's 32 lanes
+    for mode in (0, 1):
+        consts = {"MODE": mode, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "PACKED": True,
+                  "TL_SUM": True, **{f"I{j}": p for j, p in enumerate(parts)}}
+        full = {**hsig, **{c: "constexpr" for c in consts}}
+        names = list(full)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+                 if full[n].startswith("*") or n in ("N", "sx", "sb")}
+        k = triton.compile(ASTSource(fn=nol._lowwarp_held_norm_kernel, signature=full, constexprs=consts,
+                                     attrs=attrs), target=target, options={"num_warps": 1})
+        ptx = k.asm["ptx"]
+        assert "ld.local" not in ptx, "register spills"
+        assert "fma.rn.f32" not in ptx and "fma.f32" not in ptx
+        assert "mul.rn.bf16x2" in ptx and ("add.rn.bf16x2" in ptx) == (mode == 1)
+        sass = sass_of(k)
+        levels = re.findall(r"SHFL\.BFLY PT, R\d+, R\d+, (0x[0-9a-f]+)", sass)
+        assert levels == ["0x10", "0x8", "0x4", "0x2", "0x1"], (mode, levels)
+        mem = re.findall(r"\b(LDG|STG)\.", sass)
+        inputs = 42 * (1 + mode)        # one 8-byte load per vector of x (and of the branch)
+        first_store = mem.index("STG")
+        print(mode, first_store, mem.count("LDG"), mem.count("STG"))
+        # the row is read once: every input load comes before the first store, then only the weights
+        assert first_store >= inputs and mem.count("LDG") == inputs + 42, (mode, mem)
+    print("HELD_OK")
+''')
+
+
+def test_held_kernel_reads_the_row_once_and_keeps_it_in_registers() -> None:
+    """sm_90 SASS of the held kernel at Huginn's width 5280 (42 vectors per lane in register tiles of
+    32, 8 and 2), plain and add forms: one load per vector of each input, all of them before the
+    first store, then only the weights; torch's five butterfly levels; no spill, no FMA; the add
+    form's sum and the output's multiply as packed bf16 instructions."""
+    run_sm90_script(HELD_KERNEL_SASS_SCRIPT, "HELD_OK")

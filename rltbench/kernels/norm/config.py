@@ -59,7 +59,11 @@ class OneLaunchConfig:
     (docs/onelaunch_norm.md), so it is the default. ``stream_rows`` (two passes, plain form, torch's
     32-lane plan, width <= 2048): rows per program of the several-rows kernel, one warp each (1:
     the one-row kernel); 4 was the fastest of 1, 2, 4, 8, 16 and 32 at 4096 x 2048 in an H200 side
-    comparison.
+    comparison. ``wide_registers`` (16-bit rows wider than 2048 at torch's 32-lane plan, the plain
+    and add forms): a row is read once and held in registers as dtype values until its output is
+    written, instead of two passes; the plain form only below ``wide_registers_plain_max_rows`` rows.
+    At width 5280 on the H200 it was faster at 16..4096 rows for the add form and below 2048 rows for
+    the plain form, slower for the plain form at 2048 rows (side comparison, docs/onelaunch_norm.md).
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -70,6 +74,8 @@ class OneLaunchConfig:
     packed: bool = True
     stream: bool = True
     stream_rows: int = 4
+    wide_registers: bool = True
+    wide_registers_plain_max_rows: int = 2048
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -83,6 +89,13 @@ class OneLaunchConfig:
         _require(isinstance(self.stream, bool), f"stream must be true or false, got {self.stream!r}")
         _require(_pow2(self.stream_rows) and self.stream_rows <= MAX_WARPS,
                  f"stream_rows must be a power of two in 1..{MAX_WARPS}, got {self.stream_rows!r}")
+        _require(isinstance(self.wide_registers, bool),
+                 f"wide_registers must be true or false, got {self.wide_registers!r}")
+        _require(isinstance(self.wide_registers_plain_max_rows, int)
+                 and not isinstance(self.wide_registers_plain_max_rows, bool)
+                 and self.wide_registers_plain_max_rows >= 0,
+                 "wide_registers_plain_max_rows must be an integer >= 0, got "
+                 f"{self.wide_registers_plain_max_rows!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:
@@ -95,7 +108,8 @@ class OneLaunchConfig:
             return "general"
         return (f"lowwarp-flat-{'sum' if self.tree == 'tl_sum' else 'halve'}-w{self.warps}"
                 + ("" if self.packed else "-fp32epi") + ("" if self.stream else "-nostream")
-                + ("" if self.stream_rows == 4 else f"-rows{self.stream_rows}"))
+                + ("" if self.stream_rows == 4 else f"-rows{self.stream_rows}")
+                + ("" if self.wide_registers else "-widetwopass"))
 
     @classmethod
     def search_space(cls) -> dict[str, OneLaunchConfig]:

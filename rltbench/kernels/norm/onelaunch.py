@@ -89,6 +89,7 @@ ADD_OUT_CHUNK_MIN_ROWS = 2048
 ROWS_MAX_WIDTH = 2 * OUT_CHUNK_PER_WARP   # the several-rows kernel loads a row's (at most two) chunks at once
 MAX_ITERS = 64    # lowwarp: the two-pass unroll bound (width 5280 at 32 lanes: 42 vectors per lane)
 MAX_ONE_PASS_ITERS = 16   # lowwarp: the most vectors per lane a row held in registers takes
+HELD_MAX_TILE = 32   # the held kernel (wide rows at 32 lanes): vectors per lane of its largest register tile
 
 
 
@@ -422,7 +423,15 @@ def _fold(sq, L: tl.constexpr, IT: tl.constexpr, INTERPRET: tl.constexpr):
     s3 = tl.reshape(sq, [IT, L, 4])
     it = tl.arange(0, IT)[:, None, None]
     acc = tl.sum(tl.where(it == 0, s3, -0.0), axis=0)            # 0 + s0 == s0
-    for j in tl.static_range(1, IT):
+    return _fold_from(acc, s3, 1, IT, INTERPRET)
+
+
+@triton.jit
+def _fold_from(acc, s3, J0: tl.constexpr, IT: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc [L, 4] fed slices J0.. of the [IT, L, 4] squares s3 in order (as _fold): the per-lane
+    loop continued, so a row held in several register tiles is still one chain per accumulator."""
+    it = tl.arange(0, IT)[:, None, None]
+    for j in tl.static_range(J0, IT):
         acc = add_rn(acc, tl.sum(tl.where(it == j, s3, -0.0), axis=0), INTERPRET)
     return acc
 
@@ -580,6 +589,112 @@ def _lowwarp_rows_norm_kernel(x_ptr, w_ptr, out_ptr, var_ptr, T, N, sx, eps, fac
 
 
 @triton.jit
+def _widen_for_sum(v, DT: tl.constexpr):
+    """16-bit values as fp32 through inline PTX, for their squares. An ordinary conversion here
+    would be merged with the output's (``v.to(tl.float32)``), and the row would then stay in
+    registers as fp32 from the sum to the output: twice the registers of the dtype values."""
+    if DT == 1:
+        w = tl.inline_asm_elementwise("{ .reg .b32 t; mov.b32 t, {0, $1}; mov.b32 $0, t; }", "=r,h", [v],
+                                      dtype=tl.uint32, is_pure=True, pack=1)
+        return w.to(tl.float32, bitcast=True)
+    else:
+        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=f,h", [v], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+
+
+@triton.jit
+def _held_cols(K0: tl.constexpr, IT: tl.constexpr, nvec):
+    """Columns and mask of a row's vectors K0 .. K0 + IT - 1 per lane as a flat [IT * 32, 4] tile
+    (_row_tile at 32 lanes: hardware lane h holds torch lane h's vectors (K0 + it) * 32 + h)."""
+    k, i = _row_tile(1, 1, IT)
+    k = k + K0 * 32
+    return k * 4 + i, (k < nvec) & (i < 4)
+
+
+@triton.jit
+def _held_load(x_row, b_row, K0: tl.constexpr, IT: tl.constexpr, nvec, MODE: tl.constexpr, DT: tl.constexpr,
+               INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """One register tile of the row's values (MODE 0: x, 1: round(x + b)), read once: evict-first,
+    in the dtype (PACKED: the sum as one packed add per pair, torch's rounding, see packed_rn);
+    else fp32 holding dtype values (_vals)."""
+    cols, m = _held_cols(K0, IT, nvec)
+    if PACKED:
+        v = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first")
+        if MODE == 1:
+            b = tl.load(b_row + cols, mask=m, other=0.0, eviction_policy="evict_first")
+            v = packed_rn(v, b, "add", DT)
+    else:
+        v = _vals(x_row, b_row, x_row, x_row, 1.0, cols, m, MODE, DT, INTERPRET)
+    return v
+
+
+@triton.jit
+def _held_fold(acc, v, IT: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """acc [32, 4] fed the squares of one register tile, vector by vector (_fold_from)."""
+    if PACKED:
+        v = _widen_for_sum(v, DT)
+    return _fold_from(acc, tl.reshape(_sq_of(v, INTERPRET), [IT, 32, 4]), 0, IT, INTERPRET)
+
+
+@triton.jit
+def _held_out(v, w_ptr, out_row, rstd, K0: tl.constexpr, IT: tl.constexpr, nvec, DT: tl.constexpr,
+              INTERPRET: tl.constexpr, PACKED: tl.constexpr):
+    """The output of one register tile: round(w * round(v * rstd)), stored streaming on the GPU."""
+    cols, m = _held_cols(K0, IT, nvec)
+    w = _operand(w_ptr + cols, m, DT, INTERPRET, PACKED)
+    _store_y(out_row + cols, _out_vals(v.to(tl.float32), w, w, rstd, False, DT, INTERPRET, PACKED), m, DT,
+             INTERPRET, PACKED, PACKED)
+
+
+@triton.jit
+def _lowwarp_held_norm_kernel(x_ptr, b_ptr, w_ptr, out_ptr, var_ptr, N, sx, sb, eps, factor,
+                              MODE: tl.constexpr, STORE_VAR: tl.constexpr, DT: tl.constexpr,
+                              INTERPRET: tl.constexpr, PACKED: tl.constexpr, TL_SUM: tl.constexpr,
+                              I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr, I3: tl.constexpr):
+    """One row per one-warp program at torch's 32-lane plan (MODE 0: x, MODE 1: round(x + b)), the
+    row read once and held in registers as dtype values until its output is written.
+
+    Why: a row wider than the several-rows kernel takes (Huginn's 5280: 42 vectors per lane) is
+    read twice by the two-pass form, the add form's two inputs included, and written in round trips
+    behind its stores. Held in registers, it is read once, and only the weights are loaded after
+    the sum. The row is up to four power-of-two tiles of I0 >= I1 >= I2 >= I3 vectors per lane (0:
+    none; held_parts), so a 42-vector row holds no padding; each lane's accumulators are fed the
+    tiles' vectors in order, one chain, as torch's loop. In an H200 side comparison at width 5280 it
+    was faster than the two passes at 16..4096 rows for the add form and below 2048 rows for the
+    plain form (docs/onelaunch_norm.md, "Width 5280"); OneLaunchConfig.wide_registers decides."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * sx
+    b_row = b_ptr + row * sb
+    out_row = out_ptr + row * N
+    nvec = N // 4
+    v0 = _held_load(x_row, b_row, 0, I0, nvec, MODE, DT, INTERPRET, PACKED)
+    if I1 > 0:
+        v1 = _held_load(x_row, b_row, I0, I1, nvec, MODE, DT, INTERPRET, PACKED)
+    if I2 > 0:
+        v2 = _held_load(x_row, b_row, I0 + I1, I2, nvec, MODE, DT, INTERPRET, PACKED)
+    if I3 > 0:
+        v3 = _held_load(x_row, b_row, I0 + I1 + I2, I3, nvec, MODE, DT, INTERPRET, PACKED)
+    acc = _held_fold(tl.zeros([32, 4], dtype=tl.float32), v0, I0, DT, INTERPRET, PACKED)   # 0 + s == s
+    if I1 > 0:
+        acc = _held_fold(acc, v1, I1, DT, INTERPRET, PACKED)
+    if I2 > 0:
+        acc = _held_fold(acc, v2, I2, DT, INTERPRET, PACKED)
+    if I3 > 0:
+        acc = _held_fold(acc, v3, I3, DT, INTERPRET, PACKED)
+    var, rstd = _rstd(_tree(acc, 1, 0, 1, 0, TL_SUM, INTERPRET), factor, eps, INTERPRET)
+    # the small tiles first: each tile's registers are free once it is stored
+    if I3 > 0:
+        _held_out(v3, w_ptr, out_row, rstd, I0 + I1 + I2, I3, nvec, DT, INTERPRET, PACKED)
+    if I2 > 0:
+        _held_out(v2, w_ptr, out_row, rstd, I0 + I1, I2, nvec, DT, INTERPRET, PACKED)
+    if I1 > 0:
+        _held_out(v1, w_ptr, out_row, rstd, I0, I1, nvec, DT, INTERPRET, PACKED)
+    _held_out(v0, w_ptr, out_row, rstd, 0, I0, nvec, DT, INTERPRET, PACKED)
+    if STORE_VAR:
+        tl.store(var_ptr + row, var)
+
+
+@triton.jit
 def _lowwarp_norm_norm_kernel(a_ptr, r_ptr, w1_ptr, w2_ptr, h_ptr, y_ptr, var_ptr, N, sa, sr, eps, factor,
                               STORE_VAR: tl.constexpr, DT: tl.constexpr, INTERPRET: tl.constexpr,
                               R: tl.constexpr, LOG_R: tl.constexpr, NW: tl.constexpr, LOG_NW: tl.constexpr,
@@ -656,6 +771,22 @@ def layout_for(width: int, rows: int, device: torch.device, warp_order: str,
     return "lowwarp"
 
 
+def held_parts(iters: int) -> tuple[int, int, int, int]:
+    """`iters` vectors per lane as the held kernel's four register tiles (largest first, 0 = none),
+    powers of two of at most HELD_MAX_TILE: the largest that fits, three times, then the rest
+    rounded up to a power of two (vectors past the row are masked). 42 -> (32, 8, 2, 0)."""
+    if not 1 <= iters <= MAX_ITERS:
+        raise ValueError(f"held rows take 1..{MAX_ITERS} vectors per lane, got {iters}")
+    parts: list[int] = []
+    left = iters
+    while left > 0 and len(parts) < 3:
+        parts.append(min(HELD_MAX_TILE, 1 << (left.bit_length() - 1)))
+        left -= parts[-1]
+    if left > 0:
+        parts.append(triton.next_power_of_2(left))
+    return (*parts, *[0] * (4 - len(parts)))  # type: ignore[return-value]
+
+
 def out_chunk_per_warp(rows: int, width: int, add_form: bool) -> int:
     """Columns per warp of each chunk of the two-pass output: ADD_OUT_CHUNK_PER_WARP for the add
     form of many wide rows (ADD_OUT_CHUNK_MIN_ROWS, wider than ROWS_MAX_WIDTH), else
@@ -727,6 +858,9 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
         if branch is None and residual is None and _takes_rows_kernel(cfg, consts, W):
             _launch_rows(x, w, out, var_out, s, consts, cfg)
             return
+        if residual is None and _takes_held_kernel(cfg, consts, x, add_form=branch is not None):
+            _launch_held(x, branch, w, out, var_out, s, consts)
+            return
     b = branch if branch is not None else x
     r = residual if residual is not None else x
     kernel = _lowwarp_norm_kernel if layout == "lowwarp" else _general_norm_kernel
@@ -741,6 +875,31 @@ def _takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int)
     config asking for more than one row per program."""
     return (not consts["ONE_PASS"] and consts["R"] * consts["NW"] == 1 and width <= ROWS_MAX_WIDTH
             and cfg.stream_rows > 1)
+
+
+def _takes_held_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], x: torch.Tensor, add_form: bool) -> bool:
+    """Whether a lowwarp launch of the plain or add form (no residual; `consts` from _launch) runs
+    _lowwarp_held_norm_kernel: two passes otherwise, torch's 32-lane plan, rows wider than the
+    several-rows kernel takes, 16-bit values (fp32 rows would need twice the registers), and the
+    config's wide_registers (the plain form below wide_registers_plain_max_rows rows)."""
+    T, W = x.shape
+    return (cfg.wide_registers and not consts["ONE_PASS"] and consts["R"] * consts["NW"] == 1
+            and W > ROWS_MAX_WIDTH and x.dtype != torch.float32
+            and (add_form or T < cfg.wide_registers_plain_max_rows))
+
+
+def _launch_held(x: torch.Tensor, branch: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
+                 var_out: torch.Tensor | None, scalars: tuple[float | int, ...],
+                 consts: dict[str, Any]) -> None:
+    """_lowwarp_held_norm_kernel over x's rows (x + branch where given), one one-warp program each."""
+    T, W = x.shape
+    b = branch if branch is not None else x
+    i0, i1, i2, i3 = held_parts(consts["ITERS"])
+    _lowwarp_held_norm_kernel[(T,)](
+        x, b, w, out, var_out if var_out is not None else out, W, row_stride(x), row_stride(b), *scalars,
+        MODE=MODE_X if branch is None else MODE_ADD, STORE_VAR=var_out is not None, DT=consts["DT"],
+        INTERPRET=consts["INTERPRET"], PACKED=consts["PACKED"], TL_SUM=consts["TL_SUM"], I0=i0, I1=i1, I2=i2,
+        I3=i3, num_warps=1)
 
 
 def _launch_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, var_out: torch.Tensor | None,
