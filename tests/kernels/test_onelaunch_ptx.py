@@ -264,16 +264,16 @@ def test_rows_kernel_sums_per_warp_and_loads_its_chunks_before_storing() -> None
 
 
 HELD_KERNEL_SASS_SCRIPT = LOWWARP_SASS_PRELUDE + textwrap.dedent(r'''
-    hsig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32", "N": "i32",
-            "sx": "i32", "sb": "i32", "eps": "fp32", "factor": "fp32"}
+    hsig = {**{n: "*bf16" for n in ("x_ptr", "b_ptr", "w_ptr", "out_ptr")}, "var_ptr": "*fp32",
+            "N": "constexpr", "sx": "i32", "sb": "i32", "eps": "fp32", "factor": "fp32"}
     parts = nol.held_parts(42)          # Huginn's width 5280 at torch's 32 lanes
     for mode in (0, 1):
-        consts = {"MODE": mode, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "PACKED": True,
+        consts = {"N": 5280, "MODE": mode, "STORE_VAR": True, "DT": 1, "INTERPRET": False, "PACKED": True,
                   "TL_SUM": True, **{f"I{j}": p for j, p in enumerate(parts)}}
         full = {**hsig, **{c: "constexpr" for c in consts}}
         names = list(full)
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-                 if full[n].startswith("*") or n in ("N", "sx", "sb")}
+                 if full[n].startswith("*") or n in ("sx", "sb")}
         k = triton.compile(ASTSource(fn=nol._lowwarp_held_norm_kernel, signature=full, constexprs=consts,
                                      attrs=attrs), target=target, options={"num_warps": 1})
         ptx = k.asm["ptx"]

@@ -62,8 +62,10 @@ class OneLaunchConfig:
     comparison. ``wide_registers`` (16-bit rows wider than 2048 at torch's 32-lane plan, the plain
     and add forms): a row is read once and held in registers as dtype values until its output is
     written, instead of two passes; the plain form only below ``wide_registers_plain_max_rows`` rows.
-    At width 5280 on the H200 it was faster at 16..4096 rows for the add form and below 2048 rows for
-    the plain form, slower for the plain form at 2048 rows (side comparison, docs/onelaunch_norm.md).
+    At width 5280 on the H200 it was faster than two passes at 16..8192 rows for the add form and for
+    the plain form except around 2048 rows, where it was slower (side comparisons,
+    docs/onelaunch_norm.md); 2048 is the engine's default prefill chunk, so the plain form keeps two
+    passes from there.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
