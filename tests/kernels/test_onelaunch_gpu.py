@@ -87,7 +87,7 @@ def test_onelaunch_bulk_1e8_elements(dev: torch.device, dtype: torch.dtype) -> N
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_held_rows_bulk(dev: torch.device, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """The held kernel (rows wider than 2048 at torch's 32 lanes, read once and kept in registers):
-    Huginn's plain form below wide_registers_plain_max_rows rows and its add form at prefill sizes,
+    Huginn's plain and add forms at prefill sizes,
     variance and output torch.equal to torch over >= 1e8 elements per form and dtype at width 5280;
     a spy requires that the held kernel is what ran."""
     launched: list[int] = []
@@ -103,7 +103,7 @@ def test_held_rows_bulk(dev: torch.device, dtype: torch.dtype, monkeypatch: pyte
     W = 5280
     order = _order(dev, dtype, W)
     w = weights(W, dtype, gen, dev)
-    for form, counts in (("plain", (16, 333, 1000, 2047)), ("add", (16, 1000, 2048, 4096))):
+    for form, counts in (("plain", (16, 1000, 2048, 4096)), ("add", (16, 1000, 2048, 4096))):
         done = 0
         while done < 100_000_000:
             for T in counts:

@@ -232,28 +232,22 @@ def test_held_kernel_equals_model_and_general_layout(T: int, N: int, dtype: torc
 
 
 def test_held_kernel_routing() -> None:
-    """Which launches take the held kernel: 16-bit rows wider than 2048 at torch's 32-lane plan, the
-    add form at every such row count, the plain form below wide_registers_plain_max_rows rows; not
-    fp32 rows, not the residual form, not with wide_registers off."""
+    """Which launches take the held kernel: 16-bit rows wider than 2048 at torch's 32-lane plan, in
+    the plain and add forms at every such row count; not fp32 rows, not the residual form (its
+    launch never asks), not with wide_registers off."""
     cfg = OneLaunchConfig()
 
-    def held(T: int, N: int, dtype: torch.dtype, add_form: bool, config: OneLaunchConfig = cfg) -> bool:
+    def held(T: int, N: int, dtype: torch.dtype, config: OneLaunchConfig = cfg) -> bool:
         x = torch.empty((T, N), dtype=dtype)
-        _, _, consts = nol._launch(x, EPS, trm.WARP_DOWN, config, add_form=add_form)
-        return "ONE_PASS" in consts and nol._takes_held_kernel(config, consts, x, add_form)
+        _, _, consts = nol._launch(x, EPS, trm.WARP_DOWN, config)
+        return "ONE_PASS" in consts and nol._takes_held_kernel(config, consts, x)
 
-    many = cfg.wide_registers_plain_max_rows
-    assert held(16, 5280, torch.bfloat16, False) and held(many - 1, 5280, torch.float16, False)
-    assert not held(many, 5280, torch.bfloat16, False) and held(many, 5280, torch.bfloat16, True)
-    assert held(4096, 5280, torch.bfloat16, True) and held(16, 2052, torch.bfloat16, True)
-    assert not held(8, 5280, torch.bfloat16, True)            # 64 lanes: two warps per row
-    assert not held(4096, 2048, torch.bfloat16, True)         # the several-rows width
-    assert not held(128, 5280, torch.float32, True)
-    assert not held(128, 5280, torch.bfloat16, True, OneLaunchConfig(wide_registers=False))
-    assert not held(128, 5280, torch.bfloat16, False, OneLaunchConfig(wide_registers_plain_max_rows=0))
-    for bad in (-1, True, 2.5):
-        with pytest.raises(ValueError, match="wide_registers_plain_max_rows"):
-            OneLaunchConfig(wide_registers_plain_max_rows=bad)  # type: ignore[arg-type]
+    assert held(16, 5280, torch.bfloat16) and held(2048, 5280, torch.float16)
+    assert held(8192, 5280, torch.bfloat16) and held(16, 2052, torch.bfloat16)
+    assert not held(8, 5280, torch.bfloat16)            # 64 lanes: two warps per row
+    assert not held(4096, 2048, torch.bfloat16)         # the several-rows width
+    assert not held(128, 5280, torch.float32)
+    assert not held(128, 5280, torch.bfloat16, OneLaunchConfig(wide_registers=False))
     with pytest.raises(ValueError, match="wide_registers must"):
         OneLaunchConfig(wide_registers=1)  # type: ignore[arg-type]
 

@@ -61,11 +61,9 @@ class OneLaunchConfig:
     the one-row kernel); 4 was the fastest of 1, 2, 4, 8, 16 and 32 at 4096 x 2048 in an H200 side
     comparison. ``wide_registers`` (16-bit rows wider than 2048 at torch's 32-lane plan, the plain
     and add forms): a row is read once and held in registers as dtype values until its output is
-    written, instead of two passes; the plain form only below ``wide_registers_plain_max_rows`` rows.
-    At width 5280 on the H200 it was faster than two passes at 16..8192 rows for the add form and for
-    the plain form except around 2048 rows, where it was slower (side comparisons,
-    docs/onelaunch_norm.md); 2048 is the engine's default prefill chunk, so the plain form keeps two
-    passes from there.
+    written, instead of two passes. At width 5280 on the H200 it was faster than the two passes at
+    16..8192 rows, except the plain form at 2048 rows, within 1% of them (side comparisons with
+    rotated outputs, docs/onelaunch_norm.md), so every such row count takes it.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
@@ -77,7 +75,6 @@ class OneLaunchConfig:
     stream: bool = True
     stream_rows: int = 4
     wide_registers: bool = True
-    wide_registers_plain_max_rows: int = 2048
 
     def __post_init__(self) -> None:
         _require(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -93,11 +90,6 @@ class OneLaunchConfig:
                  f"stream_rows must be a power of two in 1..{MAX_WARPS}, got {self.stream_rows!r}")
         _require(isinstance(self.wide_registers, bool),
                  f"wide_registers must be true or false, got {self.wide_registers!r}")
-        _require(isinstance(self.wide_registers_plain_max_rows, int)
-                 and not isinstance(self.wide_registers_plain_max_rows, bool)
-                 and self.wide_registers_plain_max_rows >= 0,
-                 "wide_registers_plain_max_rows must be an integer >= 0, got "
-                 f"{self.wide_registers_plain_max_rows!r}")
 
     @classmethod
     def from_section(cls, value: Any) -> OneLaunchConfig:

@@ -662,9 +662,9 @@ def _lowwarp_held_norm_kernel(x_ptr, b_ptr, w_ptr, out_ptr, var_ptr, N: tl.const
     tiles' vectors in order, one chain, as torch's loop. The width N is compiled in (one binary per
     model width): the masks of every whole vector fold away, fewer registers stay live, and in an
     H200 side comparison that was faster at every row count tried (128..8192, both forms) than the
-    width at run time. Against the two passes at width 5280 it was faster at 16..8192 rows for the
-    add form and for the plain form except around 2048 rows (docs/onelaunch_norm.md, "Width
-    5280"); OneLaunchConfig.wide_registers decides."""
+    width at run time. Against the two passes at width 5280 it was faster at 16..8192 rows in H200
+    side comparisons, except the plain form at 2048 rows, within 1% of them (docs/onelaunch_norm.md,
+    "Width 5280"); OneLaunchConfig.wide_registers decides."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * sx
     b_row = b_ptr + row * sb
@@ -861,7 +861,7 @@ def rms_norm_onelaunch_rows(x: torch.Tensor, w: torch.Tensor, eps: float, out: t
         if branch is None and residual is None and _takes_rows_kernel(cfg, consts, W):
             _launch_rows(x, w, out, var_out, s, consts, cfg)
             return
-        if residual is None and _takes_held_kernel(cfg, consts, x, add_form=branch is not None):
+        if residual is None and _takes_held_kernel(cfg, consts, x):
             _launch_held(x, branch, w, out, var_out, s, consts)
             return
     b = branch if branch is not None else x
@@ -880,15 +880,13 @@ def _takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int)
             and cfg.stream_rows > 1)
 
 
-def _takes_held_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], x: torch.Tensor, add_form: bool) -> bool:
+def _takes_held_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], x: torch.Tensor) -> bool:
     """Whether a lowwarp launch of the plain or add form (no residual; `consts` from _launch) runs
     _lowwarp_held_norm_kernel: two passes otherwise, torch's 32-lane plan, rows wider than the
     several-rows kernel takes, 16-bit values (fp32 rows would need twice the registers), and the
-    config's wide_registers (the plain form below wide_registers_plain_max_rows rows)."""
-    T, W = x.shape
+    config's wide_registers."""
     return (cfg.wide_registers and not consts["ONE_PASS"] and consts["R"] * consts["NW"] == 1
-            and W > ROWS_MAX_WIDTH and x.dtype != torch.float32
-            and (add_form or T < cfg.wide_registers_plain_max_rows))
+            and x.shape[1] > ROWS_MAX_WIDTH and x.dtype != torch.float32)
 
 
 def _launch_held(x: torch.Tensor, branch: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
