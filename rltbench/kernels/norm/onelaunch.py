@@ -80,10 +80,11 @@ FORMS = ("ouro", "huginn")
 MODE_X, MODE_ADD, MODE_NORM_ADD = 0, 1, 2
 MAX_LANES = 512   # torch's MAX_NUM_THREADS for float reductions: the widest row plan
 OUT_CHUNK_PER_WARP = 1024   # two-pass output: columns per warp per chunk (32 per thread)
-# the add form (x + branch) of rows wider than the several-rows kernel takes, from this many rows:
-# chunks of 4096 columns per warp, so a Huginn row (5280) is written in two round trips instead of
-# six. In an H200 side comparison this was faster beyond the A/A spread at 2048 and 4096 rows, not
-# below 2048 rows nor for the plain form (docs/onelaunch_norm.md, "Width 5280")
+# the two-pass add form (x + branch; fp32 rows, or 16-bit rows with OneLaunchConfig.wide_registers
+# off, since the held kernel serves them) of rows wider than the several-rows kernel takes, from
+# ADD_OUT_CHUNK_MIN_ROWS rows: chunks of 4096 columns per warp, so a Huginn row (5280) is written in
+# two round trips instead of six. In an H200 side comparison this was faster beyond the A/A spread
+# at 2048 and 4096 rows, not below 2048 rows nor for the plain form (docs/onelaunch_norm.md)
 ADD_OUT_CHUNK_PER_WARP = 4096
 ADD_OUT_CHUNK_MIN_ROWS = 2048
 ROWS_MAX_WIDTH = 2 * OUT_CHUNK_PER_WARP   # the several-rows kernel loads a row's (at most two) chunks at once
