@@ -87,9 +87,8 @@ def test_onelaunch_bulk_1e8_elements(dev: torch.device, dtype: torch.dtype) -> N
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_held_rows_bulk(dev: torch.device, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """The held kernel (rows wider than 2048 at torch's 32 lanes, read once and kept in registers):
-    Huginn's plain and add forms at prefill sizes,
-    variance and output torch.equal to torch over >= 1e8 elements per form and dtype at width 5280;
-    a spy requires that the held kernel is what ran."""
+    Huginn's plain and add forms at prefill sizes, variance and output torch.equal to torch over
+    >= 1e8 elements per form and dtype at width 5280; a spy requires that the held kernel ran."""
     launched: list[int] = []
     real = nol._lowwarp_held_norm_kernel
 

@@ -884,10 +884,12 @@ def _takes_rows_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], width: int)
 def _takes_held_kernel(cfg: OneLaunchConfig, consts: dict[str, Any], x: torch.Tensor) -> bool:
     """Whether a lowwarp launch of the plain or add form (no residual; `consts` from _launch) runs
     _lowwarp_held_norm_kernel: two passes otherwise, torch's 32-lane plan, rows wider than the
-    several-rows kernel takes, 16-bit values (fp32 rows would need twice the registers), and the
-    config's wide_registers."""
+    several-rows kernel takes, 16-bit rows held as 16-bit values (the packed epilogue; fp32 values,
+    from fp32 rows or with `packed` off, would need twice the registers; the interpreter runs the
+    fp32 form to check the order), and the config's wide_registers."""
     return (cfg.wide_registers and not consts["ONE_PASS"] and consts["R"] * consts["NW"] == 1
-            and x.shape[1] > ROWS_MAX_WIDTH and x.dtype != torch.float32)
+            and x.shape[1] > ROWS_MAX_WIDTH and x.dtype != torch.float32
+            and (consts["PACKED"] or consts["INTERPRET"]))
 
 
 def _launch_held(x: torch.Tensor, branch: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
