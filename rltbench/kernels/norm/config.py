@@ -60,10 +60,10 @@ class OneLaunchConfig:
     32-lane plan, width <= 2048): rows per program of the several-rows kernel, one warp each (1:
     the one-row kernel); 4 was the fastest of 1, 2, 4, 8, 16 and 32 at 4096 x 2048 in an H200 side
     comparison. ``wide_registers`` (16-bit rows wider than 2048 at torch's 32-lane plan with
-    ``packed``, the plain and add forms): a row is read once and held in registers as dtype values until its output is
-    written, instead of two passes. At width 5280 on the H200 it was faster than the two passes at
-    16..8192 rows, except the plain form at 2048 rows, within 1% of them (side comparisons with
-    rotated outputs, docs/onelaunch_norm.md), so every such row count takes it.
+    ``packed``, the plain and add forms): a row is read once and held in registers as dtype values
+    until its output is written, instead of two passes. At width 5280 on the H200 it was faster than
+    the two passes at 16..8192 rows, except the plain form at 2048 rows, within 1% of them (side
+    comparisons with rotated outputs, docs/onelaunch_norm.md), so every such row count takes it.
     """
 
     SECTION: ClassVar[str] = "norm_onelaunch"
