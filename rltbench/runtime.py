@@ -131,13 +131,15 @@ class ModelSource:
     """Which model to run: preset `preset` with seeded random weights, or the checkpoint `weights`;
     `kv_layout` overrides a Huginn model's KV layout (full: one plane per layer application, or
     compress), None keeps the model's own; `exit_threshold` sets an Ouro model's exit gate (each token
-    takes the first loop whose exit CDF reaches it), None keeps the model's own."""
+    takes the first loop whose exit CDF reaches it), None keeps the model's own; `stop_at_exit` turns on
+    the compute-saving exit (decode steps stop once every row has exited; rltbench.engine.exit_stop)."""
 
     preset: str = "ouro-1.4b"
     weights: str = "random"
     seed: int = 0
     kv_layout: str | None = None
     exit_threshold: float | None = None
+    stop_at_exit: bool = False
 
     @property
     def random(self) -> bool:
@@ -154,6 +156,8 @@ class ModelSource:
         out: dict[str, Any] = {} if self.kv_layout is None else {"kv_layout": self.kv_layout}
         if self.exit_threshold is not None:
             out["early_exit_threshold"] = self.exit_threshold
+        if self.stop_at_exit:
+            out["stop_at_exit"] = True
         return out
 
     def config(self) -> ModelConfig:
@@ -176,6 +180,11 @@ class ModelSource:
                 raise UsageError(f"--exit-threshold is an Ouro option; {config.name} is {config.family}")
             if not 0.0 < self.exit_threshold < 1.0:
                 raise UsageError(f"--exit-threshold {self.exit_threshold:g}: must lie in (0, 1)")
+        if self.stop_at_exit:
+            if config.family != "ouro":
+                raise UsageError(f"--exit-mode is an Ouro option; {config.name} is {config.family}")
+            if self.exit_threshold is None and getattr(config, "early_exit_threshold", None) is None:
+                raise UsageError("--exit-mode stop needs an exit gate: set --exit-threshold")
         return apply_overrides(config, **self.overrides) if self.overrides else config
 
 

@@ -166,6 +166,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "exit-depths": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
                              "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90",
                              "exit-depths")),
+    # the same load with the compute-saving exit (--exit-mode stop): decode steps stop their loops once
+    # every row has exited; tokens and depths of exact against torch in this mode, loops run per step
+    "exit-stop": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode stop "
+                           "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 "
+                           "--deadline 90", "exit-stop")),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
     "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
                                   "no:cacheprovider", "-rA", "--junitxml",
@@ -173,7 +178,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                   "tests/engine/test_row_invariant_gpu.py"]),
     "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                                 "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
-                                "tests/engine/test_prefix_cache_and_exits.py"]),
+                                "tests/engine/test_prefix_cache_and_exits.py",
+                                "tests/engine/test_exit_stop.py"]),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
     "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
-from rltbench.engine import kv_transfer
+from rltbench.engine import exit_stop, kv_transfer
 from rltbench.engine.block_manager import BlockManager, block_hashes
 from rltbench.engine.kv_capacity import blocks_in_budget
 from rltbench.engine.paged_context import (
@@ -214,7 +214,8 @@ class _ArmState:
         self.name = name
         self.ops = ops
         self.warm_ops = warm_ops  # fused paths on in eager mode: compiles Triton kernels before capture
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        # decode graphs: a CUDA graph, or with the compute-saving exit an exit_stop.StagedDecodeGraphs
+        self.graphs: dict[tuple[int, int], tuple[Any, Tensor]] = {}
         self.prefill = PrefillGraphSet(prefill_graph_cap)
         self.counters: dict[str, Any] = {}
         self.reset_counters()
@@ -237,6 +238,7 @@ class _ArmState:
             frozen_graph_misses=0,
             buffer_growths=0,
             batch_size_hist={},
+            decode_loops_hist={},  # compute-saving exit only: loops run -> decode steps
         )
 
 
@@ -264,6 +266,9 @@ class Engine:
         # a model with an exit gate (Ouro with a threshold) reports each token's exit depth; read once,
         # because the captured graphs include the gate or not
         self.track_exit_depths = getattr(model, "exit_threshold", None) is not None
+        # Ouro's compute-saving exit: decode steps run loop by loop and stop once every row has exited
+        # (rltbench.engine.exit_stop); prefill steps run every loop
+        self.stop_at_exit = self.track_exit_depths and bool(getattr(mc, "stop_at_exit", False))
         self.last_replay_depths: dict[str, list[int]] = {}
         self.eos_token_ids = frozenset(int(t) for t in (getattr(mc, "eos_token_ids", None) or ()))
         self._arms = self._build_arms(arms)
@@ -888,13 +893,10 @@ class Engine:
             m[b:rows, _ID:_BT] = (0, 0, -1, 0)
         return max(pos) + 1
 
-    def _decode_forward(self, rows: int, ops: Any, len_class: int) -> Tensor:
-        """Decode `rows` rows (every seq_len <= len_class) from the static device metadata; returns the
-        argmax ids [rows] (int64; with an exit gate [2, rows], see `_with_depths`). Captured as-is into
-        the CUDA graphs."""
+    def _decode_inputs(self, rows: int, len_class: int) -> tuple[Tensor, Tensor, PagedAttentionContext]:
+        """Token ids, positions and the attention context of `rows` decode rows (every seq_len <=
+        len_class), read from the static device metadata."""
         meta = self._meta_dev[:rows]
-        ids = meta[:, _ID].long()
-        pos = meta[:, _POS].long()
         width = -(-len_class // self.config.block_size)
         ctx = PagedAttentionContext(
             self.kv,
@@ -903,8 +905,20 @@ class Engine:
             meta[:, _SEQ].contiguous(),
             max_seq_len_hint=len_class,
         )
+        return meta[:, _ID].long(), meta[:, _POS].long(), ctx
+
+    def _decode_forward(self, rows: int, ops: Any, len_class: int) -> Tensor:
+        """Decode `rows` rows (every seq_len <= len_class) from the static device metadata; returns the
+        argmax ids [rows] (int64; with an exit gate [2, rows], see `_with_depths`). Captured as-is into
+        the CUDA graphs."""
+        ids, pos, ctx = self._decode_inputs(rows, len_class)
         hidden = self.model.forward(ids, pos, ctx, ops)
         return self._with_depths(self.model.compute_logits(hidden).argmax(-1))
+
+    def _staged_decode(self, rows: int, ops: Any, len_class: int) -> exit_stop.StagedDecode:
+        """`_decode_forward` as the stages of the compute-saving exit (`stop_at_exit`)."""
+        return exit_stop.staged_decode(self.model, self.kv, lambda: self._decode_inputs(rows, len_class), ops,
+                                       self._with_depths)
 
     def _upload(self, rows: int) -> None:
         self._meta_dev[:rows].copy_(self._meta_host[:rows], non_blocking=True)
@@ -923,14 +937,22 @@ class Engine:
         max_len = self._fill_decode_rows(seqs, rows)
         self._upload(rows)
         entry = self._graph(bucket, self.len_class(max_len)) if bucket is not None else None
+        loops: int | None = None
         if entry is not None:
             graph, out = entry
-            graph.replay()
+            loops = graph.replay()  # loops run (a compute-saving step); None for a plain graph
             c["graph_replays"] += 1
         else:
-            out = self._decode_forward(rows, self._eager_ops or self._arm.ops, self.eager_len(max_len))
+            ops, len_class = self._eager_ops or self._arm.ops, self.eager_len(max_len)
+            if self.stop_at_exit:
+                out, loops = exit_stop.run_eagerly(self._staged_decode(rows, ops, len_class))
+            else:
+                out = self._decode_forward(rows, ops, len_class)
             if self.use_graphs:
                 c["eager_fallbacks"] += 1
+        if loops is not None:
+            hist = c["decode_loops_hist"]
+            hist[loops] = hist.get(loops, 0) + 1
         return self._emit(seqs, *self._to_host(out, b))
 
     def _grow_meta(self, rows: int) -> None:
@@ -947,7 +969,7 @@ class Engine:
             arm.graphs.clear()
 
     # ---- CUDA graphs --------------------------------------------------------------------------
-    def _graph(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
+    def _graph(self, bucket: int, len_class: int) -> tuple[Any, Tensor] | None:
         """The decode graph of (bucket, class): captured lazily (counted) unless the engine is frozen,
         where a missing graph means an eager step (counted as a frozen miss)."""
         g = self._arm.graphs.get((bucket, len_class))
@@ -958,12 +980,18 @@ class Engine:
             g = self._capture(bucket, len_class)
         return g
 
-    def _capture(self, bucket: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """Capture the current arm's decode step for `bucket` rows of context class `len_class`.
+    def _capture(self, bucket: int, len_class: int) -> tuple[Any, Tensor]:
+        """Capture the current arm's decode step for `bucket` rows of context class `len_class` (with
+        the compute-saving exit, one graph per loop and one for the finish: `exit_stop.capture`).
         Replays read the static buffers, so the metadata present now does not matter (a lazy
         capture's warm runs rewrite the same new-token slots the replay then writes again)."""
         arm = self._arm
-        graph, out = self._capture_graph(lambda ops: self._decode_forward(bucket, ops, len_class))
+        graph: Any
+        if self.stop_at_exit:
+            graph, out = exit_stop.capture(lambda ops: self._staged_decode(bucket, ops, len_class),
+                                           arm.warm_ops, arm.ops, self._graph_pool, _new_graph, self.device)
+        else:
+            graph, out = self._capture_graph(lambda ops: self._decode_forward(bucket, ops, len_class))
         arm.graphs[(bucket, len_class)] = (graph, out)
         arm.counters["graph_captures"] += 1
         return graph, out
@@ -1087,6 +1115,8 @@ class Engine:
         c = self._arm.counters
         s = dict(c)
         s["batch_size_hist"] = dict(sorted(c["batch_size_hist"].items()))
+        s["decode_loops_hist"] = dict(sorted(c["decode_loops_hist"].items()))
+        s["stop_at_exit"] = self.stop_at_exit
         sch = self.scheduler
         s.update(
             arm=self._arm.name,
@@ -1232,14 +1262,16 @@ class Engine:
             m[i, _SEQ] = context_len + 1
         self._upload(rows)
 
-    def decode_graph(self, rows: int, len_class: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
+    def decode_graph(self, rows: int, len_class: int) -> tuple[Any, Tensor] | None:
         """The current arm's decode graph of (bucket `rows`, class `len_class`), captured now if
-        missing (None when frozen)."""
+        missing (None when frozen); with the compute-saving exit an `exit_stop.StagedDecodeGraphs`."""
         return self._graph(rows, len_class)
 
     def decode_eager(self, rows: int, len_class: int) -> Tensor:
         """One eager decode of the rows in the static buffers with the current arm's ops."""
         with torch.no_grad():
+            if self.stop_at_exit:
+                return exit_stop.run_eagerly(self._staged_decode(rows, self.ops, len_class))[0]
             return self._decode_forward(rows, self.ops, len_class)
 
     def close_synthetic_decode(self) -> None:

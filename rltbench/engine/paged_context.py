@@ -130,3 +130,32 @@ def kv_bytes_per_block(
 ) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return num_planes * 2 * block_size * num_kv_heads * head_dim * elem
+
+
+def copy_exit_planes(kv: Tensor, slot_mapping: Tensor, depths: Tensor, num_loops: int) -> None:
+    """Ouro's compute-saving exit: the K/V of each row's token in the planes of the loops after its
+    exit loop `depths[i]` become those of its exit loop, in every layer (plane = loop * layers + layer).
+
+    Why: a decode step that stops once every row has exited leaves the later planes unwritten, and a
+    row that exited while its batch ran on wrote K/V of loops it does not use. Copying the exit loop's
+    K/V makes both the same, so what a request generates does not depend on its batch. Sync-free (it
+    runs inside the step's CUDA graph); rows with `slot < 0` (padding) are skipped the way `write_kv`
+    skips them: redirected to the first valid row's slot carrying that row's own values."""
+    planes, _, nb, bs, hkv, d = kv.shape
+    if planes % num_loops:
+        raise ValueError(f"{planes} KV planes are not {num_loops} loops of whole layers")
+    n = slot_mapping.shape[0]
+    if n == 0 or num_loops == 1:
+        return
+    by_slot = kv.view(num_loops, planes // num_loops, 2, nb * bs, hkv, d).permute(3, 0, 1, 2, 4, 5)
+    slots = slot_mapping.to(torch.int64)
+    valid = slots >= 0
+    first = torch.argmax(valid.to(torch.int32)).reshape(1)  # first valid row (0 when none)
+    slots = torch.where(valid, slots, slots.index_select(0, first)).clamp(min=0)
+    exit_loop = torch.where(valid, depths, depths.index_select(0, first))
+    rows = by_slot[slots]                                    # [N, loops, layers, 2, Hkv, D]
+    source = rows[torch.arange(n, device=rows.device), exit_loop]
+    later = torch.arange(num_loops, device=rows.device)[None, :] > exit_loop[:, None]
+    later &= valid.any()                                     # no valid row: write the values back
+    torch.where(later[:, :, None, None, None, None], source[:, None], rows, out=rows)
+    by_slot.index_put_((slots,), rows)

@@ -49,6 +49,9 @@ class OuroConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     early_exit_threshold: float | None = None
+    # a serving option, not in HF configs: stop a decode step's loops once every row has exited
+    # (rltbench.models.ouro, "Compute-saving exit")
+    stop_at_exit: bool = False
     torch_dtype: str = "bfloat16"
     bos_token_id: int | None = 0
     eos_token_ids: tuple[int, ...] = (0, 2)
@@ -68,6 +71,8 @@ class OuroConfig:
         if self.num_loops < 1 or self.num_layers < 1:
             raise UsageError(f"Ouro needs >= 1 layer and >= 1 loop, got {self.num_layers} layers x "
                              f"{self.num_loops} loops")
+        if self.stop_at_exit and self.early_exit_threshold is None:
+            raise UsageError("stopping at the exit needs an exit threshold (--exit-threshold)")
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise UsageError(f"Ouro num_heads {self.num_heads} must be a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")

@@ -21,9 +21,14 @@ Forward over flattened tokens (vLLM style): `forward(input_ids [N], positions [N
   returned and the gate is not evaluated. With a threshold q, gate logits are computed after every loop
   in the model dtype as HF does, turned into the exit pdf/CDF, and each token takes the hidden state of
   the first loop whose CDF >= q (last loop if none). All loops are still computed for every token, as in
-  HF: the later-loop KV planes hold the token's own later-loop K/V (reference semantics). The
-  compute-saving variant of the study ("keep the last exited loop's K/V") is NOT implemented here.
+  HF: the later-loop KV planes hold the token's own later-loop K/V (reference semantics).
   `last_exit_depths` holds the chosen loop per token of the last forward (a device tensor, no sync).
+* Compute-saving exit (`stop_at_exit`, a serving option, not HF's semantics): the forward runs loop by
+  loop (`OuroRun`), so the engine can stop a decode step once every row has exited. The exit CDF is
+  then summed loop by loop (it must be known before the later loops run), and a generated token's K/V
+  in the planes after its exit loop are its exit loop's (the engine copies them, see
+  `rltbench.engine.paged_context.copy_exit_planes`), so what a request generates does not depend on
+  whether its batch ran further. Prompt tokens run every loop and keep their own K/V.
 """
 
 from __future__ import annotations
@@ -120,51 +125,14 @@ class OuroForCausalLM(LoopedModel):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any) -> Tensor:
-        c = self.config
-        n, eps, layers = input_ids.shape[0], c.rms_norm_eps, self.layers
-        num_layers = len(layers)
-        h = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rope_cos_sin(positions, h.dtype)
-        use_gate = self.exit_threshold is not None
-        attend_rope = getattr(attn, "attend_rope_neox", None)
-        hs: list[Tensor] = []
-        gates: list[Tensor] = []
-        x = ops.rms_norm(h, layers[0].input_layernorm, eps)
-        for loop in range(c.num_loops):
-            for i, layer in enumerate(layers):
-                q, k, v = F.linear(x, layer.qkv_proj).split([self._q, self._kv, self._kv], dim=-1)
-                q = q.view(n, c.num_heads, c.head_dim)
-                k = k.view(n, c.num_kv_heads, c.head_dim)
-                v = v.view(n, c.num_kv_heads, c.head_dim)
-                plane = loop * num_layers + i
-                if attend_rope is not None:
-                    a = attend_rope(plane, q, k, v, cos, sin, ops, self._scale)
-                else:
-                    q, k = ops.rope_neox(q, k, cos, sin)
-                    a = attn.attend(plane, q, k, v, self._scale)
-                o = F.linear(a.reshape(n, self._q), layer.o_proj)
-                h, x = ops.residual_rms_norm_norm(h, o, layer.input_layernorm_2,
-                                                  layer.post_attention_layernorm, eps)
-                gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-                m = F.linear(ops.silu_mul(gate, up), layer.down_proj)
-                if i + 1 < num_layers:
-                    h, x = ops.residual_rms_norm_norm(h, m, layer.post_attention_layernorm_2,
-                                                      layers[i + 1].input_layernorm, eps)
-                else:  # end of a loop: h <- model.norm(h + norm(m)), which also feeds the next loop
-                    _, h = ops.residual_rms_norm_norm(h, m, layer.post_attention_layernorm_2, self.norm, eps)
-            hs.append(h)
-            if use_gate:
-                gates.append(F.linear(h, self.exit_gate_weight, self.exit_gate_bias))
-            if loop + 1 < c.num_loops:
-                x = ops.rms_norm(h, layers[0].input_layernorm, eps)
-        if not use_gate:
-            self.last_exit_depths = torch.full((n,), c.num_loops - 1, dtype=torch.long, device=h.device)
-            return h
-        depths = select_exit(exit_pdf(gates), float(self.exit_threshold))
-        self.last_exit_depths = depths
-        stacked = torch.stack(hs, dim=1)  # [N, T, H]
-        index = depths.view(n, 1, 1).expand(n, 1, stacked.shape[-1])
-        return torch.gather(stacked, 1, index).squeeze(1)
+        run = self.start(input_ids, positions, attn, ops)
+        for loop in range(self.config.num_loops):
+            run.loop(loop)
+        return run.finish()
+
+    def start(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any) -> OuroRun:
+        """A forward that the caller runs loop by loop (`OuroRun.loop`, then `OuroRun.finish`)."""
+        return OuroRun(self, input_ids, positions, attn, ops)
 
     # ---- HF checkpoint layout ---------------------------------------------------------------------
     @staticmethod
@@ -231,3 +199,110 @@ class OuroForCausalLM(LoopedModel):
     def hf_state_dict(self) -> dict[str, Tensor]:
         """The weights in the HF key layout (q/k/v and gate/up split again), contiguous copies."""
         return {k: v.detach().contiguous().clone() for k, v in self._hf_targets().items()}
+
+
+class OuroRun:
+    """One Ouro forward, loop by loop: `loop(j)` for j = 0 .. num_loops - 1 in order (or up to the loop
+    after which `all_exited` holds, with `stop_at_exit`), then `finish()`, the hidden state each token
+    takes. Why a class: the engine captures each loop of a compute-saving decode step as its own CUDA
+    graph and decides on the host, between them, whether to run the next; everything a later loop or
+    `finish` reads is kept here, and with `stop_at_exit` it is updated in place, so the tensors
+    `finish` reads are the same whichever loop the step stopped after."""
+
+    def __init__(self, model: OuroForCausalLM, input_ids: Tensor, positions: Tensor, attn: Any,
+                 ops: Any) -> None:
+        c = model.config
+        self.model, self.attn, self.ops = model, attn, ops
+        self.n = n = input_ids.shape[0]
+        self.h = F.embedding(input_ids, model.embed_tokens)
+        self.cos, self.sin = model.rope_cos_sin(positions, self.h.dtype)
+        self.x = ops.rms_norm(self.h, model.layers[0].input_layernorm, c.rms_norm_eps)
+        self.use_gate = model.exit_threshold is not None
+        self.stepwise = self.use_gate and c.stop_at_exit
+        self.hs: list[Tensor] = []
+        self.gates: list[Tensor] = []
+        if self.stepwise:
+            e = dict(dtype=self.h.dtype, device=self.h.device)
+            self.hs_by_loop = torch.empty(n, c.num_loops, c.hidden_size, **e)
+            self.remaining = torch.ones(n, **e)
+            self.cdf = torch.zeros(n, **e)
+            self.depths = torch.full((n,), c.num_loops - 1, dtype=torch.long, device=self.h.device)
+            self.open = torch.ones(n, dtype=torch.bool, device=self.h.device)
+
+    def loop(self, loop: int) -> None:
+        """Run loop `loop` over every layer (and its exit gate, when the model has a threshold)."""
+        m, c, ops, attn = self.model, self.model.config, self.ops, self.attn
+        n, eps, layers = self.n, c.rms_norm_eps, m.layers
+        num_layers = len(layers)
+        attend_rope = getattr(attn, "attend_rope_neox", None)
+        h, x = self.h, self.x
+        for i, layer in enumerate(layers):
+            q, k, v = F.linear(x, layer.qkv_proj).split([m._q, m._kv, m._kv], dim=-1)
+            q = q.view(n, c.num_heads, c.head_dim)
+            k = k.view(n, c.num_kv_heads, c.head_dim)
+            v = v.view(n, c.num_kv_heads, c.head_dim)
+            plane = loop * num_layers + i
+            if attend_rope is not None:
+                a = attend_rope(plane, q, k, v, self.cos, self.sin, ops, m._scale)
+            else:
+                q, k = ops.rope_neox(q, k, self.cos, self.sin)
+                a = attn.attend(plane, q, k, v, m._scale)
+            o = F.linear(a.reshape(n, m._q), layer.o_proj)
+            h, x = ops.residual_rms_norm_norm(h, o, layer.input_layernorm_2, layer.post_attention_layernorm,
+                                              eps)
+            gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+            mlp = F.linear(ops.silu_mul(gate, up), layer.down_proj)
+            if i + 1 < num_layers:
+                h, x = ops.residual_rms_norm_norm(h, mlp, layer.post_attention_layernorm_2,
+                                                  layers[i + 1].input_layernorm, eps)
+            else:  # end of a loop: h <- model.norm(h + norm(m)), which also feeds the next loop
+                _, h = ops.residual_rms_norm_norm(h, mlp, layer.post_attention_layernorm_2, m.norm, eps)
+        if self.stepwise:
+            self.hs_by_loop[:, loop].copy_(h)
+            self._exit_step(loop, F.linear(h, m.exit_gate_weight, m.exit_gate_bias))
+        else:
+            self.hs.append(h)
+            if self.use_gate:
+                self.gates.append(F.linear(h, m.exit_gate_weight, m.exit_gate_bias))
+        if loop + 1 < c.num_loops:
+            x = ops.rms_norm(h, layers[0].input_layernorm, eps)
+        self.h, self.x = h, x
+
+    def _exit_step(self, loop: int, logit: Tensor) -> None:
+        """Add loop `loop`'s exit probability to each token's CDF (exit_pdf's expressions, summed loop
+        by loop) and record the loop as the exit of the tokens whose CDF reaches the threshold now."""
+        lam = torch.sigmoid(logit.squeeze(-1))
+        if loop < self.model.config.num_loops - 1:
+            p = lam * self.remaining
+            self.remaining.copy_(self.remaining * (1.0 - lam))
+        else:
+            p = self.remaining
+        self.cdf.add_(p)
+        exits_now = self.open & (self.cdf >= float(self.model.exit_threshold))
+        self.depths.masked_fill_(exits_now, loop)
+        self.open.logical_and_(~exits_now)
+
+    def all_exited(self, rows: Tensor | None = None) -> Tensor:
+        """A device bool: every token (of `rows`, a bool mask; padding rows excluded) has exited by the
+        loops run so far. Only with `stop_at_exit`."""
+        if not self.stepwise:
+            raise RuntimeError("all_exited needs a model with stop_at_exit")
+        still = self.open if rows is None else self.open & rows
+        return ~still.any()
+
+    def finish(self) -> Tensor:
+        """The hidden state each token takes [N, H]; sets the model's `last_exit_depths`."""
+        c = self.model.config
+        if self.stepwise:
+            self.model.last_exit_depths = self.depths
+            index = self.depths.view(self.n, 1, 1).expand(self.n, 1, c.hidden_size)
+            return torch.gather(self.hs_by_loop, 1, index).squeeze(1)
+        if not self.use_gate:
+            self.model.last_exit_depths = torch.full((self.n,), c.num_loops - 1, dtype=torch.long,
+                                                     device=self.h.device)
+            return self.h
+        depths = select_exit(exit_pdf(self.gates), float(self.model.exit_threshold))
+        self.model.last_exit_depths = depths
+        stacked = torch.stack(self.hs, dim=1)  # [N, T, H]
+        index = depths.view(self.n, 1, 1).expand(self.n, 1, stacked.shape[-1])
+        return torch.gather(stacked, 1, index).squeeze(1)

@@ -146,6 +146,7 @@ def compute_cells(
             "interrupted",
             "note",
             "cold_work",
+            "decode_loops_hist",
         ):
             if k in m:
                 row[k] = m[k]

@@ -111,11 +111,35 @@ def test_exit_depth_mismatch_fails_the_exact_arm(tmp_path, monkeypatch, capsys):
     assert "exit depth" in capsys.readouterr().out
 
 
+def test_compute_saving_exit_is_labelled_and_counts_the_loops_run(tmp_path):
+    """--exit-mode stop: the run says it is the compute-saving mode, each cell records its decode
+    steps by loops run, fewer than every loop on average at this threshold, and exact equals torch."""
+    args = ("--arms torch,exact --scope all --exit-threshold 0.45 --exit-mode stop --concurrency 2 "
+            "--input-len 6 --output-len 4 --repeats 1 --warmup-requests 1 --seed 0")
+    rc, out = _run(args.split(), tmp_path, "stop")
+    assert rc == 0
+    run = RunDir.open(out)
+    assert run.manifest["config"]["exit_mode"] == "stop"
+    cells = run.read_json("cells.json")
+    hists = [c["decode_loops_hist"] for c in cells]
+    steps = sum(v for h in hists for v in h.values())
+    loops = sum(int(k) * v for h in hists for k, v in h.items())
+    assert steps and loops < 3 * steps, hists  # ouro-tiny has 3 loops
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["replay_identity"]
+    assert row["arm"] == "exact" and row["identical"] == row["compared"] == 2
+    table = (out / "table.md").read_text()
+    assert "compute-saving exit (--exit-mode stop)" in table and "loops run per decode step" in table
+
+
 @pytest.mark.parametrize(
     "args,model",
     [
         (["--exit-threshold", "1.5"], "ouro-tiny"),
         (["--exit-threshold", "0.5"], "huginn-tiny"),
+        (["--exit-mode", "stop"], "ouro-tiny"),
+        (["--exit-mode", "halt", "--exit-threshold", "0.5"], "ouro-tiny"),
+        (["--exit-mode", "stop", "--exit-threshold", "0.5"], "huginn-tiny"),
         (["--prefix-cache", "maybe"], "ouro-tiny"),
         (["--prefix-cache", "on,on"], "ouro-tiny"),
         (["--backend", "openai", "--arm", "a=http://127.0.0.1:1", "--prefix-cache", "off,on"], "ouro-tiny"),

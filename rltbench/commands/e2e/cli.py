@@ -90,6 +90,13 @@ def e2e_command(
         typer.Option(help="Ouro exit gate threshold in (0, 1): each token exits at the first loop whose "
                           "exit CDF reaches it; exit depths are recorded and compared like tokens."),
     ] = None,
+    exit_mode: Annotated[
+        str,
+        typer.Option(help="With --exit-threshold: all (every loop runs, the reference semantics) or stop "
+                          "(compute-saving, labelled: a decode step stops its loops once every row has "
+                          "exited; a token's later-loop K/V are its exit loop's, so tokens can differ "
+                          "from 'all')."),
+    ] = "all",
 ) -> None:
     """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
     t_start = time.perf_counter()
@@ -119,10 +126,14 @@ def e2e_command(
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
     cache = parse_prefix_cache(prefix_cache) if prefix_cache is not None else ()
-    if backend == "openai" and (cache or exit_threshold is not None):
-        raise UsageError("--prefix-cache and --exit-threshold are engine options (a server sets its own)")
+    if exit_mode not in ("all", "stop"):
+        raise UsageError(f"--exit-mode must be all or stop, not {exit_mode!r}")
+    if backend == "openai" and (cache or exit_threshold is not None or exit_mode != "all"):
+        raise UsageError("--prefix-cache, --exit-threshold and --exit-mode are engine options (a server sets "
+                         "its own)")
     spec = E2ESpec(
-        source=runtime.ModelSource(model, weights, seed, exit_threshold=exit_threshold),
+        source=runtime.ModelSource(model, weights, seed, exit_threshold=exit_threshold,
+                                   stop_at_exit=exit_mode == "stop"),
         arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),

@@ -415,6 +415,7 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "row_invariant_pairs": [list(p) for p in plan.row_invariant_pairs],
         "row_invariant_tile": plan.row_invariant_tile if plan.row_invariant_pairs else None,
         "exit_threshold": spec.source.exit_threshold,
+        "exit_mode": "stop" if spec.source.stop_at_exit else "all",
         "exact_arms": sorted(exact_arms),
         "workload": spec.workload,
         "concurrency": spec.concurrency,
@@ -512,6 +513,10 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     if depths:
         means = ", ".join(f"{k} {sum(v) / len(v):.3f}" for k, v in depths.items())
         con.print(f"mean exit depth (loops): {means}", highlight=False, soft_wrap=True)
+    loops = report.decode_loops_by_arm(a)
+    if loops:
+        run_ = ", ".join(f"{k} {v:.3f}" for k, v in loops.items())
+        con.print(f"compute-saving exit, loops run per decode step: {run_}", highlight=False, soft_wrap=True)
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
     con.print(

@@ -208,6 +208,9 @@ def table_markdown(a: dict[str, Any]) -> str:
     summ = a["summary"]
     if summ.get("no_verdict"):
         notes.append(f"no speed verdicts: {summ['no_verdict']} cannot say which arm is faster")
+    if cfg.get("exit_mode") == "stop":
+        notes.append("compute-saving exit (--exit-mode stop): decode steps stop their loops once every row "
+                     "has exited, a special mode with other semantics than the reference (see 'Exit depths')")
     for note in notes:
         L += [f"**note: {note}**", ""]
     if summ["exact_arm_mismatch"]:
@@ -369,18 +372,43 @@ def table_markdown(a: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+def decode_loops_by_arm(a: dict[str, Any]) -> dict[str, float]:
+    """Loops run per decode step, per arm, over its timed cells (the compute-saving exit only)."""
+    out: dict[str, float] = {}
+    for arm in a["arms"]:
+        steps = loops = 0
+        for c in a["cells"]:
+            if c["arm"] == arm:
+                for k, v in (c.get("decode_loops_hist") or {}).items():
+                    steps, loops = steps + int(v), loops + int(k) * int(v)
+        if steps:
+            out[arm] = loops / steps
+    return out
+
+
 def _depth_section(a: dict[str, Any]) -> list[str]:
-    """Mean exit depth per arm (a model with an exit gate): the loops its tokens used."""
+    """Mean exit depth per arm (a model with an exit gate): the loops its tokens used; with the
+    compute-saving exit also the loops its decode steps ran (a step runs until its last row exits)."""
+    stop = a["config"].get("exit_mode") == "stop"
+    loops = decode_loops_by_arm(a)
     rows = []
     for arm in a["arms"]:
         vals = [c["mean_exit_depth"] for c in a["cells"] if c["arm"] == arm and c.get("mean_exit_depth")]
         if vals:
-            rows.append([arm, f"{sum(vals) / len(vals):.3f}", len(vals)])
+            row = [arm, f"{sum(vals) / len(vals):.3f}", len(vals)]
+            rows.append(row + ([f"{loops[arm]:.3f}" if arm in loops else "-"] if stop else []))
     if not rows:
         return []
-    L = ["", f"## Exit depths (threshold {a['config'].get('exit_threshold')})", ""]
-    L += table(["arm", "mean exit depth (loops)", "cells"], rows)
-    return L + ["", "Each token's exit depth is part of identity: a depth difference is a divergence."]
+    mode = ", compute-saving exit: loops stop at the exit" if stop else ""
+    L = ["", f"## Exit depths (threshold {a['config'].get('exit_threshold')}{mode})", ""]
+    head = ["arm", "mean exit depth (loops)", "cells"] + (["loops run per decode step"] if stop else [])
+    L += table(head, rows)
+    L += ["", "Each token's exit depth is part of identity: a depth difference is a divergence."]
+    if stop:
+        L += ["With the compute-saving exit a decode step runs its loops until every row has exited, and "
+              "a token's K/V in the loops after its exit are its exit loop's: not the reference semantics "
+              "(which run every loop), so its tokens are compared between arms of this mode only."]
+    return L
 
 
 def mismatch_cause(config: dict[str, Any]) -> str:

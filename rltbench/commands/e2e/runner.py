@@ -83,6 +83,13 @@ def _max_batch(before: dict[str, Any], after: dict[str, Any]) -> int | None:
     return max(grew) if grew else None
 
 
+def _decode_loops(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int] | None:
+    """The cell's decode steps per loops run (the compute-saving exit), from the engine's counters."""
+    hb, ha = before.get("decode_loops_hist") or {}, after.get("decode_loops_hist") or {}
+    grew = {str(k): int(v) - int(hb.get(k, 0)) for k, v in ha.items() if v > hb.get(k, 0)}
+    return grew or None
+
+
 def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
     """Run the plan into `run` (a RunDir). Returns "complete", or "deadline" if the deadline cut it."""
     theo = None
@@ -145,6 +152,9 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
         mb = _max_batch(before, after)
         if mb is not None:
             meta["max_decode_batch"] = mb
+        loops = _decode_loops(before, after)
+        if loops is not None:
+            meta["decode_loops_hist"] = loops
         if theo is not None:
             meta["theoretical_prefix_hit_rate"] = theo
         for r in recs:
