@@ -950,13 +950,10 @@ class Engine:
                 out = self._decode_forward(rows, ops, len_class)
             if self.use_graphs:
                 c["eager_fallbacks"] += 1
-        ids, depths = self._to_host(out, b)
-        if self.stop_at_exit:
-            # a one-graph step reports no count: it ran until its deepest row's exit loop
-            loops = loops if loops is not None else max(depths or [0])
+        if loops is not None:
             hist = c["decode_loops_hist"]
             hist[loops] = hist.get(loops, 0) + 1
-        return self._emit(seqs, ids, depths)
+        return self._emit(seqs, *self._to_host(out, b))
 
     def _grow_meta(self, rows: int) -> None:
         """Bigger static buffers for eager decode beyond the largest bucket; drops captured graphs
@@ -1120,9 +1117,6 @@ class Engine:
         s["batch_size_hist"] = dict(sorted(c["batch_size_hist"].items()))
         s["decode_loops_hist"] = dict(sorted(c["decode_loops_hist"].items()))
         s["stop_at_exit"] = self.stop_at_exit
-        if self.stop_at_exit and self.use_graphs:
-            one = exit_stop.conditional_nodes()
-            s["stop_at_exit_graphs"] = "one graph, IF nodes" if one else "a graph per loop"
         sch = self.scheduler
         s.update(
             arm=self._arm.name,

@@ -4,12 +4,11 @@ Why a step of stages: whether loop j + 1 runs depends on the exit gates of loop 
 device knows. The step therefore runs as one stage per loop, each ending in a device flag ("every
 row has exited"), and a finishing stage (sampling, and the K/V copy of `copy_exit_planes`).
 
-With CUDA graphs, where torch can capture CUDA graph IF nodes (`CUDAGraph.begin_capture_to_if_node`),
-the whole step is one graph: loop j + 1 and everything after it sit in an IF node on "not every row
-has exited", so the device decides and the host launches once, as for a plain step. Otherwise each
-stage is its own graph, captured in order into the engine's pool, and the host reads the flag
-between them (one device-to-host read and one launch per loop run). Either way the tensors a later
-stage reads live in the step's `OuroRun` (updated in place), which the captured step keeps alive.
+With CUDA graphs each stage is its own graph, captured in order into the engine's pool, and the host
+reads the flag between them: one device-to-host read and one launch per loop run, which a plain
+step does not pay (`docs/scenarios.md` has the measured cost). The tensors a later stage reads live
+in the step's `OuroRun` (updated in place), which the captured step keeps alive. CUDA graph IF
+nodes would let the device decide inside one graph; torch 2.11 cannot capture them.
 
 A token's semantics differ from the reference (which runs every loop): the planes after its exit
 hold its exit loop's K/V. `docs/scenarios.md` says what that costs and what it saves.
@@ -73,26 +72,6 @@ def run_eagerly(step: StagedDecode) -> tuple[Tensor, int]:
     return step.finish(), ran
 
 
-def conditional_nodes() -> bool:
-    """This torch captures CUDA graph IF nodes (CUDA >= 12.4): a compute-saving step is then one graph."""
-    graph = getattr(torch.cuda, "CUDAGraph", None)
-    names = ("begin_capture_to_if_node", "end_capture_to_conditional_node")
-    return all(hasattr(graph, name) for name in names)
-
-
-class ConditionalDecodeGraph:
-    """A compute-saving decode step captured as one CUDA graph whose loops after the first sit in nested
-    IF nodes. `replay()` returns None: the loops run follow from the step's exit depths (the step runs
-    until its deepest row's exit loop), which the engine reads anyway."""
-
-    def __init__(self, graph: torch.cuda.CUDAGraph, keep: StagedDecode) -> None:
-        self.graph = graph
-        self._keep = keep  # the step's tensors: the graph reads and writes them at these addresses
-
-    def replay(self) -> None:
-        self.graph.replay()
-
-
 class StagedDecodeGraphs:
     """A compute-saving decode step captured as one CUDA graph per loop and one for the finish.
     `replay()` replays loop graphs until a flag says every row has exited, then the finish; it returns
@@ -125,33 +104,13 @@ def _warm(make: Callable[[Any], StagedDecode], warm_ops: Any, ops: Any, device: 
 
 
 def capture(make: Callable[[Any], StagedDecode], warm_ops: Any, ops: Any, pool: Any,
-            new_graph: Callable[[], torch.cuda.CUDAGraph], device: torch.device,
-            conditional: bool | None = None) -> tuple[ConditionalDecodeGraph | StagedDecodeGraphs, Tensor]:
-    """Capture the stages of `make(ops)` into graphs of `pool`, after warm runs of every stage: one
-    graph with IF nodes where `conditional` (default: where this torch can), else one graph per stage.
-    Returns the replayable step and its output tensor."""
-    if conditional is None:
-        conditional = conditional_nodes()
+            new_graph: Callable[[], torch.cuda.CUDAGraph], device: torch.device) -> tuple[StagedDecodeGraphs,
+                                                                                          Tensor]:
+    """Capture the stages of `make(ops)` into graphs of `pool`, one per stage, after warm runs of
+    every stage; returns the replayable step and its output tensor."""
     with torch.no_grad():
         _warm(make, warm_ops, ops, device)
         step = make(ops)
-        if conditional:
-            graph = new_graph()
-            with torch.cuda.graph(graph, pool=pool):
-                flag = step.loops[0]()
-                nested = 0
-                for stage in step.loops[1:]:
-                    assert flag is not None
-                    graph.begin_capture_to_if_node(torch.logical_not(flag))
-                    nested += 1
-                    flag = stage()
-                for _ in range(nested):
-                    graph.end_capture_to_conditional_node()
-                out = step.finish()
-            if hasattr(graph, "instantiate"):
-                graph.instantiate()
-            torch.cuda.synchronize(device)
-            return ConditionalDecodeGraph(graph, step), out
         graphs: list[torch.cuda.CUDAGraph] = []
         flags: list[Tensor | None] = []
         for stage in step.loops:

@@ -112,25 +112,20 @@ def test_stopping_needs_an_ouro_exit_gate():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_stopping_graphs_equal_eager_and_exact_equals_torch(dtype, monkeypatch):
-    """On CUDA a compute-saving decode step is one graph with IF nodes (where torch captures them) or
-    one graph per loop plus a finishing graph: both give the tokens, depths, loops run and pool of
-    the eager steps, and the exact arm (scope all) those of torch."""
+def test_gpu_stopping_graphs_equal_eager_and_exact_equals_torch(dtype):
+    """On CUDA a compute-saving decode step is one graph per loop plus a finishing graph: the graphs
+    give the tokens, depths, loops run and pool of the eager steps, and the exact arm (scope all)
+    those of torch."""
     from rltbench.arms import ArmSpec
-    from rltbench.engine import Engine, EngineConfig, exit_stop
+    from rltbench.engine import Engine, EngineConfig
 
     model = build_model("ouro-tiny", device="cuda", dtype=dtype, seed=0, early_exit_threshold=0.45,
                         stop_at_exit=True)
     ps = prompts(7, [5, 17, 33, 9, 40, 12, 12, 12])
     cfg = dict(block_size=16, num_blocks=256, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
-    exact = {"exact": ArmSpec.exact("all")}
-    kinds = [("eager", ["torch"], False, None), ("per-loop", ["torch"], True, False),
-             ("exact per-loop", exact, True, False)]
-    if exit_stop.conditional_nodes():
-        kinds += [("if-nodes", ["torch"], True, True), ("exact if-nodes", exact, True, True)]
     runs, pools, hists = {}, {}, {}
-    for name, arms, graphs, conditional in kinds:
-        monkeypatch.setattr(exit_stop, "conditional_nodes", lambda c=conditional: bool(c))
+    for name, arms, graphs in (("eager", ["torch"], False), ("graph", ["torch"], True),
+                               ("exact", {"exact": ArmSpec.exact("all")}, True)):
         eng = Engine(model, arms, EngineConfig(use_cuda_graph=graphs, **cfg))
         outs = eng.generate(ps, SamplingParams(max_tokens=10, ignore_eos=True))
         runs[name] = [(o.token_ids, o.exit_depths) for o in outs]
