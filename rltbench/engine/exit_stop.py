@@ -4,8 +4,9 @@ Why a step of stages: whether loop j + 1 runs depends on the exit gates of loop 
 device knows. The step therefore runs as one stage per loop, each ending in a device flag ("every
 row has exited"), and a finishing stage (sampling, and the K/V copy of `copy_exit_planes`).
 
-With CUDA graphs each stage is its own graph, captured in order into the engine's pool, and the host
-reads the flag between them: one device-to-host read and one launch per loop run, which a plain
+With CUDA graphs each loop is its own graph (the last one also finishes the step; a separate
+finishing graph serves steps that stop earlier), captured in order into the engine's pool, and the
+host reads the flag between them: one device-to-host read and one launch per loop run, which a plain
 step does not pay (`docs/scenarios.md` has the measured cost). The tensors a later stage reads live
 in the step's `OuroRun` (updated in place), which the captured step keeps alive. CUDA graph IF
 nodes would let the device decide inside one graph; torch 2.11 cannot capture them.
@@ -73,24 +74,26 @@ def run_eagerly(step: StagedDecode) -> tuple[Tensor, int]:
 
 
 class StagedDecodeGraphs:
-    """A compute-saving decode step captured as one CUDA graph per loop and one for the finish.
-    `replay()` replays loop graphs until a flag says every row has exited, then the finish; it returns
-    the loops run (a plain graph's `replay()` returns None)."""
+    """A compute-saving decode step captured as one CUDA graph per loop, the last of which also
+    finishes the step, and a finishing graph for steps that stop earlier (both finishes write the
+    same output tensor). `replay()` replays loop graphs until a flag says every row has exited, and
+    returns the loops run (a plain graph's `replay()` returns None). Why the last loop finishes the
+    step itself: a step that runs every loop (most steps of a large batch) then pays one host round
+    trip fewer."""
 
-    def __init__(self, loops: list[torch.cuda.CUDAGraph], flags: list[Tensor | None],
+    def __init__(self, loops: list[torch.cuda.CUDAGraph], flags: list[Tensor],
                  finish: torch.cuda.CUDAGraph, keep: StagedDecode) -> None:
         self.loops, self.flags, self.finish = loops, flags, finish
         self._keep = keep  # the step's tensors: the graphs read and write them at these addresses
 
     def replay(self) -> int:
-        ran = 0
-        for graph, flag in zip(self.loops, self.flags, strict=True):
+        for j, graph in enumerate(self.loops[:-1]):
             graph.replay()
-            ran += 1
-            if flag is not None and bool(flag):
-                break
-        self.finish.replay()
-        return ran
+            if bool(self.flags[j]):
+                self.finish.replay()
+                return j + 1
+        self.loops[-1].replay()
+        return len(self.loops)
 
 
 def _warm(make: Callable[[Any], StagedDecode], warm_ops: Any, ops: Any, device: torch.device) -> None:
@@ -106,21 +109,25 @@ def _warm(make: Callable[[Any], StagedDecode], warm_ops: Any, ops: Any, device: 
 def capture(make: Callable[[Any], StagedDecode], warm_ops: Any, ops: Any, pool: Any,
             new_graph: Callable[[], torch.cuda.CUDAGraph], device: torch.device) -> tuple[StagedDecodeGraphs,
                                                                                           Tensor]:
-    """Capture the stages of `make(ops)` into graphs of `pool`, one per stage, after warm runs of
-    every stage; returns the replayable step and its output tensor."""
+    """Capture the stages of `make(ops)` into graphs of `pool` (`StagedDecodeGraphs`), after warm runs
+    of every stage; returns the replayable step and its output tensor."""
     with torch.no_grad():
         _warm(make, warm_ops, ops, device)
         step = make(ops)
         graphs: list[torch.cuda.CUDAGraph] = []
-        flags: list[Tensor | None] = []
+        flags: list[Tensor] = []
         for stage in step.loops:
             graph = new_graph()
             with torch.cuda.graph(graph, pool=pool):
-                flags.append(stage())
+                flag = stage()
+                if flag is not None:
+                    flags.append(flag)
+                else:  # the last loop: finish the step in the same graph
+                    out = step.finish()
             graphs.append(graph)
         finish = new_graph()
         with torch.cuda.graph(finish, pool=pool):
-            out = step.finish()
+            out.copy_(step.finish())
         for graph in (*graphs, finish):
             if hasattr(graph, "instantiate"):
                 graph.instantiate()
