@@ -171,6 +171,10 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "exit-stop": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode stop "
                            "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 "
                            "--deadline 90", "exit-stop")),
+    # the decode step with every loop against the compute-saving step, interleaved in one process
+    # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
+    "exit-stop-steps": (240, [PY, str(ROOT / "scripts" / "exit_stop_steps.py"), "--result-dir",
+                              str(RESULTS / "exit-stop-steps")]),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
     "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
                                   "no:cacheprovider", "-rA", "--junitxml",
