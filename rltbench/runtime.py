@@ -180,11 +180,8 @@ class ModelSource:
                 raise UsageError(f"--exit-threshold is an Ouro option; {config.name} is {config.family}")
             if not 0.0 < self.exit_threshold < 1.0:
                 raise UsageError(f"--exit-threshold {self.exit_threshold:g}: must lie in (0, 1)")
-        if self.stop_at_exit:
-            if config.family != "ouro":
-                raise UsageError(f"--exit-mode is an Ouro option; {config.name} is {config.family}")
-            if self.exit_threshold is None and getattr(config, "early_exit_threshold", None) is None:
-                raise UsageError("--exit-mode stop needs an exit gate: set --exit-threshold")
+        if self.stop_at_exit and config.family != "ouro":  # (OuroConfig.validate wants a threshold)
+            raise UsageError(f"--exit-mode is an Ouro option; {config.name} is {config.family}")
         return apply_overrides(config, **self.overrides) if self.overrides else config
 
 
