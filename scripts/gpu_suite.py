@@ -171,6 +171,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "exit-stop": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode stop "
                            "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 "
                            "--deadline 90", "exit-stop")),
+    # both exit modes in one interleaving (--exit-mode all,stop): every arm every loop and with the
+    # compute-saving exit (NAME+stop, compared with torch+stop), ABBA over 3 repetitions, so each arm's
+    # stop/all throughput ratio has the A/A spread beside it
+    "exit-modes": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode all,stop "
+                            "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 3 "
+                            "--deadline 220", "exit-modes")),
     # the decode step with every loop against the compute-saving step, interleaved in one process
     # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
     "exit-stop-steps": (240, [PY, str(ROOT / "scripts" / "exit_stop_steps.py"), "--result-dir",

@@ -11,9 +11,10 @@ counts as queueing, as it would for a request waiting at a real server. A reques
 (the quality gate) is aborted at the step whose tokens complete one, decoded with the backend's
 codec, so it costs no decode step after its stop.
 
-A scheduled arm may be a *variant*: an engine arm under one prefix-cache setting (`EngineVariant`),
-so the cache on and off are scheduled, interleaved and compared like kernel arms while sharing one
-set of graphs and one pool (`prefix_cache_variants` names them).
+A scheduled arm may be a *variant*: an engine arm under one prefix-cache setting or one exit mode
+(`EngineVariant`), so the cache on and off, or every loop and the compute-saving exit, are scheduled,
+interleaved and compared like kernel arms while sharing one model and one pool
+(`prefix_cache_variants` and `exit_mode_variants` name them).
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ from rltbench.engine.types import SamplingParams
 from rltbench.errors import UsageError
 
 CACHE_ON_SUFFIX = "+cache"
+STOP_SUFFIX = "+stop"
 
 
 @dataclass(frozen=True)
 class EngineVariant:
-    """A scheduled arm as the engine runs it: kernel arm `engine_arm` with the prefix cache on or off."""
+    """A scheduled arm as the engine runs it: kernel arm `engine_arm` with the prefix cache on or off,
+    and, where the run varies it, Ouro's compute-saving exit on or off (None: the engine's own mode)."""
 
     engine_arm: str
     prefix_caching: bool
+    stop_at_exit: bool | None = None
 
 
 def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict[str, EngineVariant]:
@@ -55,6 +59,30 @@ def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict
             name = f"{base}{CACHE_ON_SUFFIX}{sep}{copy}" if both and on else arm
             out[name] = EngineVariant(arm, on)
     return out
+
+
+def exit_mode_variants(arms: Sequence[str], modes: Sequence[bool],
+                       prefix_caching: bool) -> dict[str, EngineVariant]:
+    """The scheduled arms of `arms` x exit `modes` (False: every loop, True: the compute-saving exit),
+    in that order, with one prefix-cache setting. An arm run every loop keeps its name (`torch` stays
+    the reference); its compute-saving run is `A+stop`. A/A copies run in the first mode only."""
+    out: dict[str, EngineVariant] = {}
+    for k, stop in enumerate(modes):
+        for arm in arms:
+            base, sep, copy = arm.partition("#")
+            if k > 0 and sep:
+                continue
+            name = f"{base}{STOP_SUFFIX}{sep}{copy}" if stop else arm
+            out[name] = EngineVariant(arm, prefix_caching, stop)
+    return out
+
+
+def parse_exit_modes(text: str) -> tuple[bool, ...]:
+    """`--exit-mode all`, `stop`, `all,stop` or `stop,all` -> the modes in schedule order (True: stop)."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in ("all", "stop") for w in words) or len(set(words)) != len(words):
+        raise UsageError(f"--exit-mode {text!r}: expected all, stop, or both (all,stop)")
+    return tuple(w == "stop" for w in words)
 
 
 def parse_prefix_cache(text: str) -> tuple[bool, ...]:
@@ -132,17 +160,21 @@ class EngineBackend:
     def _select(self, arm: str) -> None:
         """Make the engine run scheduled arm `arm`: its engine arm, and a variant's prefix-cache setting."""
         v = self.variants.get(arm)
+        if v is not None and v.stop_at_exit is not None:
+            self.engine.set_stop_at_exit(v.stop_at_exit)
         self.engine.set_arm(v.engine_arm if v else arm)
         if v is not None:
             self.engine.set_prefix_caching(v.prefix_caching)
 
     def stats(self, arm: str | None = None) -> dict[str, Any]:
-        """The engine's counters for `arm` (the engine keeps counters per engine arm, shared by its
-        prefix-cache variants; switching needs it idle)."""
+        """The engine's counters for `arm` (the engine keeps counters per engine arm and exit mode,
+        shared by its prefix-cache variants; switching needs it idle)."""
         try:
             if arm is not None:
                 v = self.variants.get(arm)
-                if getattr(self.engine, "arm", arm) != (v.engine_arm if v else arm):
+                mode = None if v is None else v.stop_at_exit
+                if (getattr(self.engine, "arm", arm) != (v.engine_arm if v else arm)
+                        or (mode is not None and getattr(self.engine, "stop_at_exit", mode) != mode)):
                     self._select(arm)
             return dict(self.engine.stats())
         except Exception:  # stats are informative only

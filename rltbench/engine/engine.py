@@ -267,12 +267,15 @@ class Engine:
         # because the captured graphs include the gate or not
         self.track_exit_depths = getattr(model, "exit_threshold", None) is not None
         # Ouro's compute-saving exit: decode steps run loop by loop and stop once every row has exited
-        # (rltbench.engine.exit_stop); prefill steps run every loop
+        # (rltbench.engine.exit_stop); prefill steps run every loop. `set_stop_at_exit` switches modes.
         self.stop_at_exit = self.track_exit_depths and bool(getattr(mc, "stop_at_exit", False))
         self.last_replay_depths: dict[str, list[int]] = {}
         self.eos_token_ids = frozenset(int(t) for t in (getattr(mc, "eos_token_ids", None) or ()))
         self._arms = self._build_arms(arms)
         self._arm = next(iter(self._arms.values()))
+        # the arm states of each exit mode: a graph captures one mode's work, so each mode keeps its own
+        # graph sets and counters (the other mode's are made on the first switch)
+        self._arm_sets: dict[bool, dict[str, _ArmState]] = {self.stop_at_exit: self._arms}
 
         # ---- KV pool ------------------------------------------------------------------------
         bs = cfg.block_size
@@ -482,6 +485,36 @@ class Engine:
     def prefix_caching(self) -> bool:
         """Whether admitted requests may reuse cached prompt blocks (now; see `set_prefix_caching`)."""
         return self.blocks.enable_prefix_caching
+
+    def set_stop_at_exit(self, enabled: bool) -> None:
+        """Turn Ouro's compute-saving exit on or off on an idle engine, so one engine, one pool and one
+        model serve both modes of a load interleaved (`e2e --exit-mode all,stop`). Each mode has its
+        own graph sets and counters per arm (a graph holds one mode's work); the prefix cache is
+        emptied, because a cached block's generated tokens hold one mode's K/V."""
+        enabled = bool(enabled)
+        if enabled == self.stop_at_exit:
+            return
+        if enabled and not self.track_exit_depths:
+            raise UsageError("the compute-saving exit needs an Ouro model with an exit threshold "
+                             "(--exit-threshold)")
+        if self.has_unfinished() or self._bench_active:
+            raise RuntimeError("set_stop_at_exit needs an idle engine")
+        states = self._arm_sets.get(enabled)
+        if states is None:
+            cap = self.config.prefill_graph_cap
+            states = self._arm_sets[enabled] = {n: _ArmState(n, a.ops, a.warm_ops, cap)
+                                                for n, a in self._arms.items()}
+        self._arms, self._arm = states, states[self._arm.name]
+        self.stop_at_exit = enabled
+        self.reset_prefix_cache()
+
+    def _mode_kwargs(self) -> dict[str, bool]:
+        """The exit mode a model forward runs in (Ouro with a threshold only: the compute-saving
+        exit computes the exit loop by loop, in prefill too)."""
+        return {"stepwise": self.stop_at_exit} if self.track_exit_depths else {}
+
+    def _all_arm_states(self) -> list[_ArmState]:
+        return [a for states in self._arm_sets.values() for a in states.values()]
 
     def set_prefix_caching(self, enabled: bool) -> None:
         """Turn the prefix cache on or off on an idle engine (the cache is emptied), so one engine, one
@@ -766,7 +799,7 @@ class Engine:
         size = max(MIN_PREFILL_BUFFER, 1 << (need - 1).bit_length())
         self._pf_dev = torch.zeros(size, dtype=torch.int64, device=self.device)
         self._arm.counters["buffer_growths"] += 1
-        for arm in self._arms.values():
+        for arm in self._all_arm_states():
             arm.prefill.clear()
 
     def _prefill_forward(self, step: _PrefillStep, ops: Any) -> Tensor | None:
@@ -790,7 +823,7 @@ class Engine:
             max(step.seq_lens),
             _prefill_plan=plan,
         )
-        hidden = self.model.forward(t_ids, t_pos, ctx, ops)
+        hidden = self.model.forward(t_ids, t_pos, ctx, ops, **self._mode_kwargs())
         if not step.last_idx:
             return None
         return self._with_depths(self.model.compute_logits(hidden[t_last]).argmax(-1), t_last)
@@ -813,7 +846,7 @@ class Engine:
                 self.kv, t_slots, t_bt.view(tile, width).to(torch.int32), t_seq.to(torch.int32),
                 max_seq_len_hint=width * bs,
             )
-            hidden = self.model.forward(t_ids, t_pos, ctx, ops)
+            hidden = self.model.forward(t_ids, t_pos, ctx, ops, **self._mode_kwargs())
             if t.finishing:
                 rows = torch.tensor(t.finishing, dtype=torch.int64, device=self.device)
                 outs.append(self._with_depths(self.model.compute_logits(hidden).argmax(-1)[rows], rows))
@@ -912,7 +945,7 @@ class Engine:
         argmax ids [rows] (int64; with an exit gate [2, rows], see `_with_depths`). Captured as-is into
         the CUDA graphs."""
         ids, pos, ctx = self._decode_inputs(rows, len_class)
-        hidden = self.model.forward(ids, pos, ctx, ops)
+        hidden = self.model.forward(ids, pos, ctx, ops, **self._mode_kwargs())
         return self._with_depths(self.model.compute_logits(hidden).argmax(-1))
 
     def _staged_decode(self, rows: int, ops: Any, len_class: int) -> exit_stop.StagedDecode:
@@ -965,7 +998,7 @@ class Engine:
         self._meta_rows = rows
         self._decode_key = None
         self._arm.counters["buffer_growths"] += 1
-        for arm in self._arms.values():
+        for arm in self._all_arm_states():
             arm.graphs.clear()
 
     # ---- CUDA graphs --------------------------------------------------------------------------
@@ -1148,7 +1181,7 @@ class Engine:
         """Graph captures (decode, prefill) and static-buffer growths of every arm so far: work that
         must never happen inside a timed window (rltbench.bench.warmth counts their growth)."""
         keys = ("graph_captures", "prefill_graph_captures", "buffer_growths")
-        return {k: sum(int(a.counters[k]) for a in self._arms.values()) for k in keys}
+        return {k: sum(int(a.counters[k]) for a in self._all_arm_states()) for k in keys}
 
     # ---- prefill/decode disaggregation (docs/pd.md) -----------------------------------------------
     # A prefill engine runs a request up to its first token and holds its blocks; their KV leaves as one

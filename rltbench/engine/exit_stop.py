@@ -40,7 +40,7 @@ class StagedDecode:
 
 def staged_decode(model: Any, kv: Tensor, inputs: Callable[[], tuple[Tensor, Tensor, PagedAttentionContext]],
                   ops: Any, output: Callable[[Tensor], Tensor]) -> StagedDecode:
-    """The stages of one decode step of `model` (Ouro with `stop_at_exit`). `inputs()` gives the step's
+    """The stages of one decode step of `model` (Ouro with an exit threshold). `inputs()` gives the step's
     token ids, positions and attention context (read from the engine's static buffers); `output(ids)`
     turns the sampled ids into the step's output (ids and exit depths)."""
     num_loops = int(model.config.num_loops)
@@ -49,7 +49,8 @@ def staged_decode(model: Any, kv: Tensor, inputs: Callable[[], tuple[Tensor, Ten
     def loop(j: int) -> Tensor | None:
         if j == 0:
             ids, pos, ctx = inputs()
-            state.update(run=model.start(ids, pos, ctx, ops), ctx=ctx, real=ctx.slot_mapping >= 0)
+            run = model.start(ids, pos, ctx, ops, stepwise=True)
+            state.update(run=run, ctx=ctx, real=ctx.slot_mapping >= 0)
         state["run"].loop(j)
         return state["run"].all_exited(state["real"]) if j + 1 < num_loops else None
 

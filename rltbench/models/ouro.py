@@ -124,15 +124,19 @@ class OuroForCausalLM(LoopedModel):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any) -> Tensor:
-        run = self.start(input_ids, positions, attn, ops)
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any,
+                stepwise: bool | None = None) -> Tensor:
+        run = self.start(input_ids, positions, attn, ops, stepwise)
         for loop in range(self.config.num_loops):
             run.loop(loop)
         return run.finish()
 
-    def start(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any) -> OuroRun:
-        """A forward that the caller runs loop by loop (`OuroRun.loop`, then `OuroRun.finish`)."""
-        return OuroRun(self, input_ids, positions, attn, ops)
+    def start(self, input_ids: Tensor, positions: Tensor, attn: Any, ops: Any,
+              stepwise: bool | None = None) -> OuroRun:
+        """A forward that the caller runs loop by loop (`OuroRun.loop`, then `OuroRun.finish`).
+        `stepwise`: the compute-saving exit's way of computing the exit (None: the config's
+        `stop_at_exit`); an engine that serves both modes passes its current one."""
+        return OuroRun(self, input_ids, positions, attn, ops, stepwise)
 
     # ---- HF checkpoint layout ---------------------------------------------------------------------
     @staticmethod
@@ -210,7 +214,7 @@ class OuroRun:
     `finish` reads are the same whichever loop the step stopped after."""
 
     def __init__(self, model: OuroForCausalLM, input_ids: Tensor, positions: Tensor, attn: Any,
-                 ops: Any) -> None:
+                 ops: Any, stepwise: bool | None = None) -> None:
         c = model.config
         self.model, self.attn, self.ops = model, attn, ops
         self.n = n = input_ids.shape[0]
@@ -218,7 +222,7 @@ class OuroRun:
         self.cos, self.sin = model.rope_cos_sin(positions, self.h.dtype)
         self.x = ops.rms_norm(self.h, model.layers[0].input_layernorm, c.rms_norm_eps)
         self.use_gate = model.exit_threshold is not None
-        self.stepwise = self.use_gate and c.stop_at_exit
+        self.stepwise = self.use_gate and (c.stop_at_exit if stepwise is None else stepwise)
         self.hs: list[Tensor] = []
         self.gates: list[Tensor] = []
         if self.stepwise:

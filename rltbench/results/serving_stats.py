@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -126,8 +127,10 @@ def identity(
     ref: str,
     exact_arms: set[str] = frozenset(),
     batches_deterministic: bool = True,
+    refs: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Per arm and cell: identical / compared requests, first divergences, a loud flag for exact arms.
+    `refs`: arms compared with another arm than `ref` (a reference of its own maps to itself).
 
     Greedy outputs are not batch-invariant (GEMM and attention kernels are chosen per batch
     shape). In a burst every arm sees the same batches, so any exact-arm divergence is a bug
@@ -138,10 +141,12 @@ def identity(
     idx = _by_key(records)
     groups: dict[tuple, list[int | None]] = defaultdict(list)
     missing: dict[tuple, int] = defaultdict(int)
+    refs = refs or {}
     for (arm, cell, rep, req), r in idx.items():
-        if arm == ref:
+        arm_ref = refs.get(arm, ref)
+        if arm == arm_ref:
             continue
-        base = idx.get((ref, cell, rep, req))
+        base = idx.get((arm_ref, cell, rep, req))
         compared, div = compare_pair(r, base) if base is not None else (False, None)
         if not compared:
             missing[(arm, cell)] += 1
@@ -161,6 +166,7 @@ def identity(
             "first_divergence_median": float(np.median(diff)) if diff else None,
             "aa": is_aa(arm, ref),
             "exact_arm": arm in exact_arms,
+            "ref": refs.get(arm, ref),
         }
         row["identity"] = row["identical"] / row["compared"] if row["compared"] else None
         row["exact_mismatch"] = bool(arm in exact_arms and diff)
@@ -199,6 +205,7 @@ def replay_identity(replays: list[dict[str, Any]], exact_arms: set[str]) -> list
             "first_divergence": first,
             "same_schedule_free_running": sum(bool(r.get("same_schedule_free_running")) for r in rs),
             "exact_arm": arm in exact_arms,
+            "ref": rs[0].get("ref"),
         }
         row["exact_mismatch"] = bool(row["exact_arm"] and row["identical"] < row["compared"])
         row["exact_unverified"] = bool(row["exact_arm"] and (row["skipped"] or not done))
@@ -268,8 +275,11 @@ def paired_deltas(
     ref: str,
     seed: int = 0,
     no_verdict: str | None = None,
+    aa_spread: Mapping[tuple[str, str], float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows (arm, cell, C, metric, delta, ci_lo, ci_hi, reps, pairs, aa_spread, verdict); invalid out."""
+    """Rows (arm, cell, C, metric, delta, ci_lo, ci_hi, reps, pairs, aa_spread, verdict); invalid out.
+    `aa_spread`: the noise floor per (cell, metric) where the run's A/A arm is not `ref`'s (e.g. the
+    exit modes of one arm, judged against the reference's A/A spread); default: `ref`'s A/A arm."""
     rng = np.random.default_rng(seed)
     valid = {(c["arm"], c["cell"], c["rep"]): bool(c["valid"]) for c in cells}
     cellrow = {(c["arm"], c["cell"], c["rep"]): c for c in cells}
@@ -324,7 +334,7 @@ def paired_deltas(
                         arm, cell, conc.get(cell), metric, est, lo, hi, len(ok_reps), int(arr.size), excluded
                     )
                 )
-    _apply_aa(rows, ref, no_verdict)
+    _apply_aa(rows, ref, no_verdict, aa_spread)
     return rows
 
 
@@ -345,15 +355,22 @@ def _row(arm, cell, c, metric, est, lo, hi, reps, pairs, excluded) -> dict[str, 
     }
 
 
-def _apply_aa(rows: list[dict[str, Any]], ref: str, no_verdict: str | None = None) -> None:
-    """Fill the A/A spread beside every row and the verdict (better / worse / within noise / tie /
-    n/a; `no_verdict` = why timings cannot carry one, e.g. "CPU timings")."""
-    spread: dict[tuple, float] = {}
+def aa_spreads(rows: list[dict[str, Any]], ref: str) -> dict[tuple[str, str], float]:
+    """The A/A spread per (cell, metric): the largest |bound| of `ref`'s A/A arm's delta."""
+    spread: dict[tuple[str, str], float] = {}
     for r in rows:
         if is_aa(r["arm"], ref) and r["delta"] is not None:
             bounds = [abs(v) for v in (r["delta"], r["ci_lo"], r["ci_hi"]) if v is not None]
             key = (r["cell"], r["metric"])
             spread[key] = max(spread.get(key, 0.0), max(bounds))
+    return spread
+
+
+def _apply_aa(rows: list[dict[str, Any]], ref: str, no_verdict: str | None = None,
+              given: Mapping[tuple[str, str], float] | None = None) -> None:
+    """Fill the A/A spread beside every row (`given`, else `ref`'s A/A arm's) and the verdict (better /
+    worse / within noise / tie / n/a; `no_verdict` = why timings cannot carry one, e.g. "CPU timings")."""
+    spread = aa_spreads(rows, ref) if given is None else given
     for r in rows:
         r["aa_spread"] = spread.get((r["cell"], r["metric"]))
         d = r["delta"]

@@ -132,6 +132,45 @@ def test_compute_saving_exit_is_labelled_and_counts_the_loops_run(tmp_path):
     assert "compute-saving exit (--exit-mode stop)" in table and "loops run per decode step" in table
 
 
+@pytest.mark.slow  # about 70 s: three runs
+def test_both_exit_modes_interleaved_in_one_run(tmp_path):
+    """--exit-mode all,stop: every arm runs both ways in one interleaving; the compute-saving arms are
+    compared with torch+stop, give the tokens of a stop-only run, and each arm's modes are compared."""
+    base = ("--arms torch,exact,torch --scope all --exit-threshold 0.45 --concurrency 2 --input-len 6 "
+            "--output-len 4 --repeats 2 --warmup-requests 1 --seed 0").split()
+    rc, out = _run([*base, "--exit-mode", "all,stop"], tmp_path, "both")
+    assert rc == 0
+    run = RunDir.open(out)
+    cfg = run.manifest["config"]
+    assert cfg["arm_names"] == ["torch", "exact", "torch#2", "torch+stop", "exact+stop"]
+    assert cfg["exit_mode"] == "all,stop" and cfg["reference_arm"] == "torch"
+    assert cfg["identity_references"] == {"torch+stop": "torch+stop", "exact+stop": "torch+stop"}
+    assert cfg["arm_specs"]["exact+stop"]["exit_mode"] == "stop" and "exact+stop" in cfg["exact_arms"]
+    summary = json.loads((out / "summary.json").read_text())
+    replays = {r["arm"]: r for r in summary["replay_identity"]}
+    assert set(replays) == {"exact", "torch#2", "exact+stop"}
+    assert replays["exact+stop"]["ref"] == "torch+stop" and replays["exact"]["ref"] == "torch"
+    assert all(r["identical"] == r["compared"] == 4 for r in replays.values())
+    assert not summary["exact_arm_mismatch"] and not summary["exact_arm_unverified"]
+    cells = run.read_json("cells.json")
+    loops = {c["arm"] for c in cells if c.get("decode_loops_hist")}
+    assert loops == {"torch+stop", "exact+stop"}
+    modes = json.loads((out / "mode_comparison.json").read_text())
+    assert {(r["arm"], r["against"]) for r in modes} == {("torch+stop", "torch"), ("exact+stop", "exact")}
+    table = (out / "table.md").read_text()
+    assert "Compute-saving exit against every loop" in table
+    assert "compared with the tokens of torch+stop" in table
+
+    def tokens(path, arm):
+        recs = RunDir.open(path).read_jsonl("requests.jsonl")
+        return {(r["cell"], r["rep"], r["request"]): (r["token_ids"], r["exit_depths"])
+                for r in recs if r["arm"] == arm}
+
+    for mode, arm in (("stop", "torch+stop"), ("all", "torch")):  # each mode as if run alone
+        rc, alone = _run([*base, "--exit-mode", mode], tmp_path, f"{mode}-only")
+        assert rc == 0 and tokens(out, arm) == tokens(alone, "torch"), mode
+
+
 @pytest.mark.parametrize(
     "args,model",
     [
@@ -139,6 +178,9 @@ def test_compute_saving_exit_is_labelled_and_counts_the_loops_run(tmp_path):
         (["--exit-threshold", "0.5"], "huginn-tiny"),
         (["--exit-mode", "stop"], "ouro-tiny"),
         (["--exit-mode", "halt", "--exit-threshold", "0.5"], "ouro-tiny"),
+        (["--exit-mode", "all,all", "--exit-threshold", "0.5"], "ouro-tiny"),
+        (["--exit-mode", "all,stop"], "ouro-tiny"),
+        (["--exit-mode", "all,stop", "--exit-threshold", "0.5", "--prefix-cache", "off,on"], "ouro-tiny"),
         (["--exit-mode", "stop", "--exit-threshold", "0.5"], "huginn-tiny"),
         (["--prefix-cache", "maybe"], "ouro-tiny"),
         (["--prefix-cache", "on,on"], "ouro-tiny"),

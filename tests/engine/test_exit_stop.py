@@ -110,6 +110,54 @@ def test_stopping_needs_an_ouro_exit_gate():
     assert ModelSource("ouro-tiny", exit_threshold=0.5, stop_at_exit=True).config().stop_at_exit
 
 
+def test_one_engine_switches_exit_modes_without_leaking_state():
+    """`set_stop_at_exit` runs both modes on one engine and pool: each mode gives what an engine built
+    for it gives, whichever mode ran before, and keeps its own counters."""
+    model = _stopping_model()
+    ps = prompts(5, [9, 14, 6, 11])
+    stop_alone, _ = _generate(model, ps)
+    plain_model = build_model("ouro-tiny", dtype=torch.float32, seed=0, early_exit_threshold=0.45)
+    every_alone, _ = _generate(plain_model, ps)
+    assert stop_alone != every_alone  # the modes differ here, so a leak between them would show
+    eng = small_engine(model)
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    for stop in (True, False, True, False):
+        eng.set_stop_at_exit(stop)
+        got = [(o.token_ids, o.exit_depths) for o in eng.generate(ps, sp)]
+        assert got == (stop_alone if stop else every_alone), stop
+    assert eng.stats()["decode_loops_hist"] == {} and not eng.stop_at_exit
+    eng.set_stop_at_exit(True)
+    assert set(eng.stats()["decode_loops_hist"]) == {1, 2}
+    with pytest.raises(UsageError, match="exit threshold"):
+        small_engine(build_model("ouro-tiny", dtype=torch.float32, seed=0)).set_stop_at_exit(True)
+
+
+@pytest.mark.gpu
+def test_gpu_both_exit_modes_keep_their_graphs():
+    """With CUDA graphs each mode captures its own decode graphs once; switching back and forth then
+    replays them (no capture) and gives each mode's eager tokens."""
+    from rltbench.engine import Engine, EngineConfig
+
+    model = build_model("ouro-tiny", device="cuda", dtype=torch.bfloat16, seed=0, early_exit_threshold=0.45)
+    ps = prompts(7, [5, 17, 33, 9])
+    cfg = dict(block_size=16, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256)
+    sp = SamplingParams(max_tokens=10, ignore_eos=True)
+    want = {}
+    for stop in (False, True):
+        eager = Engine(model, ["torch"], EngineConfig(use_cuda_graph=False, **cfg))
+        eager.set_stop_at_exit(stop)
+        want[stop] = [(o.token_ids, o.exit_depths) for o in eager.generate(ps, sp)]
+    eng = Engine(model, ["torch"], EngineConfig(use_cuda_graph=True, **cfg))
+    for stop in (False, True):
+        eng.set_stop_at_exit(stop)
+        eng.warmup()
+    captured = eng.cold_counters()["graph_captures"]
+    for stop in (True, False, True):
+        eng.set_stop_at_exit(stop)
+        assert [(o.token_ids, o.exit_depths) for o in eng.generate(ps, sp)] == want[stop], stop
+    assert eng.cold_counters()["graph_captures"] == captured and eng.stats()["graph_replays"] > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_stopping_graphs_equal_eager_and_exact_equals_torch(dtype):

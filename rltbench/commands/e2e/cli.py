@@ -17,7 +17,7 @@ import typer
 from rltbench import arms as armspec
 from rltbench import runtime
 from rltbench.backends.base import Timeouts, parse_servers
-from rltbench.backends.engine import parse_prefix_cache
+from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
 from rltbench.bench.workload import DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
 from rltbench.engine.types import EngineConfig
@@ -92,10 +92,11 @@ def e2e_command(
     ] = None,
     exit_mode: Annotated[
         str,
-        typer.Option(help="With --exit-threshold: all (every loop runs, the reference semantics) or stop "
+        typer.Option(help="With --exit-threshold: all (every loop runs, the reference semantics), stop "
                           "(compute-saving, labelled: a decode step stops its loops once every row has "
                           "exited; a token's later-loop K/V are its exit loop's, so tokens can differ "
-                          "from 'all')."),
+                          "from 'all'), or both (all,stop): every arm runs both ways, interleaved, the "
+                          "compute-saving run named NAME+stop and compared with torch+stop."),
     ] = "all",
 ) -> None:
     """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
@@ -126,14 +127,15 @@ def e2e_command(
     if backend == "openai" and not arm:
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
     cache = parse_prefix_cache(prefix_cache) if prefix_cache is not None else ()
-    if exit_mode not in ("all", "stop"):
-        raise UsageError(f"--exit-mode must be all or stop, not {exit_mode!r}")
-    if backend == "openai" and (cache or exit_threshold is not None or exit_mode != "all"):
+    modes = parse_exit_modes(exit_mode)
+    if backend == "openai" and (cache or exit_threshold is not None or any(modes)):
         raise UsageError("--prefix-cache, --exit-threshold and --exit-mode are engine options (a server sets "
                          "its own)")
+    if len(modes) > 1 and len(set(cache)) > 1:
+        raise UsageError("--exit-mode all,stop and --prefix-cache off,on: vary one of them per run")
     spec = E2ESpec(
         source=runtime.ModelSource(model, weights, seed, exit_threshold=exit_threshold,
-                                   stop_at_exit=exit_mode == "stop"),
+                                   stop_at_exit=any(modes)),
         arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),
@@ -157,6 +159,7 @@ def e2e_command(
         live=live,
         argv=list(sys.argv),
         prefix_cache=cache,
+        exit_modes=modes if len(modes) > 1 else (),
     )
     _path, mismatch = run(spec)
     if mismatch:

@@ -16,7 +16,7 @@ from typing import Any
 from rltbench import runtime
 from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_exact, reference_arm
 from rltbench.backends.base import Request, Timeouts
-from rltbench.backends.engine import EngineBackend, EngineVariant, prefix_cache_variants
+from rltbench.backends.engine import EngineBackend, EngineVariant, exit_mode_variants, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import (
     BURST_INPUT_LEN,
@@ -78,6 +78,9 @@ class E2ESpec:
     # engine backend: the prefix-cache settings every arm runs under, in schedule order (empty: the
     # workload's own, on for sessions, off for bursts); two settings make each arm two variants
     prefix_cache: tuple[bool, ...] = ()
+    # engine backend, Ouro with an exit threshold: both exit modes in schedule order (True: the
+    # compute-saving exit), each arm then run both ways; empty: the source's one mode
+    exit_modes: tuple[bool, ...] = ()
 
     @property
     def backend(self) -> str:
@@ -92,9 +95,33 @@ class E2ESpec:
         return self.prefix_cache or ((self.workload == SESSION),)
 
     @property
+    def exit_varied(self) -> bool:
+        return len(set(self.exit_modes)) > 1
+
+    @property
+    def exit_mode_text(self) -> str:
+        """How the manifest names the exit modes: all, stop, or both in schedule order."""
+        modes = self.exit_modes or (self.source.stop_at_exit,)
+        return ",".join("stop" if m else "all" for m in modes)
+
+    @property
     def variants(self) -> dict[str, EngineVariant]:
-        """The scheduled arms of the engine backend: each kernel arm under each prefix-cache setting."""
+        """The scheduled arms of the engine backend: each kernel arm under each prefix-cache setting,
+        or under each exit mode."""
+        if self.exit_varied:
+            return exit_mode_variants(list(self.arms), self.exit_modes, self.cache_settings[0])
         return prefix_cache_variants(list(self.arms), self.cache_settings)
+
+    @property
+    def identity_refs(self) -> dict[str, str]:
+        """With the exit mode varied, each compute-saving arm's reference: the reference arm's own
+        compute-saving run (which maps to itself). Its tokens are not meant to match every loop."""
+        if not self.exit_varied:
+            return {}
+        variants = self.variants
+        ref_arm = variants[reference_arm(list(variants))].engine_arm
+        stop_ref = next(n for n, v in variants.items() if v.engine_arm == ref_arm and v.stop_at_exit)
+        return {n: stop_ref for n, v in variants.items() if v.stop_at_exit}
 
     @property
     def cache_varied(self) -> bool:
@@ -283,6 +310,8 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     if engine_side and spec.cache_varied:
         plan.replay_ref = _cache_on_reference(spec, plan.ref)
         plan.row_invariant_pairs = _row_invariant_pairs(spec, backend.engine.model)
+    if engine_side:
+        plan.identity_refs = spec.identity_refs
     cfg = _manifest_config(spec, backend, plan, arm_specs, exact_arms, sess_info, facts)
     notes: list[str] = list(spec.notes)
     if engine_side:
@@ -352,12 +381,18 @@ def _variant_facts(spec: E2ESpec) -> tuple[dict[str, Any], set[str], set[str]]:
     specs = {n: spec.arms[v.engine_arm] for n, v in variants.items()}
     arm_specs = {n: {**s.settings(), "prefix_cache": "on" if variants[n].prefix_caching else "off"}
                  for n, s in specs.items()}
+    for n, v in variants.items():
+        if v.stop_at_exit is not None:
+            arm_specs[n]["exit_mode"] = "stop" if v.stop_at_exit else "all"
     must_match = {n for n, s in specs.items() if is_exact(s) or (spec.cache_varied and s.bitwise)}
     if spec.cache_varied:  # the arm whose schedule the others replay is not compared with itself
         must_match.discard(_cache_on_reference(spec, reference_arm(list(variants))))
+    must_match -= set(spec.identity_refs.values())  # nor is a mode's own reference
     own = eager_kernel_arms(spec.arms)
     eager = {n for n, v in variants.items() if v.engine_arm in own}
     firsts = {next(n for n, v in variants.items() if v.prefix_caching == on) for on in spec.cache_settings}
+    # each exit mode's first arm too: the compute-saving decode runs other kernels
+    firsts |= {next(n for n, v in variants.items() if v.stop_at_exit == m) for m in set(spec.exit_modes)}
     return arm_specs, must_match, eager | firsts
 
 
@@ -415,7 +450,8 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "row_invariant_pairs": [list(p) for p in plan.row_invariant_pairs],
         "row_invariant_tile": plan.row_invariant_tile if plan.row_invariant_pairs else None,
         "exit_threshold": spec.source.exit_threshold,
-        "exit_mode": "stop" if spec.source.stop_at_exit else "all",
+        "exit_mode": spec.exit_mode_text,
+        "identity_references": spec.identity_refs,
         "exact_arms": sorted(exact_arms),
         "workload": spec.workload,
         "concurrency": spec.concurrency,
@@ -453,10 +489,12 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     s = a["summary"]
     method = s.get("identity_method", "free-running")
     replay_ref = a["config"].get("replay_reference_arm") or a["ref"]
+    refs = a["config"].get("identity_references") or {}
     for r in a["replay_identity"]:
         con.print(
             f"identity ({method}) {r['cell']:>8} {r['arm']:<10} {r['identical']}/{r['compared']} "
-            "identical to " + replay_ref + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
+            f"identical to {refs.get(r['arm'], replay_ref)}"
+            + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
             highlight=False,
             soft_wrap=True,
         )
@@ -469,7 +507,7 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     for m in s["exact_arm_mismatches"]:
         con.print(
             f"[bold red]EXACT ARM MISMATCH ({method}): {report.mismatch_text(m)} identical to "
-            f"{replay_ref}[/]",
+            f"{refs.get(m['arm'], replay_ref)}[/]",
             highlight=False,
             soft_wrap=True,
         )
@@ -517,6 +555,11 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
     if loops:
         run_ = ", ".join(f"{k} {v:.3f}" for k, v in loops.items())
         con.print(f"compute-saving exit, loops run per decode step: {run_}", highlight=False, soft_wrap=True)
+    for r in a.get("mode_comparison") or []:
+        if r["metric"] == "output_tok_s" and r["delta"] is not None:
+            ci = "" if r["ci_lo"] is None else f" [{1 + r['ci_lo']:.3f}, {1 + r['ci_hi']:.3f}]"
+            con.print(f"{r['cell']:>8} {r['arm']:<10} output tok/s {1 + r['delta']:.3f}x{ci} of "
+                      f"{r['against']}  ({r['verdict']})", highlight=False, soft_wrap=True)
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
     con.print(

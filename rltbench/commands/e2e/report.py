@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from rltbench.backends.engine import STOP_SUFFIX
 from rltbench.results import RunDir
 from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
@@ -28,6 +29,7 @@ from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
     REPLAY_FILE,
     ROW_INVARIANT_FILE,
+    aa_spreads,
     delta_table,
     fmt_pct,
     identity,
@@ -50,9 +52,10 @@ def analyse(run: RunDir) -> dict[str, Any]:
     arms = cfg.get("arm_names") or list(dict.fromkeys(r["arm"] for r in records))
     ref = cfg.get("reference_arm") or (arms[0] if arms else "torch")
     exact_arms = set(cfg.get("exact_arms") or [])
+    refs = cfg.get("identity_references") or {}
     cells = compute_cells(records, meta)
     batches_deterministic = cfg.get("workload", "burst") == "burst"
-    ident = identity(records, ref, exact_arms, batches_deterministic)
+    ident = identity(records, ref, exact_arms, batches_deterministic, refs)
     cell_order = list(dict.fromkeys(c["cell"] for c in cells))
     ident.sort(
         key=lambda r: (
@@ -74,6 +77,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         if ref in arms
         else []
     )
+    modes = _mode_deltas(records, cells, comp, arms, ref, int(cfg.get("seed") or 0), no_verdict)
     pooled = []
     for arm in arms:
         for cell in dict.fromkeys(c["cell"] for c in cells):
@@ -103,7 +107,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
             row["steady_tok_s_median"] = float(pd.Series(st).median()) if st else None
             pooled.append(row)
     if replay_on:
-        missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref})
+        missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref} - set(refs.values()))
         mismatch = [_mismatch_row(r) for r in replays if r["exact_mismatch"]]
         mismatch += [{"arm": f"{r['arm_off']} vs {r['arm_on']} (row-invariant)", "cell": r["cell"],
                       "compared": r["compared"], "identical": r["identical"],
@@ -140,12 +144,30 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "replay_identity": replays,
         "row_invariant_identity": row_inv,
         "comparison": comp,
+        "mode_comparison": modes,
         "pooled": pooled,
         "summary": summary,
         "config": cfg,
         "arms": arms,
         "ref": ref,
     }
+
+
+def stop_pairs(arms: list[str]) -> list[tuple[str, str]]:
+    """(arm, its compute-saving run) for every arm run in both exit modes (`e2e --exit-mode all,stop`)."""
+    return [(a, a + STOP_SUFFIX) for a in arms if a + STOP_SUFFIX in arms]
+
+
+def _mode_deltas(records: list[dict[str, Any]], cells: list[dict[str, Any]], comp: list[dict[str, Any]],
+                 arms: list[str], ref: str, seed: int, no_verdict: str | None) -> list[dict[str, Any]]:
+    """Each arm's compute-saving run against its every-loop run (paired like arms, same repetitions),
+    judged against the reference's A/A spread: what the mode buys with one arm's kernels."""
+    spread = aa_spreads(comp, ref)
+    out = []
+    for base, stop in stop_pairs(arms):
+        rows = paired_deltas(records, cells, base, seed=seed, no_verdict=no_verdict, aa_spread=spread)
+        out += [dict(r, against=base) for r in rows if r["arm"] == stop]
+    return out
 
 
 def _demote_cache_off_replays(
@@ -211,6 +233,11 @@ def table_markdown(a: dict[str, Any]) -> str:
     if cfg.get("exit_mode") == "stop":
         notes.append("compute-saving exit (--exit-mode stop): decode steps stop their loops once every row "
                      "has exited, a special mode with other semantics than the reference (see 'Exit depths')")
+    elif "stop" in str(cfg.get("exit_mode") or ""):
+        notes.append(f"both exit modes, interleaved: the arms named *{STOP_SUFFIX} run the compute-saving "
+                     "exit (decode steps stop their loops once every row has exited), a special mode with "
+                     "other semantics than the reference; their tokens are compared with "
+                     f"{_stop_reference(cfg) or 'the reference'}'s (see 'Exit depths')")
     for note in notes:
         L += [f"**note: {note}**", ""]
     if summ["exact_arm_mismatch"]:
@@ -288,7 +315,8 @@ def table_markdown(a: dict[str, Any]) -> str:
             "The verdict is the replay above."
             if replayed
             else "Without replay an exact-arm divergence is flagged only when it exceeds the A/A one."
-        ),
+        )
+        + _stop_reference_sentence(cfg, "are compared with the tokens of"),
         "",
     ]
     free_rows = []
@@ -334,6 +362,7 @@ def table_markdown(a: dict[str, Any]) -> str:
             "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
         ]
     L += _depth_section(a)
+    L += _mode_section(a)
     L += _cold_section(cells)
     bad = [c for c in cells if not c["valid"]]
     if bad:
@@ -372,6 +401,33 @@ def table_markdown(a: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+def _stop_reference(cfg: dict[str, Any]) -> str | None:
+    """The compute-saving runs' identity reference (e.g. torch+stop), when the exit mode is varied."""
+    refs = cfg.get("identity_references") or {}
+    return next(iter(set(refs.values())), None)
+
+
+def _stop_reference_sentence(cfg: dict[str, Any], verb: str) -> str:
+    stop_ref = _stop_reference(cfg)
+    if stop_ref is None:
+        return ""
+    return (f" The compute-saving arms (*{STOP_SUFFIX}) {verb} {stop_ref}, the reference's own "
+            "compute-saving run: their semantics differ from every loop's.")
+
+
+def _mode_section(a: dict[str, Any]) -> list[str]:
+    """Compute-saving exit against every loop, per arm: output throughput and latency deltas."""
+    rows = [r for r in a.get("mode_comparison") or []
+            if r["metric"] in ("output_tok_s", "steady_tok_s", "tpot", "ttft")]
+    if not rows:
+        return []
+    rows = [dict(r, arm=f"{r['arm']} / {r['against']}") for r in rows]
+    L = ["", "## Compute-saving exit against every loop, per arm (arm+stop / arm - 1; interleaved in this "
+         "run)", "", *delta_table(rows)]
+    return L + ["", "The A/A spread is the reference's (its A/A arm); a verdict compares two modes of one "
+                "arm's kernels, with other semantics (the stop mode's tokens are its own)."]
+
+
 def decode_loops_by_arm(a: dict[str, Any]) -> dict[str, float]:
     """Loops run per decode step, per arm, over its timed cells (the compute-saving exit only)."""
     out: dict[str, float] = {}
@@ -389,7 +445,7 @@ def decode_loops_by_arm(a: dict[str, Any]) -> dict[str, float]:
 def _depth_section(a: dict[str, Any]) -> list[str]:
     """Mean exit depth per arm (a model with an exit gate): the loops its tokens used; with the
     compute-saving exit also the loops its decode steps ran (a step runs until its last row exits)."""
-    stop = a["config"].get("exit_mode") == "stop"
+    stop = "stop" in str(a["config"].get("exit_mode") or "")
     loops = decode_loops_by_arm(a)
     rows = []
     for arm in a["arms"]:
@@ -399,7 +455,9 @@ def _depth_section(a: dict[str, Any]) -> list[str]:
             rows.append(row + ([f"{loops[arm]:.3f}" if arm in loops else "-"] if stop else []))
     if not rows:
         return []
-    mode = ", compute-saving exit: loops stop at the exit" if stop else ""
+    varied = bool(a["config"].get("identity_references"))
+    mode = (f", the *{STOP_SUFFIX} arms with the compute-saving exit" if varied
+            else ", compute-saving exit: loops stop at the exit" if stop else "")
     L = ["", f"## Exit depths (threshold {a['config'].get('exit_threshold')}{mode})", ""]
     head = ["arm", "mean exit depth (loops)", "cells"] + (["loops run per decode step"] if stop else [])
     L += table(head, rows)
@@ -433,7 +491,8 @@ def _replay_section(a: dict[str, Any]) -> list[str]:
     L += [
         f"Each arm ran, untimed, the exact batches {ref} ran in its timed cell (same requests, prompt "
         "chunks and decode rows per step; eager steps with the arm's kernels on), so a divergence is a "
-        "property of the kernels, not of timing. Exact arms must be 100% identical.",
+        "property of the kernels, not of timing. Exact arms must be 100% identical."
+        + _stop_reference_sentence(a["config"], "replayed, untimed, the batches of"),
         "",
     ]
     replay_rows = []
@@ -621,6 +680,8 @@ def render(run_dir: str | Path) -> dict[str, Any]:
         run.write_table("replay_identity", pd.DataFrame(a["replay_identity"]))
     if a["comparison"]:
         run.write_table("comparison", pd.DataFrame(a["comparison"]))
+    if a["mode_comparison"]:
+        run.write_table("mode_comparison", pd.DataFrame(a["mode_comparison"]))
     run.write_json("summary.json", a["summary"])
     run.write_markdown("table.md", table_markdown(a))
     make_plots(run, a)

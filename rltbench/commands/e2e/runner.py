@@ -69,6 +69,18 @@ class Plan:
     # reference schedule with row-invariant prefill (once per cell, first clean block), and its tile
     row_invariant_pairs: list[tuple[str, str]] = field(default_factory=list)
     row_invariant_tile: int = DEFAULT_TILE_TOKENS
+    # arms compared with another reference than `ref`: with the exit mode varied, the compute-saving
+    # arms are compared with the reference's own compute-saving run (`torch+stop`), which maps to
+    # itself; their tokens are not meant to match every-loop runs
+    identity_refs: dict[str, str] = field(default_factory=dict)
+
+    def reference_of(self, arm: str) -> str:
+        """The arm whose tokens `arm`'s are compared with (itself for a reference)."""
+        return self.identity_refs.get(arm, self.ref)
+
+    def replay_reference_of(self, arm: str) -> str:
+        """The arm whose timed schedule `arm` replays (itself for a reference)."""
+        return self.identity_refs.get(arm) or self.replay_ref or self.ref
 
 
 def _engine_prefix(stats: dict[str, Any]) -> tuple[int, int] | None:
@@ -176,11 +188,10 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
 
 
 def _replay_reference(
-    plan: Plan, runs: BlockRuns
+    ref: str, runs: BlockRuns
 ) -> tuple[str, Any, dict[str, Request], list[dict[str, Any]], Callable[[int, int], int | None]]:
-    """The arm whose timed schedule this block's replays follow, its schedule, requests and records,
-    and step_of(request index, token index): the schedule step that produced a token."""
-    ref = plan.replay_ref or plan.ref
+    """Replay reference `ref` of this block: its name, timed schedule, requests and records, and
+    step_of(request index, token index): the schedule step that produced a token."""
     ref_sched, ref_reqs, ref_recs = runs[ref]
     index_to_rid = {r.index: rid for rid, r in ref_reqs.items()}
 
@@ -202,12 +213,12 @@ def _replay_block(
     """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
     identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
     finish cleanly (a cut cell's schedule stops mid-request)."""
-    ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan, runs)
-    clean = all(r.get("status") == "ok" for r in ref_recs)
-    ref_sig = ref_sched.signature()
     for arm in plan.arms:
-        if arm == ref:
+        if plan.replay_reference_of(arm) == arm:
             continue
+        ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan.replay_reference_of(arm), runs)
+        clean = all(r.get("status") == "ok" for r in ref_recs)
+        ref_sig = ref_sched.signature()
         row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": ref}
         row["same_schedule_free_running"] = runs[arm][0].signature() == ref_sig
         if not clean:
@@ -243,7 +254,7 @@ def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay
     tokens against the cache-on ones. False (nothing run) when the reference cell did not finish
     cleanly, so a later block of the cell is used instead."""
     cell, rep = block
-    ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan, runs)
+    ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan.replay_ref or plan.ref, runs)
     if not all(r.get("status") == "ok" for r in ref_recs):
         return False
     tile = plan.row_invariant_tile
@@ -290,15 +301,16 @@ def _display_row(
                        "status": r.get("status")}
         for r in recs
     }
-    ref_recs = stored.get((plan.ref, cell.name, rep))
-    others = [arm] if arm != plan.ref else [a for a in plan.arms if a != plan.ref]
+    ref = plan.reference_of(arm)
+    others = [arm] if arm != ref else [a for a in plan.arms if a != ref and plan.reference_of(a) == ref]
     for other in others:
+        ref_recs = stored.get((ref, cell.name, rep))
         recs_o = stored.get((other, cell.name, rep))
         if ref_recs is None or recs_o is None:
             continue
         pairs = [compare_pair(recs_o[i], ref_recs[i]) for i in recs_o if i in ref_recs]
         idents.setdefault((other, cell.name), []).extend(d for ok, d in pairs if ok)
-    if arm == plan.ref:
+    if arm == ref:
         row["identity"] = "(ref)"
     else:
         divs = idents.get((arm, cell.name), [])
