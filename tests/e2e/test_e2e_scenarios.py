@@ -155,6 +155,9 @@ def test_both_exit_modes_interleaved_in_one_run(tmp_path):
     cells = run.read_json("cells.json")
     loops = {c["arm"] for c in cells if c.get("decode_loops_hist")}
     assert loops == {"torch+stop", "exact+stop"}
+    stats = run.manifest["engine_stats"]  # each variant's own mode and counters
+    assert stats["exact+stop"]["stop_at_exit"] and stats["exact+stop"]["decode_loops_hist"]
+    assert not stats["exact"]["stop_at_exit"] and not stats["exact"]["decode_loops_hist"]
     modes = json.loads((out / "mode_comparison.json").read_text())
     assert {(r["arm"], r["against"]) for r in modes} == {("torch+stop", "torch"), ("exact+stop", "exact")}
     table = (out / "table.md").read_text()
