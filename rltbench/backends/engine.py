@@ -49,6 +49,21 @@ def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict
     arms keep their names; with the cache off and on, the cache-off run keeps the name (it is the
     baseline: `torch` stays the reference) and the cache-on run of arm A is `A+cache`. A/A copies
     (`torch#2`) run under the first setting only: they measure the reference's own noise floor."""
+    return _variants(arms, settings, CACHE_ON_SUFFIX, lambda arm, on: EngineVariant(arm, on))
+
+
+def exit_mode_variants(arms: Sequence[str], modes: Sequence[bool],
+                       prefix_caching: bool) -> dict[str, EngineVariant]:
+    """The scheduled arms of `arms` x exit `modes` (False: every loop, True: the compute-saving exit),
+    named as `prefix_cache_variants` names them: an arm run every loop keeps its name (`torch` stays
+    the reference), its compute-saving run is `A+stop`; A/A copies run in the first mode only."""
+    return _variants(arms, modes, STOP_SUFFIX, lambda arm, stop: EngineVariant(arm, prefix_caching, stop))
+
+
+def _variants(arms: Sequence[str], settings: Sequence[bool], suffix: str,
+              variant: Callable[[str, bool], EngineVariant]) -> dict[str, EngineVariant]:
+    """`arms` x the two values of one setting, in schedule order; the True run of arm A is named
+    A + `suffix` when both values are scheduled."""
     out: dict[str, EngineVariant] = {}
     both = len(set(settings)) > 1
     for k, on in enumerate(settings):
@@ -56,24 +71,8 @@ def prefix_cache_variants(arms: Sequence[str], settings: Sequence[bool]) -> dict
             base, sep, copy = arm.partition("#")
             if k > 0 and sep:
                 continue
-            name = f"{base}{CACHE_ON_SUFFIX}{sep}{copy}" if both and on else arm
-            out[name] = EngineVariant(arm, on)
-    return out
-
-
-def exit_mode_variants(arms: Sequence[str], modes: Sequence[bool],
-                       prefix_caching: bool) -> dict[str, EngineVariant]:
-    """The scheduled arms of `arms` x exit `modes` (False: every loop, True: the compute-saving exit),
-    in that order, with one prefix-cache setting. An arm run every loop keeps its name (`torch` stays
-    the reference); its compute-saving run is `A+stop`. A/A copies run in the first mode only."""
-    out: dict[str, EngineVariant] = {}
-    for k, stop in enumerate(modes):
-        for arm in arms:
-            base, sep, copy = arm.partition("#")
-            if k > 0 and sep:
-                continue
-            name = f"{base}{STOP_SUFFIX}{sep}{copy}" if stop else arm
-            out[name] = EngineVariant(arm, prefix_caching, stop)
+            name = f"{base}{suffix}{sep}{copy}" if both and on else arm
+            out[name] = variant(arm, on)
     return out
 
 
