@@ -258,13 +258,16 @@ def count_kernels_profiler(run: Callable[[], Any], calls: int = 1) -> float | No
 def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[str, int] | int = 1,
                      rounds: int = 10, reps: int = 10, warmup: int = 3,
                      before_sample: Callable[[], Any] | None = None,
-                     window: AbstractContextManager[Any] | None = None) -> dict[str, list[float]]:
+                     window: AbstractContextManager[Any] | None = None,
+                     before_slot: Callable[[], Any] | None = None) -> dict[str, list[float]]:
     """Time each runner with CUDA events, arms interleaved; returns per-call microseconds per sample.
 
     One sample = `runner()` between two CUDA events, divided by its `calls` (e.g. K graph-captured
     calls). Each round visits the arms in `interleave_order` and takes `reps` samples per arm.
     `warmup` untimed runs per arm come first. `before_sample()` (e.g. an L2 flush) runs before each
-    sample, outside the events. Events are read once at the end so host syncs do not gate the GPU.
+    sample, outside the events. `before_slot()` runs once at the start of each slot, before its
+    primer: an L2 flush there gives every slot the same cache state whichever arm ran before it
+    (see _timed_rounds). Events are read once at the end so host syncs do not gate the GPU.
     `window` (e.g. a rltbench.bench.warmth.ColdWork) is entered after the warm-up and left after the
     last sample: it sees the timed samples only.
     """
@@ -278,22 +281,31 @@ def time_interleaved(runners: Mapping[str, Callable[[], Any]], calls: Mapping[st
     torch.cuda.synchronize()
     pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {n: [] for n in names}
     with window if window is not None else nullcontext():
-        _timed_rounds(runners, pairs, interleave_order(names, rounds), reps, before_sample)
+        _timed_rounds(runners, pairs, interleave_order(names, rounds), reps, before_sample, before_slot)
     return {n: [s.elapsed_time(e) * 1000.0 / per_call[n] for s, e in pairs[n]] for n in names}
 
 
 def _timed_rounds(runners: Mapping[str, Callable[[], Any]],
                   pairs: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], order: Sequence[str],
-                  reps: int, before_sample: Callable[[], Any] | None) -> None:
+                  reps: int, before_sample: Callable[[], Any] | None,
+                  before_slot: Callable[[], Any] | None = None) -> None:
     """`reps` event-timed samples per slot of `order`, a device sync after each slot.
 
     Each slot starts with one untimed run: after the sync the device is idle, so a first timed
     sample would include the host's launch of the runner (microseconds for a graph) between its
     start event and its first kernel. Behind the untimed run the timed ones are already queued
     when the device reaches them, as every later sample of the slot is. Without it, with few
-    samples per slot, that gap is in a large share of the samples and moves the median."""
+    samples per slot, that gap is in a large share of the samples and moves the median.
+
+    `before_slot()` comes first. Why: what the previous slot left in L2 outlasts a primer. On the
+    H200 the exact norm at 4096 x 2048, whose loads are marked evict-first, ran faster for
+    milliseconds after its own slot than after torch's, a copy's or an L2 flush
+    (results/gpu/carryover), so without a common start an arm's figure depended on which arms
+    stood next to it in the order."""
     for name in order:
         run = runners[name]
+        if before_slot is not None:
+            before_slot()
         run()   # the slot's primer (see above)
         for _ in range(reps):
             if before_sample is not None:

@@ -35,9 +35,12 @@ class FakeGraph:
 
 
 COLD_INSIDE: list[int] = []  # compiles to pretend happened inside the next timed window
+TIMED: list[dict] = []   # per time_interleaved call: its runners and hooks
 
 
-def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before_sample=None, window=None):
+def fake_time_interleaved(runners, calls=1, rounds=10, reps=10, warmup=3, before_sample=None, window=None,
+                          before_slot=None):
+    TIMED.append({"runners": list(runners), "before_sample": before_sample, "before_slot": before_slot})
     order = timing.interleave_order(list(runners), rounds)
     assert all(order.count(n) == rounds for n in runners)
     out = {}
@@ -59,6 +62,7 @@ class FakeFlusher:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     FakeGraph.instances = []
+    TIMED.clear()
     monkeypatch.setattr(timing, "GraphCalls", FakeGraph)
     monkeypatch.setattr(timing, "time_interleaved", fake_time_interleaved)
     monkeypatch.setattr(timing, "count_kernels_profiler", lambda run, calls=1: 2.0)
@@ -80,7 +84,9 @@ def test_case_rows_with_timings(fake_cuda, tmp_path):
     nbytes = 3 * 2 * 16 * 2
     # sets: smallest count over 3 x 1024 bytes
     assert by_arm["exact"]["rotation_sets"] == 3 * 1024 // nbytes + 1
-    assert not by_arm["exact"]["l2_flush"]
+    assert not by_arm["exact"]["l2_flush"] and by_arm["exact"]["l2_flush_per_slot"]
+    # rotation keeps the data cold; each slot of the graph and eager timings starts from a flushed L2
+    assert [(t["before_sample"], t["before_slot"] is not None) for t in TIMED] == [(None, True), (None, True)]
     graph = FakeGraph.instances[0]
     sets = by_arm["exact"]["rotation_sets"]
     assert graph.k == by_arm["exact"]["graph_calls"] == max(sets, cfg.min_graph_calls)
@@ -131,8 +137,9 @@ def test_tiny_inputs_flush_l2(fake_cuda):
     rows, _ = bench.case_rows(bench.Case("silu_mul", "fp32", 8, 1), cfg.arms, torch.device("cpu"), cfg,
                               _ctx(50 * 2**20))
     r = rows[1]
-    assert r["rotation_sets"] == 6 and r["l2_flush"] is True
+    assert r["rotation_sets"] == 6 and r["l2_flush"] is True and r["l2_flush_per_slot"] is False
     assert r["graph_calls"] == 6   # flushed before each sample: each set read once per replay
+    assert TIMED[0]["before_sample"] is not None and TIMED[0]["before_slot"] is None
     assert r["eager_us_median"] != r["eager_us_median"]  # NaN: eager mode was not asked for
 
 
@@ -173,6 +180,7 @@ def test_hot_mode_replays_one_input_set(fake_cuda, tmp_path):
     rows, samples = bench.case_rows(case, cfg.arms, torch.device("cpu"), cfg, _ctx(1024))
     cold, hot = FakeGraph.instances[0], FakeGraph.instances[-1]
     assert hot.k == cfg.min_graph_calls and hot.keep_outputs == 1
+    assert TIMED[-1]["before_slot"] is None     # L2-hot: each arm's own data stays where it is
     firsts = {tuple(o[0].flatten().tolist()) for o in hot.outputs}
     assert len(firsts) == 1                                        # every call reads set 0
     assert len({tuple(o[0].flatten().tolist()) for o in cold.outputs}) > 1
@@ -356,6 +364,10 @@ def test_each_slot_starts_with_an_untimed_run(monkeypatch):
     assert {k: len(v) for k, v in out.items()} == {"a": 6, "b": 6}
     slot = lambda n: [n, *(["event", n, "event"] * 3), "sync"]   # noqa: E731
     assert log == ["a", "b", "sync", *slot("a"), *slot("b"), *slot("b"), *slot("a")]
+    log.clear()
+    timing.time_interleaved(runners, rounds=2, reps=1, warmup=0, before_slot=lambda: log.append("flush"))
+    slot = lambda n: ["flush", n, "event", n, "event", "sync"]   # noqa: E731
+    assert log == ["sync", *slot("a"), *slot("b"), *slot("b"), *slot("a")]   # before the primer, untimed
 
 
 def test_placements_pool_rounds_over_newly_allocated_inputs(fake_cuda, monkeypatch, tmp_path):

@@ -417,6 +417,9 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     plan = timing.rotation_sets(int(oc.bytes_moved(first)), ctx.l2_bytes, max_sets=cfg.max_sets)
     sets = [first] + [make_inputs(case, ctx.device, cfg.seed, i) for i in range(1, plan.sets)]
     before = ctx.flusher.flush if plan.needs_flush else None
+    # rotated sets keep the data cold, not the cache state: each slot starts from a flushed L2,
+    # whichever arm ran before it (timing._timed_rounds)
+    slot_start = None if plan.needs_flush else ctx.flusher.flush
     # rounds are the paired observations of the verdicts (verdicts.py): 20 give the median ratio a
     # 95% interval from the 6th to the 15th; each round's median is over `reps` samples
     rounds = max(1, min(MAX_ROUNDS, cfg.repeats))
@@ -424,7 +427,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     # with an L2 flush per sample each set must be read once per replay; otherwise cycle the sets
     k = plan.sets if plan.needs_flush else max(plan.sets, cfg.min_graph_calls)
     base = {"rotation_sets": plan.sets, "rotated_mb": plan.rotated_bytes / 1e6, "l2_flush": plan.needs_flush,
-            "graph_calls": k}
+            "l2_flush_per_slot": slot_start is not None, "graph_calls": k}
     fields: dict[str, dict[str, Any]] = {a: dict(base) for a in arms}
     samples: list[dict[str, Any]] = []
     ref0 = oc.run(ops_factory("torch", "all"), clone_tree(first))
@@ -438,7 +441,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                 torch.cuda.empty_cache()
                 held.append([make_inputs(case, ctx.device, cfg.seed, i) for i in range(plan.sets)])
             timed.append(_time_graph_placement(case, arms, cfg, ctx, ops_factory, plan, k, rounds, reps,
-                                               before, pdl_modes, ref0, held[-1]))
+                                               before, slot_start, pdl_modes, ref0, held[-1]))
         _pool_graph_placements(timed, arms, case, rounds, pdl_modes, fields, samples)
         del held
     # the hot and eager modes read the first placement's sets (the Liger copy only where they run)
@@ -473,7 +476,7 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
         cold = ColdWork(device=ctx.device)
         with pdl.plain_launches():  # eager launches choose their mode at every call
             times = timing.time_interleaved(runners, calls=plan.sets, rounds=rounds, reps=reps,
-                                            before_sample=before, window=cold)
+                                            before_sample=before, window=cold, before_slot=slot_start)
         for arm in runners:
             stats = timing.summarize(times[arm])
             fields[arm].update(stats.to_dict("eager_us_"), eager_warm=cold.warm)
@@ -534,10 +537,12 @@ class GraphPlacement:
 
 def _time_graph_placement(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
                           ops_factory: Callable[[str, str], Any], plan: timing.RotationPlan, k: int,
-                          rounds: int, reps: int, before: Callable[[], Any] | None, pdl_modes: dict[str, int],
-                          ref0: Any, sets: list[Any]) -> GraphPlacement:
+                          rounds: int, reps: int, before: Callable[[], Any] | None,
+                          slot_start: Callable[[], Any] | None, pdl_modes: dict[str, int], ref0: Any,
+                          sets: list[Any]) -> GraphPlacement:
     """Capture every arm (and its PDL graph where tuned), and the same-size copy, on `sets`, time
-    them interleaved, check each graph's output against `ref0` (torch on the first set)."""
+    them interleaved (`before` each sample, `slot_start` before each slot), check each graph's
+    output against `ref0` (torch on the first set)."""
     oc = op_case(case.op)
     arm_sets = per_arm_sets(sets, arms)
 
@@ -558,7 +563,7 @@ def _time_graph_placement(case: Case, arms: list[str], cfg: BenchConfig, ctx: Ti
     runners[SIZE_COPY] = copy_graph.replay
     cold = ColdWork(device=ctx.device)
     times = timing.time_interleaved(runners, calls=k, rounds=rounds, reps=reps, before_sample=before,
-                                    window=cold)
+                                    window=cold, before_slot=slot_start)
     del copy_graph, srcs   # before the checks below: their memory goes back first
     out = GraphPlacement(times, cold, {}, {}, {})
     for arm, g in graphs.items():
