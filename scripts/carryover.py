@@ -118,8 +118,10 @@ def table(summary: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Callable[[], None]], dict[str, Any]]:
-    """The graphs: each subject and its twin, torch's op; captured as the kernels command does."""
+def build(a: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
+    """Runners (graph replays and the L2 flush) for each subject and its twin and torch's op, the
+    graphs captured as the kernels command captures a case whose sets rotate past L2; and the
+    case's facts."""
     import torch
 
     from rltbench.bench import timing
@@ -139,8 +141,9 @@ def build(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Callable[[],
     oc = op_case(a.op)
     first = make_inputs(case, dev, a.seed, 0)
     nbytes = int(oc.bytes_moved(first))
-    plan = timing.rotation_sets(nbytes, timing.l2_cache_bytes(dev))
-    k = plan.sets if plan.needs_flush else max(plan.sets, BenchConfig.min_graph_calls)
+    l2 = timing.l2_cache_bytes(dev)
+    plan = timing.rotation_sets(nbytes, l2)
+    k = max(plan.sets, BenchConfig.min_graph_calls)   # never flushed per sample here, unlike tiny cases
 
     def op_graph(arm: str) -> Any:
         ops = make_arm_ops(arm, "all")
@@ -157,10 +160,10 @@ def build(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Callable[[],
     flusher = timing.L2Flusher(dev)
     runs: dict[str, Callable[[], None]] = {n: g.replay for n, g in graphs.items()}
     runs["flush"] = flusher.flush
-    facts = {"graph_calls": k, "rotation_sets": plan.sets, "bytes_per_call": nbytes,
-             "l2_bytes": timing.l2_cache_bytes(dev), "flush_bytes": flusher.buffer.numel() * 4,
+    facts = {"graph_calls": k, "rotation_sets": plan.sets, "rotates_past_l2": plan.covers_l2,
+             "bytes_per_call": nbytes, "l2_bytes": l2, "flush_bytes": flusher.buffer.numel() * 4,
              "device": torch.cuda.get_device_name(dev)}
-    return graphs, runs, facts
+    return runs, facts
 
 
 def measure(a: argparse.Namespace, runs: dict[str, Callable[[], None]]
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        graphs, runs, facts = build(a)
+        runs, facts = build(a)
         config |= facts
         run.update_manifest(config=config)
         raw = measure(a, runs)
