@@ -2,7 +2,8 @@
 # Download, into .whl/, the wheels a GPU box without network needs for `rltbench gsm8k` (lm-eval
 # and the dependencies its image lacks), for the Liger peer column of `rltbench kernels`
 # (liger-kernel, pure Python) and for the parallel GPU test stage (pytest-xdist); Python
-# 3.12, x86-64. scripts/gpu_suite.py installs them into /tmp/site when lm_eval is not importable there. Run on a machine with PyPI access.
+# 3.12, x86-64. scripts/gpu_suite.py installs them into a scratch directory when lm_eval is not
+# importable there. Run on a machine with PyPI access.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl

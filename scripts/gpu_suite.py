@@ -6,7 +6,9 @@ order, each in its own process with its own time limit, keeps going when one fai
 long it took and how it ended in results/gpu/suite.json. Every stage directory ends with a manifest
 (provenance and a final status): the stage's own run directory, finalised here when its command
 exited without a final status (a time limit, a crash), or one written here for commands that write
-none (tests, memcheck, env), so the numbers quoted in notes and README come from files.
+none (tests, memcheck, env), so the numbers quoted in notes and README come from files. Then the
+stage's files and its suite.json entry lose this machine's paths (rltbench/results/portable.py):
+the checkout becomes relative paths, the Python environment, home and temp dir placeholders.
 
     python scripts/gpu_suite.py                 # all stages
     python scripts/gpu_suite.py tests kernels   # some stages
@@ -22,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,10 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as `python scripts/gpu_suite.py`: rltbench from this tree
 
 from rltbench.results import RunDir, atomic_write_text, dumps  # noqa: E402
+from rltbench.results.portable import machine_prefixes, make_portable, portable_text  # noqa: E402
 
 RESULTS = ROOT / "results" / "gpu"
 PY = sys.executable
 RLT = [PY, "-m", "rltbench.cli"]
+# where the carried wheels are installed when lm_eval is not importable (a scratch directory)
+SITE = Path(tempfile.gettempdir()) / "rltbench-site"
+# what a stage directory's files and suite.json say instead of this machine's paths
+PORTABLE = machine_prefixes(ROOT)
 
 OURO = "--model ouro-1.4b --weights random --dtype bfloat16 --device cuda --seed 0 --no-live"
 PD = ("--weights random --dtype bfloat16 --seed 0 --arm exact --concurrency 1,8,32 --input-len 512 "
@@ -294,7 +302,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
 
 def install_carried_wheels() -> None:
     """The GPU box has no network: lm-eval and its few missing dependencies travel as wheels in
-    .whl/ (see README, "GPU runs"); install them into /tmp/site when lm_eval is not importable."""
+    .whl/ (see README, "GPU runs"); install them into SITE when lm_eval is not importable."""
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     try:
         import lm_eval  # noqa: F401
@@ -311,16 +319,17 @@ def install_carried_wheels() -> None:
                     "--no-deps",
                     "--no-compile",
                     "--target",
-                    "/tmp/site",
+                    str(SITE),
                     *map(str, wheels),
                 ],
                 check=False,
             )
-            os.environ["PYTHONPATH"] = f"/tmp/site:{os.environ.get('PYTHONPATH', '')}"
+            os.environ["PYTHONPATH"] = f"{SITE}:{os.environ.get('PYTHONPATH', '')}"
 
 
-def run_stage(name: str, limit: int, cmd: list[str]) -> dict:
-    out_dir = RESULTS / name
+def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS) -> dict:
+    """Run one stage into results/<name> (emptied first) and return its suite.json entry."""
+    out_dir = results / name
     if out_dir.exists():  # a stage's directory holds one run: never mix rows of two runs
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -336,10 +345,11 @@ def run_stage(name: str, limit: int, cmd: list[str]) -> dict:
             rc = "timeout"
     secs = round(time.time() - t0, 1)
     finalize_manifest(out_dir, name, limit, cmd, rc)
+    make_portable(out_dir, PORTABLE)
     tail = log.read_text(errors="replace")[-1500:]
     print(tail, flush=True)
     print(f"=== {name}: rc={rc} in {secs}s", flush=True)
-    return {"stage": name, "rc": rc, "seconds": secs, "command": cmd}
+    return {"stage": name, "rc": rc, "seconds": secs, "command": [portable_text(c, PORTABLE) for c in cmd]}
 
 
 def final_status(rc: int | str) -> str:

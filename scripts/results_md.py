@@ -31,9 +31,9 @@ MAX_TABLE_ROWS = 12
 HEADLINE_HEADINGS = ("Token identity", "Paired comparison", "Back to back, timestamps")
 """Besides a table.md's first table, the tables under `## ` headings that start with these."""
 
-_REPO_DIRS = "rltbench|scripts|results|tests|workloads|docs"
-_ABS_PREFIX = re.compile(rf"(?<![\w./-])(?:/[\w.+-]+)+?/(?=(?:{_REPO_DIRS})/)")
-_ABS_PYTHON = re.compile(r"(?<![\w./-])(?:/[\w.+-]+)+/bin/python3?(?=\s|$)")
+# an interpreter as the run recorded it: its environment's placeholder (rltbench/results/portable.py)
+# or an absolute system path
+_PYTHON_PATH = re.compile(r"(?<![\w./-])(?:<env>|(?:/[\w.+-]+)+)/bin/python3?(?=\s|$)")
 
 HEADER = """# Results
 
@@ -48,16 +48,16 @@ removed from the tree and remain in git history (`git log --stat -- results/gpu`
 """
 
 
-def repo_relative(text: str) -> str:
-    """Text without the machine it ran on: absolute paths into the repository become
-    repository-relative and an interpreter's path becomes `python`."""
-    return _ABS_PREFIX.sub("", _ABS_PYTHON.sub("python", text))
+def plain_python(text: str) -> str:
+    """Text with each interpreter's path as `python`. The run directories already name no path of
+    the machine that wrote them (tests/test_portable.py): the checkout's paths are relative."""
+    return _PYTHON_PATH.sub("python", text)
 
 
 def command_line(text: str) -> str:
     """A recorded command line as a user would type it: repository-relative, `rltbench/cli.py`
     as the `rltbench` entry point, a script run by `python`."""
-    text = repo_relative(text)
+    text = plain_python(text)
     if text.startswith("rltbench/cli.py "):
         return "rltbench " + text[len("rltbench/cli.py "):]
     if re.match(r"(scripts|rltbench)/\S+\.py(\s|$)", text):
@@ -204,7 +204,7 @@ def render(root: Path = ROOT) -> str:
     lines.append("")
     for run in runs:
         lines += section(run)
-    return repo_relative("\n".join(lines).rstrip() + "\n")
+    return plain_python("\n".join(lines).rstrip() + "\n")
 
 
 def _anchor(name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,15 @@ def test_running_manifest_finalised_from_the_exit(suite, tmp_path: Path) -> None
     before = (done.path / "manifest.json").read_bytes()
     suite["finalize_manifest"](done.path, "kernels", 300, ["rltbench", "kernels"], 1)
     assert (done.path / "manifest.json").read_bytes() == before  # a final status is the command's own
+
+
+def test_stage_files_and_suite_entry_name_no_machine_paths(suite, tmp_path: Path) -> None:
+    """What a stage writes (its log here) and its suite.json entry lose the checkout's and the
+    Python environment's paths (rltbench/results/portable.py) before they can be committed."""
+    root = suite["ROOT"]
+    cmd = [sys.executable, "-c", f"print({str(root / 'results' / 'gpu' / 'x')!r})"]
+    entry = suite["run_stage"]("demo", 60, cmd, tmp_path)
+    log = (tmp_path / "demo" / "stage.log").read_text()
+    manifest = (tmp_path / "demo" / "manifest.json").read_text()
+    assert log.strip() == "results/gpu/x" and str(root) not in manifest
+    assert entry["rc"] == 0 and entry["command"][0].startswith(("<env>", "/usr"))

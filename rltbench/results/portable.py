@@ -1,0 +1,62 @@
+"""Run directories without the paths of the machine that wrote them.
+
+A run records what ran: command lines, data files, logs with tracebacks, the native build's cache
+directory. On the machine that ran it these are absolute paths (the checkout, the Python
+environment, the home and temporary directories), which say nothing to a reader of committed
+results and differ between two machines running the same command. Before a run directory is
+committed (scripts/gpu_suite.py does this for every stage), those prefixes are rewritten: the
+checkout to paths relative to it, the others to the placeholders `<env>`, `~` and `<tmp>`. Only the
+prefixes change; every number and every other byte stays as written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+# a prefix ends where the path does: at "/" or at a character that cannot continue a path name
+_END = r"(?![\w.-])"
+
+
+def machine_prefixes(checkout: Path) -> dict[str, str]:
+    """This machine's prefixes and what each becomes: the checkout "" (relative paths; "." where
+    the checkout itself is named), the Python environment `<env>`, home `~`, the temp dir `<tmp>`."""
+    return {str(checkout.resolve()): "", sys.prefix: "<env>", str(Path.home()): "~",
+            tempfile.gettempdir(): "<tmp>"}
+
+
+def portable_text(text: str, prefixes: Mapping[str, str]) -> str:
+    """`text` with each prefix replaced, the longest first (a checkout inside home stays relative).
+    An empty replacement makes `prefix/x` into `x` and a bare `prefix` into `.`."""
+    for prefix in sorted((p.rstrip("/") for p in prefixes if p.rstrip("/")), key=len, reverse=True):
+        new = prefixes.get(prefix, prefixes.get(prefix + "/", ""))
+        escaped = re.escape(prefix)
+        if new:
+            text = re.sub(escaped + r"(?=/)|" + escaped + _END, new.replace("\\", r"\\"), text)
+        else:
+            text = re.sub(escaped + "/", "", text)
+            text = re.sub(escaped + _END, ".", text)
+    return text
+
+
+def make_portable(root: Path, prefixes: Mapping[str, str]) -> list[Path]:
+    """Rewrite every UTF-8 text file under `root` (and the text inside `*.gz` files) in place;
+    the files that changed. Binary files (plots) are left alone."""
+    changed = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        raw = path.read_bytes()
+        packed = path.suffix == ".gz"
+        try:
+            text = (gzip.decompress(raw) if packed else raw).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError):
+            continue
+        new = portable_text(text, prefixes)
+        if new != text:
+            data = new.encode("utf-8")
+            path.write_bytes(gzip.compress(data, compresslevel=9, mtime=0) if packed else data)
+            changed.append(path)
+    return changed
