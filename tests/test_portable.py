@@ -10,7 +10,7 @@ from pathlib import Path
 from rltbench.results.portable import machine_prefixes, make_portable, portable_text
 
 ROOT = Path(__file__).resolve().parent.parent
-PREFIXES = {"/srv/ckout": "", "/srv/ckout/.venv": "<env>", "/home/u": "~", "/tmp": "<tmp>"}
+PREFIXES = {"/srv/ckout": "", "/srv/ckout/.venv": "<env>", "/srv/home": "~", "/srv/tmpdir/": "<tmp>"}
 # an absolute path under a directory that only names a machine's own layout; /usr (the CUDA
 # toolkit's nvcc, a system python) and URL paths (/v1/completions) say what ran and stay
 MACHINE_PATH = re.compile(r"(?<![\w.:/<>-])/(?:work|opt|home|root|tmp|mnt|scratch|srv|data|Users)/")
@@ -18,15 +18,17 @@ MACHINE_PATH = re.compile(r"(?<![\w.:/<>-])/(?:work|opt|home|root|tmp|mnt|scratc
 
 def test_each_prefix_becomes_relative_or_a_placeholder() -> None:
     text = ('"argv": ["/srv/ckout/.venv/bin/python3", "/srv/ckout/scripts/carryover.py", "--result-dir", '
-            '"/srv/ckout/results/gpu/carryover"], "cwd": "/srv/ckout", "cache": "/home/u/.cache/x", '
-            '"trace": "/tmp/rltbench-trace-1.json", "other": "/srv/ckout2/x", '
+            '"/srv/ckout/results/gpu/carryover"], "cwd": "/srv/ckout", "cache": "/srv/home/.cache/x", '
+            '"trace": "/srv/tmpdir/rltbench-trace-1.json", "other": "/srv/ckout2/x", '
             '"nvcc": "/usr/local/cuda/bin/nvcc"')
     assert portable_text(text, PREFIXES) == (
         '"argv": ["<env>/bin/python3", "scripts/carryover.py", "--result-dir", "results/gpu/carryover"], '
         '"cwd": ".", "cache": "~/.cache/x", "trace": "<tmp>/rltbench-trace-1.json", '
         '"other": "/srv/ckout2/x", "nvcc": "/usr/local/cuda/bin/nvcc"')
-    assert portable_text("PYTHONPATH=/srv/ckout:/tmp/site", PREFIXES) == "PYTHONPATH=.:<tmp>/site"
+    assert portable_text("PYTHONPATH=/srv/ckout:/srv/tmpdir/w", PREFIXES) == "PYTHONPATH=.:<tmp>/w"
+    assert portable_text("/mnt/srv/ckout/x /srv/ckout.old/x", PREFIXES) == "/mnt/srv/ckout/x /srv/ckout.old/x"
     assert portable_text("no paths, 10.19 us", PREFIXES) == "no paths, 10.19 us"
+    assert portable_text("/usr/bin/x", {"/": "~"}) == "/usr/bin/x"
 
 
 def test_machine_prefixes_name_this_checkout() -> None:
@@ -38,7 +40,8 @@ def test_machine_prefixes_name_this_checkout() -> None:
 def test_files_rewritten_in_place_text_and_gzip_binary_untouched(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "manifest.json").write_text('{"command_line": "/srv/ckout/rltbench/cli.py kernels"}\n')
-    (tmp_path / "sub" / "trace.json.gz").write_bytes(gzip.compress(b'{"traceName": "/tmp/t.json"}', mtime=0))
+    trace_json = b'{"traceName": "/srv/tmpdir/t.json"}'
+    (tmp_path / "sub" / "trace.json.gz").write_bytes(gzip.compress(trace_json, mtime=0))
     png = b"\x89PNG\r\n\x1a\n\xff\xfe/srv/ckout/"
     (tmp_path / "plot.png").write_bytes(png)
     (tmp_path / "table.md").write_text("10.19 us\n")

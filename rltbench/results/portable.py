@@ -18,7 +18,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-# a prefix ends where the path does: at "/" or at a character that cannot continue a path name
+# a prefix is a whole path: it starts where a path does (not inside another one) and ends at "/"
+# or at a character that cannot continue a path name
+_START = r"(?<![\w./-])"
 _END = r"(?![\w.-])"
 
 
@@ -31,15 +33,15 @@ def machine_prefixes(checkout: Path) -> dict[str, str]:
 
 def portable_text(text: str, prefixes: Mapping[str, str]) -> str:
     """`text` with each prefix replaced, the longest first (a checkout inside home stays relative).
-    An empty replacement makes `prefix/x` into `x` and a bare `prefix` into `.`."""
-    for prefix in sorted((p.rstrip("/") for p in prefixes if p.rstrip("/")), key=len, reverse=True):
-        new = prefixes.get(prefix, prefixes.get(prefix + "/", ""))
-        escaped = re.escape(prefix)
-        if new:
-            text = re.sub(escaped + r"(?=/)|" + escaped + _END, new.replace("\\", r"\\"), text)
-        else:
-            text = re.sub(escaped + "/", "", text)
-            text = re.sub(escaped + _END, ".", text)
+    An empty replacement makes `prefix/x` into `x` and a bare `prefix` into `.`. The root "/" (a
+    home directory can be it) is no prefix: it would rewrite every path."""
+    for prefix, new in sorted(prefixes.items(), key=lambda item: len(item[0]), reverse=True):
+        escaped = re.escape(prefix.rstrip("/"))
+        if not escaped:
+            continue
+        if not new:
+            text = re.sub(_START + escaped + "/", "", text)
+        text = re.sub(_START + escaped + _END, lambda _, rep=new or ".": rep, text)  # taken literally
     return text
 
 
