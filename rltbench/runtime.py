@@ -131,8 +131,10 @@ class ModelSource:
     """Which model to run: preset `preset` with seeded random weights, or the checkpoint `weights`;
     `kv_layout` overrides a Huginn model's KV layout (full: one plane per layer application, or
     compress), None keeps the model's own; `exit_threshold` sets an Ouro model's exit gate (each token
-    takes the first loop whose exit CDF reaches it), None keeps the model's own; `stop_at_exit` turns on
-    the compute-saving exit (decode steps stop once every row has exited; rltbench.engine.exit_stop)."""
+    takes the first loop whose exit CDF reaches it), None keeps the model's own (a checkpoint's value,
+    1.0 included, read by the reference rule); `never_exit` ignores the gate (every token takes the last
+    loop: vLLM's reading of 1.0); `stop_at_exit` turns on the compute-saving exit (decode steps stop once
+    every row has exited; rltbench.engine.exit_stop)."""
 
     preset: str = "ouro-1.4b"
     weights: str = "random"
@@ -140,6 +142,7 @@ class ModelSource:
     kv_layout: str | None = None
     exit_threshold: float | None = None
     stop_at_exit: bool = False
+    never_exit: bool = False
 
     @property
     def random(self) -> bool:
@@ -158,6 +161,8 @@ class ModelSource:
             out["early_exit_threshold"] = self.exit_threshold
         if self.stop_at_exit:
             out["stop_at_exit"] = True
+        if self.never_exit:
+            out["never_exit"] = True
         return out
 
     def config(self) -> ModelConfig:
@@ -178,8 +183,12 @@ class ModelSource:
         if self.exit_threshold is not None:
             if config.family != "ouro":
                 raise UsageError(f"--exit-threshold is an Ouro option; {config.name} is {config.family}")
-            if not 0.0 < self.exit_threshold < 1.0:
-                raise UsageError(f"--exit-threshold {self.exit_threshold:g}: must lie in (0, 1)")
+            if not 0.0 < self.exit_threshold <= 1.0:
+                raise UsageError(f"--exit-threshold {self.exit_threshold:g}: must lie in (0, 1]")
+            if self.never_exit:
+                raise UsageError("--exit-threshold and --never-exit: give one (--never-exit ignores it)")
+        if self.never_exit and config.family != "ouro":
+            raise UsageError(f"--never-exit is an Ouro option; {config.name} is {config.family}")
         if self.stop_at_exit and config.family != "ouro":  # (OuroConfig.validate wants a threshold)
             raise UsageError(f"--exit-mode is an Ouro option; {config.name} is {config.family}")
         return apply_overrides(config, **self.overrides) if self.overrides else config

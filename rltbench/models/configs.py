@@ -48,7 +48,12 @@ class OuroConfig:
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    # the exit gate's threshold, read by the reference rule (rltbench.models.ouro, "Exit gate"); a
+    # checkpoint's value as it is, 1.0 included; None (the presets): no gate, every token takes the last loop
     early_exit_threshold: float | None = None
+    # a reading option, not in HF configs: ignore the threshold, every token takes the last loop (how vLLM
+    # reads the released 1.0); `gate_threshold` is then None
+    never_exit: bool = False
     # a serving option, not in HF configs: stop a decode step's loops once every row has exited
     # (rltbench.models.ouro, "Compute-saving exit")
     stop_at_exit: bool = False
@@ -66,16 +71,39 @@ class OuroConfig:
     def num_layer_applications(self) -> int:
         return self.num_loops * self.num_layers
 
+    @property
+    def gate_threshold(self) -> float | None:
+        """The threshold the exit gate is evaluated with; None: no gate (fixed depth, the last loop)."""
+        return None if self.never_exit else self.early_exit_threshold
+
     def validate(self) -> None:
         """Structural sanity (a zero-loop model would silently return its embeddings)."""
         if self.num_loops < 1 or self.num_layers < 1:
             raise UsageError(f"Ouro needs >= 1 layer and >= 1 loop, got {self.num_layers} layers x "
                              f"{self.num_loops} loops")
-        if self.stop_at_exit and self.early_exit_threshold is None:
+        if self.early_exit_threshold is not None and not math.isfinite(self.early_exit_threshold):
+            raise UsageError(f"Ouro early_exit_threshold {self.early_exit_threshold}: must be finite")
+        if self.stop_at_exit and self.never_exit:
+            raise UsageError("--exit-mode stop needs the exit gate, which --never-exit ignores: give one")
+        if self.stop_at_exit and self.gate_threshold is None:
             raise UsageError("stopping at the exit needs an exit threshold (--exit-threshold)")
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise UsageError(f"Ouro num_heads {self.num_heads} must be a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")
+
+
+def exit_rule(config: OuroConfig, dtype: str) -> str:
+    """One line for manifests and tables: how this Ouro model picks each token's loop, in the words a user
+    reads next to the results (the threshold 1.0 means different things in the reference and vLLM)."""
+    q, loops = config.early_exit_threshold, config.num_loops
+    if config.never_exit:
+        held = "" if q is None else f"; the threshold {q} is read as never, as vLLM does"
+        return f"exit gate ignored (--never-exit): every token takes the last of {loops} loops{held}"
+    if q is None:
+        return f"exit gate off (no threshold): every token takes the last of {loops} loops"
+    return (f"exit threshold {q}: each token exits at the first of {loops} loops whose cumulative exit "
+            f"probability, in {dtype}, reaches it (the reference rule, 1.0 included; --never-exit takes the "
+            "last loop)")
 
 
 KV_LAYOUTS = ("full", "compress")
@@ -254,6 +282,8 @@ def _ouro_from_hf(hf: dict[str, Any], where: str, name: str | None) -> OuroConfi
     heads = _int(hf, "num_attention_heads", where)
     threshold = hf.get("early_exit_threshold")
     threshold = None if threshold is None else _typed(where, "early_exit_threshold", threshold, float)
+    if threshold is not None and not math.isfinite(threshold):
+        raise UsageError(f"{where}: field 'early_exit_threshold' must be a finite number, got {threshold}")
     return OuroConfig(
         name=name or hf.get("_name_or_path") or "ouro",
         hidden_size=hidden,
@@ -268,9 +298,9 @@ def _ouro_from_hf(hf: dict[str, Any], where: str, name: str | None) -> OuroConfi
         rope_theta=_float(hf, "rope_theta", where, 10000.0),
         rms_norm_eps=_float(hf, "rms_norm_eps", where, 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        # 1.0 in the released config means "last loop" in practice; keep the engine's fixed-depth default
-        # (None) for it and only turn the gate on for a real threshold < 1.
-        early_exit_threshold=None if threshold is None or threshold >= 1.0 else threshold,
+        # as the reference reads it: 1.0 (the released config) is a threshold too (never_exit reads it
+        # as "last loop", as vLLM does)
+        early_exit_threshold=threshold,
         torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=_eos_tuple(hf.get("eos_token_id"), where),
@@ -325,8 +355,7 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
             "max_position_embeddings": config.max_position_embeddings, "rope_theta": config.rope_theta,
             "rope_scaling": None, "rms_norm_eps": config.rms_norm_eps, "hidden_act": "silu",
             "tie_word_embeddings": config.tie_word_embeddings, "use_sliding_window": False,
-            "early_exit_threshold": (1.0 if config.early_exit_threshold is None
-                                     else config.early_exit_threshold),
+            "early_exit_threshold": config.early_exit_threshold,  # null: no gate, in the reference too
             "torch_dtype": config.torch_dtype, "bos_token_id": config.bos_token_id,
             "eos_token_id": list(config.eos_token_ids),
         }

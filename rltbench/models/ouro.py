@@ -17,18 +17,23 @@ Forward over flattened tokens (vLLM style): `forward(input_ids [N], positions [N
   launch; other contexts (DenseKVCache) get `ops.rope_neox` then `attend`.
 * KV plane of (loop, layer) = loop * num_layers + layer: every loop of every token writes its own K/V and
   attends to the same loop's K/V of the earlier tokens (HF `UniversalTransformerCache`, vLLM layout).
-* Exit gate (spec 1.7): with `exit_threshold=None` (default, fixed depth) the last loop's output is
-  returned and the gate is not evaluated. With a threshold q, gate logits are computed after every loop
-  in the model dtype as HF does, turned into the exit pdf/CDF, and each token takes the hidden state of
-  the first loop whose CDF >= q (last loop if none). All loops are still computed for every token, as in
-  HF: the later-loop KV planes hold the token's own later-loop K/V (reference semantics).
+* Exit gate (spec 1.7, the reference rule of Ouro's published modeling code): with no threshold
+  (`model.exit_threshold` None: a preset, a checkpoint without one, or `never_exit`) the last loop's output
+  is returned and the gate is not evaluated. With a threshold q, gate logits are computed after every loop
+  in the model dtype as HF does, turned into the exit pdf and its cumulative sum (`torch.cumsum`, in the
+  model dtype), and each token takes the hidden state of the first loop whose CDF >= q (last loop if
+  none). q = 1.0 (the released config's value) is a threshold like any other: in bf16 the CDF reaches it
+  once the probability left after a loop falls below about 0.002. All loops are still computed for every
+  token, as in HF: the later-loop KV planes hold the token's own later-loop K/V (reference semantics).
   `last_exit_depths` holds the chosen loop per token of the last forward (a device tensor, no sync).
 * Compute-saving exit (`stop_at_exit`, a serving option, not HF's semantics): the forward runs loop by
-  loop (`OuroRun`), so the engine can stop a decode step once every row has exited. The exit CDF is
-  then summed loop by loop (it must be known before the later loops run), and a generated token's K/V
-  in the planes after its exit loop are its exit loop's (the engine copies them, see
-  `rltbench.engine.paged_context.copy_exit_planes`), so what a request generates does not depend on
-  whether its batch ran further. Prompt tokens run every loop and keep their own K/V.
+  loop (`OuroRun`), so the engine can stop a decode step once every row has exited. The exit pdf is then
+  filled in loop by loop (it must be known before the later loops run) and its CDF taken with the same
+  `torch.cumsum` over the same [N, loops] buffer as the reference rule, so a token's exit loop is the one
+  the reference rule picks from the same gates. A generated token's K/V in the planes after its exit
+  loop are its exit loop's (the engine copies them, see `rltbench.engine.paged_context.copy_exit_planes`),
+  so what a request generates does not depend on whether its batch ran further. Prompt tokens run every
+  loop and keep their own K/V.
 """
 
 from __future__ import annotations
@@ -62,7 +67,10 @@ def exit_pdf(gate_logits: list[Tensor]) -> Tensor:
 
 
 def select_exit(pdf: Tensor, threshold: float) -> Tensor:
-    """Per token the first loop whose CDF >= threshold, else the last loop. [N, T] -> int64 [N]."""
+    """Per token the first loop whose CDF >= threshold, else the last loop. [N, T] -> int64 [N].
+
+    The CDF is `torch.cumsum` in the pdf's dtype, compared with the threshold as HF does (a bf16 CDF
+    can round to 1.0 before the last loop, so 1.0 is a threshold, not "never")."""
     reached = torch.cumsum(pdf, dim=1) >= threshold
     first = torch.argmax(reached.to(torch.float32), dim=1)
     last = torch.full_like(first, pdf.shape[1] - 1)
@@ -100,7 +108,7 @@ class OuroForCausalLM(LoopedModel):
         self.exit_gate_bias = nn.Parameter(torch.empty(1, **e))
         self.lm_head = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size, **e))
         self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
-        self.exit_threshold: float | None = c.early_exit_threshold
+        self.exit_threshold: float | None = c.gate_threshold  # None: the gate is not evaluated
         self.last_exit_depths: Tensor | None = None
         self.random_weights = False
         self._q = c.num_heads * c.head_dim
@@ -229,7 +237,7 @@ class OuroRun:
             e = dict(dtype=self.h.dtype, device=self.h.device)
             self.hs_by_loop = torch.empty(n, c.num_loops, c.hidden_size, **e)
             self.remaining = torch.ones(n, **e)
-            self.cdf = torch.zeros(n, **e)
+            self.pdf = torch.zeros(n, c.num_loops, **e)  # loops not run yet stay 0
             self.depths = torch.full((n,), c.num_loops - 1, dtype=torch.long, device=self.h.device)
             self.open = torch.ones(n, dtype=torch.bool, device=self.h.device)
 
@@ -273,16 +281,20 @@ class OuroRun:
         self.h, self.x = h, x
 
     def _exit_step(self, loop: int, logit: Tensor) -> None:
-        """Add loop `loop`'s exit probability to each token's CDF (exit_pdf's expressions, summed loop
-        by loop) and record the loop as the exit of the tokens whose CDF reaches the threshold now."""
+        """Write loop `loop`'s exit probability (exit_pdf's expressions) into the pdf buffer and record
+        the loop as the exit of the tokens whose CDF reaches the threshold now. The CDF is the
+        `torch.cumsum` of the whole [N, loops] buffer, as `select_exit` takes it: a scan's prefix at
+        `loop` reads only the loops up to it (the later ones are 0), so it is bitwise the prefix that
+        the every-loop forward compares, on every device."""
         lam = torch.sigmoid(logit.squeeze(-1))
         if loop < self.model.config.num_loops - 1:
             p = lam * self.remaining
             self.remaining.copy_(self.remaining * (1.0 - lam))
         else:
             p = self.remaining
-        self.cdf.add_(p)
-        exits_now = self.open & (self.cdf >= float(self.model.exit_threshold))
+        self.pdf[:, loop].copy_(p)
+        cdf = torch.cumsum(self.pdf, dim=1)[:, loop]
+        exits_now = self.open & (cdf >= float(self.model.exit_threshold))
         self.depths.masked_fill_(exits_now, loop)
         self.open.logical_and_(~exits_now)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -59,13 +60,19 @@ def test_hf_round_trip(name, tmp_path):
 
 
 def test_hf_ouro_released_style():
-    """The released Ouro config: eos 0, early_exit_threshold 1.0 (= fixed depth), explicit head_dim."""
+    """The released Ouro config: eos 0, early_exit_threshold 1.0 (kept: the reference rule reads it as a
+    threshold), explicit head_dim."""
     hf = {"model_type": "ouro", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
           "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 49152, "rope_theta": 1e6,
           "total_ut_steps": 4, "early_exit_threshold": 1.0, "eos_token_id": 0, "rope_scaling": None}
     c = config_from_hf(hf)
-    assert c.early_exit_threshold is None and c.eos_token_ids == (0,) and c.head_dim == 128
+    assert c.early_exit_threshold == 1.0 and c.eos_token_ids == (0,) and c.head_dim == 128
+    assert c.gate_threshold == 1.0 and dataclasses.replace(c, never_exit=True).gate_threshold is None
     assert config_from_hf({**hf, "early_exit_threshold": 0.7}).early_exit_threshold == 0.7
+    assert config_from_hf({**hf, "early_exit_threshold": None}).gate_threshold is None  # no gate, as in HF
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="early_exit_threshold"):
+            config_from_hf({**hf, "early_exit_threshold": bad})
 
 
 def test_hf_errors(tmp_path):

@@ -87,12 +87,19 @@ def e2e_command(
     ] = None,
     exit_threshold: Annotated[
         float | None,
-        typer.Option(help="Ouro exit gate threshold in (0, 1): each token exits at the first loop whose "
-                          "exit CDF reaches it; exit depths are recorded and compared like tokens."),
+        typer.Option(help="Ouro exit gate threshold in (0, 1]: each token exits at the first loop whose "
+                          "exit CDF, in the model dtype, reaches it (the reference rule; default: a "
+                          "checkpoint's own, 1.0 included); exit depths are recorded and compared like "
+                          "tokens."),
     ] = None,
+    never_exit: Annotated[
+        bool,
+        typer.Option(help="Ouro: ignore the exit gate, every token takes the last loop (how vLLM reads a "
+                          "checkpoint's threshold 1.0)."),
+    ] = False,
     exit_mode: Annotated[
         str,
-        typer.Option(help="With --exit-threshold: all (every loop runs, the reference semantics), stop "
+        typer.Option(help="With an exit threshold: all (every loop runs, the reference semantics), stop "
                           "(compute-saving, labelled: a decode step stops its loops once every row has "
                           "exited; a token's later-loop K/V are its exit loop's, so tokens can differ "
                           "from 'all'), or both (all,stop): every arm runs both ways, interleaved, the "
@@ -128,14 +135,14 @@ def e2e_command(
         raise UsageError("--backend openai needs --arm NAME=URL (one per server)")
     cache = parse_prefix_cache(prefix_cache) if prefix_cache is not None else ()
     modes = parse_exit_modes(exit_mode)
-    if backend == "openai" and (cache or exit_threshold is not None or any(modes)):
-        raise UsageError("--prefix-cache, --exit-threshold and --exit-mode are engine options (a server sets "
-                         "its own)")
+    if backend == "openai" and (cache or exit_threshold is not None or never_exit or any(modes)):
+        raise UsageError("--prefix-cache, --exit-threshold, --never-exit and --exit-mode are engine options "
+                         "(a server sets its own)")
     if len(modes) > 1 and len(set(cache)) > 1:
         raise UsageError("--exit-mode all,stop and --prefix-cache off,on: vary one of them per run")
     spec = E2ESpec(
         source=runtime.ModelSource(model, weights, seed, exit_threshold=exit_threshold,
-                                   stop_at_exit=any(modes)),
+                                   stop_at_exit=any(modes), never_exit=never_exit),
         arms=(armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),

@@ -38,6 +38,7 @@ from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
 from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
+from rltbench.models.configs import OuroConfig, exit_rule
 from rltbench.results import RunDir
 
 BURST = "burst"
@@ -277,6 +278,7 @@ def _engine_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
         "device": dev,
         "dtype": runtime.dtype_name(dt),
         "random_weights": bool(getattr(model, "random_weights", spec.source.random)),
+        "exit_threshold": getattr(model, "exit_threshold", None),  # the gate's, None: not evaluated
     }
     backend = EngineBackend(engine, spec.arm_names, variants=spec.variants)
     return backend, config, facts, session, sess_info
@@ -323,6 +325,8 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
                 f"the scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
                 "nothing of the fused kernels; use --scope all to run the kernels eagerly"
             )
+        if isinstance(eng.model.config, OuroConfig):  # which reading of the exit gate ran here
+            notes.append(exit_rule(eng.model.config, facts["dtype"]))
         cfg["engine"] = {
             "num_blocks": eng.num_blocks,
             "block_size": eng.config.block_size,
@@ -449,7 +453,7 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "prefix_cache": ["on" if on else "off" for on in spec.cache_settings],
         "row_invariant_pairs": [list(p) for p in plan.row_invariant_pairs],
         "row_invariant_tile": plan.row_invariant_tile if plan.row_invariant_pairs else None,
-        "exit_threshold": spec.source.exit_threshold,
+        "exit_threshold": facts.get("exit_threshold"),
         "exit_mode": spec.exit_mode_text,
         "identity_references": spec.identity_refs,
         "exact_arms": sorted(exact_arms),
