@@ -129,6 +129,8 @@ class HuginnConfig:
     rope_theta: float = 50_000.0
     rms_norm_eps: float = 1e-6
     qk_bias: bool = True
+    # HF `tie_embeddings`: the LM head is `wte` (the released model); False: its own `lm_head.weight`
+    tie_embeddings: bool = True
     kv_layout: str = "full"
     state_noise: str = "position"
     state_seed: int = 0
@@ -334,6 +336,7 @@ def _huginn_from_hf(hf: dict[str, Any], where: str, name: str | None) -> HuginnC
         rope_theta=_float(hf, "rope_base", where, 50_000.0),
         rms_norm_eps=_float(hf, "norm_eps", where, 1e-6),
         qk_bias=bool(hf.get("qk_bias", True)),
+        tie_embeddings=bool(hf.get("tie_embeddings", hf.get("tie_word_embeddings", True))),
         torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
         bos_token_id=hf.get("bos_token_id", 65504),
         eos_token_ids=_eos_tuple(hf.get("eos_token_id", (65505, 65508)), where),
@@ -367,7 +370,8 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         "n_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
         "vocab_size": config.vocab_size, "padded_vocab_size": config.vocab_size,
         "block_size": config.max_position_embeddings, "rope_base": config.rope_theta,
-        "norm_eps": config.rms_norm_eps, "qk_bias": config.qk_bias, "bias": False, "tie_embeddings": True,
+        "norm_eps": config.rms_norm_eps, "qk_bias": config.qk_bias, "bias": False,
+        "tie_embeddings": config.tie_embeddings, "tie_word_embeddings": config.tie_embeddings,
         "injection_type": "linear", "torch_dtype": config.torch_dtype, "bos_token_id": config.bos_token_id,
         "eos_token_id": list(config.eos_token_ids),
     }

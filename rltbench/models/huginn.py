@@ -5,7 +5,10 @@ Forward over flattened tokens: `forward(input_ids [N], positions [N], attn, ops)
     e = wte(ids) * sqrt(H)                       -> prelude blocks (planes 0, 1)
     s = initial state (see `state_noise`)
     r times: x = adapter(cat(s, e)); 4 core blocks; s = x
-    y = ln_f(s) -> coda blocks -> ln_f            (ln_f used twice; tied head in compute_logits)
+    y = ln_f(s) -> coda blocks -> ln_f            (ln_f used twice; the head in compute_logits)
+
+* LM head: `wte` when `tie_embeddings` (the released model, HF ties them); a checkpoint saved with
+  `tie_embeddings: false` has its own `lm_head.weight`, which is then the head, as in HF.
 
 * Sandwich block: x = norm_2(x + attn(norm_1(x))); x = norm_4(x + mlp(norm_3(x))) with the Huginn norm
   form (`ops.rms_norm_huginn`, `ops.add_rms_norm_huginn`), fused Wqkv with qk_bias added before RoPE,
@@ -111,6 +114,8 @@ class HuginnForCausalLM(LoopedModel):
         self.core_block = nn.ModuleList(HuginnBlock(c, dtype) for _ in range(c.num_core))
         self.coda = nn.ModuleList(HuginnBlock(c, dtype) for _ in range(c.num_coda))
         self.ln_f = nn.Parameter(torch.empty(c.hidden_size, **e))
+        untied = None if c.tie_embeddings else torch.empty(c.vocab_size, c.hidden_size, **e)
+        self.lm_head = None if untied is None else nn.Parameter(untied)  # None: the head is wte
         half = c.head_dim // 2
         self.register_buffer("rope_cos", torch.empty(c.max_position_embeddings, half), persistent=False)
         self.register_buffer("rope_sin", torch.empty(c.max_position_embeddings, half), persistent=False)
@@ -128,7 +133,7 @@ class HuginnForCausalLM(LoopedModel):
         return self.config.state_noise in ("position", "zero")
 
     def head_weight(self) -> Tensor:
-        return self.wte
+        return self.wte if self.lm_head is None else self.lm_head
 
     def reset_buffers(self) -> None:
         """RoPE table (HF `precompute_freqs_cis`, fp32, on the CPU then moved) and the feature hash."""
@@ -220,35 +225,40 @@ class HuginnForCausalLM(LoopedModel):
                         t[f"transformer.{group}.{i}.{hf}"] = p
         t["transformer.adapter.weight"] = self.adapter
         t["transformer.ln_f.weight"] = self.ln_f
+        if self.lm_head is not None:
+            t["lm_head.weight"] = self.lm_head
         return t
 
     @staticmethod
     def hf_key_shapes(c: HuginnConfig) -> dict[str, tuple[int, ...]]:
-        """Required HF tensors and shapes (the duplicate `lm_head.weight` and `freqs_cis` are optional)."""
+        """Required HF tensors and shapes (`lm_head.weight` when untied; `freqs_cis` and a tied model's
+        duplicate `lm_head.weight` are optional)."""
         with torch.device("meta"):
             model = HuginnForCausalLM(c)
         return {k: tuple(v.shape) for k, v in model._hf_targets().items()}
 
     @staticmethod
     def optional_hf_key_shapes(c: HuginnConfig) -> dict[str, tuple[int, ...]]:
-        return {
-            "lm_head.weight": (c.vocab_size, c.hidden_size),
-            "freqs_cis": (1, c.max_position_embeddings, 1, c.head_dim // 2, 2),
-        }
+        out = {"freqs_cis": (1, c.max_position_embeddings, 1, c.head_dim // 2, 2)}
+        if c.tie_embeddings:
+            out["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        return out
 
     @torch.no_grad()
     def load_hf_tensors(self, get: Any, present: set[str] | None = None) -> None:
         """Copy the HF tensors into place; `freqs_cis`, when in `present`, replaces the RoPE table.
-        A stored `lm_head.weight` is ignored: the head is tied to `transformer.wte` (HF ties them)."""
+        A tied model ignores a stored `lm_head.weight` (its head is `transformer.wte`, as HF ties them);
+        an untied one loads it as its head."""
         for key, target in self._hf_targets().items():
             target.copy_(get(key))
         if present and "freqs_cis" in present:
             self.set_rope_table(get("freqs_cis"))
 
     def hf_state_dict(self) -> dict[str, Tensor]:
-        """HF layout, including the duplicate `lm_head.weight` and the fp32 `freqs_cis` buffer."""
+        """HF layout, including `lm_head.weight` (a tied model's duplicate of `wte`) and the fp32
+        `freqs_cis` buffer."""
         sd = {k: v.detach().contiguous().clone() for k, v in self._hf_targets().items()}
-        sd["lm_head.weight"] = self.wte.detach().clone()
+        sd["lm_head.weight"] = self.head_weight().detach().contiguous().clone()
         table = torch.stack((self.rope_cos, self.rope_sin), dim=-1)  # [max_pos, D/2, 2]
         sd["freqs_cis"] = table[None, :, None].contiguous().cpu()
         return sd

@@ -1,21 +1,24 @@
 """Fidelity at the edges of the published modeling code: Ouro's exit rule with a saturated gate (the
-released threshold 1.0 included).
+released threshold 1.0 included) and Huginn's untied LM head.
 
-Why these tests: the model matches the reference code in its layers, but the exit rule differs from
-it only in a corner case a random model never reaches: Ouro's reference exits at the first loop whose
-cumulative exit probability, in the model dtype, reaches the threshold (>=), so in bf16 a saturated
-gate exits early even at 1.0. Each test builds the corner case on purpose and checks rltbench against
-a small re-statement of the reference rule written here.
+Why these tests: both models match the reference code in their layers, but two readings of a
+checkpoint differ from it only in corner cases a random model never reaches. Ouro's reference exits at
+the first loop whose cumulative exit probability, in the model dtype, reaches the threshold (>=), so
+in bf16 a saturated gate exits early even at 1.0; a Huginn checkpoint saved with
+`tie_embeddings: false` has a head of its own. Each test builds the corner case on purpose and checks
+rltbench against a small re-statement of the reference rule written here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 from models_testutil import random_prompt, run_prefill
+from safetensors.torch import load_file, save_file
 
 from rltbench.arms import ArmSpec
 from rltbench.errors import UsageError
@@ -173,3 +176,49 @@ def test_exact_arm_keeps_the_torch_arms_exits_with_a_saturated_gate(tmp_path):
         outs.append((hidden, model.last_exit_depths.clone()))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert int(outs[0][1].min()) < 2
+
+
+def _untied_huginn_checkpoint(tmp_path):
+    """A huginn-tiny checkpoint edited by hand as `tie_embeddings: false` would write it: config.json
+    says so and `lm_head.weight` holds a head of its own (not `wte`). Returns (dir, that head)."""
+    ckpt = save_hf_checkpoint(build_model("huginn-tiny", seed=44), tmp_path / "huginn")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["tie_embeddings"] = config["tie_word_embeddings"] = False
+    (ckpt / "config.json").write_text(json.dumps(config))
+    sd = load_file(str(ckpt / "model.safetensors"))
+    head = torch.randn(sd["transformer.wte.weight"].shape, generator=torch.Generator().manual_seed(45)) * 0.02
+    sd["lm_head.weight"] = head
+    save_file(sd, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    return ckpt, head
+
+
+def test_huginn_untied_head_is_used(tmp_path, ref_ops):
+    ckpt, head = _untied_huginn_checkpoint(tmp_path)
+    model, _ = load_model(ckpt, device="cpu", tokenizer=False)
+    assert not model.config.tie_embeddings and torch.equal(model.head_weight(), head)
+    prompt = random_prompt(20, seed=44)
+    hidden, _ = run_prefill(model, [prompt], ref_ops)
+    logits = model.compute_logits(hidden)
+    assert torch.equal(logits, F.linear(hidden, head).float())
+    tied_argmax = F.linear(hidden, model.wte).argmax(-1)
+    assert not torch.equal(logits.argmax(-1), tied_argmax)  # the wte head would answer differently
+    again, _ = load_model(save_hf_checkpoint(model, tmp_path / "again"), device="cpu", tokenizer=False)
+    assert not again.config.tie_embeddings and torch.equal(again.head_weight(), head)
+
+
+def test_huginn_tied_checkpoint_keeps_wte_and_untied_needs_its_head(tmp_path):
+    """A tied checkpoint's stored `lm_head.weight` is ignored (the reference ties it to wte); an untied
+    one without `lm_head.weight` is refused in one line, not run with wte."""
+    ckpt, head = _untied_huginn_checkpoint(tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["tie_embeddings"] = config["tie_word_embeddings"] = True
+    (ckpt / "config.json").write_text(json.dumps(config))
+    tied, _ = load_model(ckpt, device="cpu", tokenizer=False)
+    assert tied.head_weight() is tied.wte and not torch.equal(tied.wte, head)
+    config["tie_embeddings"] = config["tie_word_embeddings"] = False
+    (ckpt / "config.json").write_text(json.dumps(config))
+    sd = load_file(str(ckpt / "model.safetensors"))
+    del sd["lm_head.weight"]
+    save_file(sd, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UsageError, match="missing tensor 'lm_head.weight'"):
+        load_model(ckpt, device="cpu", tokenizer=False)
