@@ -42,6 +42,19 @@ def test_weight_bytes_count_loop_reuse() -> None:
     assert floors.weight_floor_ms(1.0, float("nan")) != floors.weight_floor_ms(1.0, float("nan"))
 
 
+def test_kv_bytes_floor_counts_every_plane_row_and_token() -> None:
+    from rltbench.models.configs import get_config
+
+    cfg = get_config("ouro-1.4b")
+    kv = floors.kv_bytes_per_step(cfg, torch.bfloat16, batch=128, context=512)
+    per_plane_token = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
+    assert kv["planes"] == cfg.num_kv_planes == 96
+    assert kv["bytes"] == 128 * 512 * 96 * per_plane_token
+    assert floors.floor_ms(kv["bytes"], 2000.0) == pytest.approx(kv["bytes"] / 2e12 * 1e3)
+    assert floors.share_of_floor(1.0, 2000.0) == pytest.approx(0.5)  # 1 ms floor, 2 ms of kernels
+    assert floors.share_of_floor(1.0, 0.0) != floors.share_of_floor(1.0, 0.0)  # nan: class absent
+
+
 def _app() -> typer.Typer:
     """The CLI's app when it imports, else a wrapper with the same UsageError -> exit 2 rule."""
     try:
@@ -147,10 +160,17 @@ def test_render_gpu_summary_from_fixture(tmp_path: Path) -> None:
             "weight_bytes": {"bytes": 3e9, "param_bytes": 1e9, "reuse": 3.0},
             "copy_bandwidth": {"gbps": 3000.0},
             "weight_floor_ms": 1.0,
+            "kv_bytes": {"bytes": 6e8, "batch": 1, "context": 512, "planes": 96, "bytes_per_token": 393216},
+            "kv_floor_ms": 0.2,
             "device_name": "fake",
         },
     )
+    for a in arms.values():
+        a["floor_shares"] = {"gemm": 0.5, "attention": 0.25}
+    run.write_json("summary.json", {**json.loads((run.path / "summary.json").read_text()), "arms": arms})
     render(run.path)
     table = (run.path / "table.md").read_text()
     assert f"| torch | {n + 2} |" in table and "2.00x" in table and "GEMM floor" in table
+    assert "KV-bytes floor" in table and "**0.200 ms/step**" in table
+    assert "= 25.0% of floor" in table and "= 50.0% of floor" in table
     assert (run.path / "breakdown.png").is_file()

@@ -40,3 +40,6 @@ def test_profile_ouro_tiny_counts_agree() -> None:
     assert len(facts["warm"]) == 3 * 2
     assert all(w["warm"] and w["cold_work"]["graph_captures"] == 0 for w in facts["warm"])
     assert out["weight_floor_ms"] > 0
+    assert out["kv_floor_ms"] > 0 and out["kv_bytes"]["bytes"] > 0
+    for res in out["arms"].values():
+        assert 0 < res["floor_shares"]["attention"] < 1.5  # a share far above 1 would be a wrong floor

@@ -1,7 +1,7 @@
 """Running the measurements: one engine, every arm, GPU (graphs) or CPU (eager, clearly labelled).
 
 GPU order, chosen so the profiler cannot disturb the timings:
-1. copy bandwidth; weight bytes of one eager token (floors.py);
+1. copy bandwidth; weight bytes of one eager token and the K/V bytes of one step (floors.py);
 2. timing: the engine's decode-step figure (rltbench.bench.decode.decode_step_cells, the same routine
    and engine sizing as the engine's decode table): per arm a `decode_benchmark` graph, CUDA events
    around back-to-back replays, arms interleaved A B C C B A, every timed cell warm; no profiler;
@@ -32,7 +32,7 @@ from rltbench.bench.decode import decode_engine_config, decode_step_cells
 from rltbench.bench.decode_benchmark import DecodeBenchmark
 from rltbench.bench.timing import measure_copy_bandwidth
 from rltbench.commands.profile import counting, floors
-from rltbench.commands.profile.classify import CLASSES, classify_sequence
+from rltbench.commands.profile.classify import ATTN, CLASSES, GEMM, classify_sequence
 from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
 from rltbench.commands.profile.graph_nodes import graph_census
 from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
@@ -303,6 +303,15 @@ def profile_arm_cpu(eng: Any, spec: ProfileSpec, arm: str, vocab: int) -> dict[s
     }
 
 
+def class_floor_shares(classes: Sequence[dict[str, Any]], weight_floor_ms: float,
+                       kv_floor_ms: float) -> dict[str, float]:
+    """Each bounded class's share of its floor: the GEMM class against the weight-bytes floor, the
+    attention class against the KV-bytes floor (floors.share_of_floor)."""
+    time_us = {r["class"]: r["time_us"] for r in classes}
+    return {GEMM: floors.share_of_floor(weight_floor_ms, time_us.get(GEMM)),
+            ATTN: floors.share_of_floor(kv_floor_ms, time_us.get(ATTN))}
+
+
 def run_profile(spec: ProfileSpec, log: Any = print, model: Any = None,
                 on_arm: Any = None) -> dict[str, Any]:
     """Everything the command measures, as one JSON-able dict (+ traces under key `_traces`).
@@ -323,6 +332,7 @@ def run_profile(spec: ProfileSpec, log: Any = print, model: Any = None,
     log("counting weight bytes of one eager token")
     wb = floors.count_weight_bytes(model, floors.one_token_forward(model, make_ops(ARMS[REFERENCE])))
     out["weight_bytes"] = wb
+    out["kv_bytes"] = floors.kv_bytes_per_step(model.config, spec.dtype, spec.batch, spec.context)
     if spec.cpu:
         for arm in spec.arms:
             log(f"profiling arm {arm} on CPU")
@@ -334,6 +344,7 @@ def run_profile(spec: ProfileSpec, log: Any = print, model: Any = None,
     bw = measure_copy_bandwidth()
     out["copy_bandwidth"] = bw
     out["weight_floor_ms"] = floors.weight_floor_ms(wb["bytes"], bw["gbps"])
+    out["kv_floor_ms"] = floors.floor_ms(out["kv_bytes"]["bytes"], bw["gbps"])
     log(f"timing {len(spec.arms)} arms x {spec.iters} replays (interleaved, no profiler)")
     samples, facts = time_arms_gpu(eng, spec)
     out["decode_step"] = facts
@@ -342,6 +353,7 @@ def run_profile(spec: ProfileSpec, log: Any = print, model: Any = None,
         res, small = profile_arm_gpu(eng, spec, arm, vocab)
         res["replay_us"] = samples[arm]
         res["replay_stats_us"] = summarize(samples[arm]).to_dict()
+        res["floor_shares"] = class_floor_shares(res["classes"], out["weight_floor_ms"], out["kv_floor_ms"])
         out["arms"][arm] = res
         out["_traces"][arm] = small
         done(out)

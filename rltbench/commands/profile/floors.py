@@ -1,4 +1,5 @@
-"""Reference lines that no elementwise fusion can remove: the GEMM floor and the weight-bytes floor.
+"""Reference lines that no elementwise fusion can remove: the GEMM floor, the weight-bytes floor and
+the KV-bytes floor.
 
 - GEMM floor (per step): the summed kernel time of the GEMM and attention classes in the profile
   of the same decode step (projections, LM head, attention; see counting.floor_time_us). It is a
@@ -9,6 +10,17 @@
   of one token runs under a TorchDispatchMode that adds the size of every model parameter an op
   reads (a looped model reads its shared weights once per loop; the embedding contributes one row
   per token). View ops read nothing and are skipped.
+- KV-bytes floor (per step): bytes of cached K and V the step's attention must read, divided by the
+  same copy bandwidth. Every row of the batch attends over its `context` cached tokens in every KV
+  plane the engine allocates (`engine.kv_capacity.engine_layout`: Ouro one plane per layer
+  application; Huginn per its KV layout). Planes that several applications share are counted once, so
+  this is a lower bound: attention kernels reach it only if they stream each byte once at copy speed.
+  Why it matters: at large batches attention, not the weights, dominates a decode step, and the
+  weight-bytes floor alone says nothing about how close attention runs to its own limit.
+
+Each floor is set beside the class it bounds: `share_of_floor` = floor time / the class's measured
+kernel time (GEMM class against the weight-bytes floor, attention against the KV-bytes floor); 100%
+would be a class running at the copy rate.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rltbench.engine.kv_capacity import engine_layout
 from rltbench.models.dense_kv import DenseKVCache
 
 _ROW_OPS = {"embedding", "index_select", "embedding_dense"}
@@ -101,6 +114,35 @@ def one_token_forward(model: Any, ops: Any) -> Callable[[], Any]:
 
 def weight_floor_ms(weight_bytes: float, copy_gbps: float) -> float:
     """Time to read `weight_bytes` at the measured copy rate (GB/s, read+write bytes per second)."""
+    return floor_ms(weight_bytes, copy_gbps)
+
+
+def kv_bytes_per_step(config: Any, dtype: torch.dtype, batch: int, context: int) -> dict[str, Any]:
+    """Bytes of cached K/V one decode step's attention reads at least: `batch` rows, each attending over
+    `context` cached tokens in every KV plane of the engine's layout for `config`."""
+    layout = engine_layout(config, dtype)
+    per_token = layout.bytes_per_token  # K and V of one token in every plane
+    return {
+        "bytes": batch * context * per_token,
+        "batch": batch,
+        "context": context,
+        "planes": layout.planes,
+        "bytes_per_token": per_token,
+        "layout": layout.name,
+    }
+
+
+def floor_ms(nbytes: float, copy_gbps: float) -> float:
+    """Time to move `nbytes` at the measured copy rate (GB/s, read+write bytes per second)."""
     if not (math.isfinite(copy_gbps) and copy_gbps > 0):
         return float("nan")
-    return weight_bytes / (copy_gbps * 1e9) * 1e3
+    return nbytes / (copy_gbps * 1e9) * 1e3
+
+
+def share_of_floor(floor_ms_value: float | None, class_time_us: float | None) -> float:
+    """Floor time over the class's measured kernel time per step (1.0 = the class runs at its floor)."""
+    if floor_ms_value is None or class_time_us is None or not class_time_us > 0:
+        return float("nan")
+    if not math.isfinite(floor_ms_value):
+        return float("nan")
+    return floor_ms_value * 1e3 / class_time_us

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rltbench.commands.profile.classify import CLASSES
+from rltbench.commands.profile.classify import ATTN, CLASSES, GEMM
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
 from rltbench.results.plotting import caveat, colormap, figure
@@ -109,6 +109,16 @@ def table_markdown(s: dict[str, Any]) -> str:
             f"- weight-bytes floor: {_f(wb.get('bytes', float('nan')) / 1e9)} GB of weights read per step "
             f"(counted over one eager token; {_f(wb.get('reuse'), '.2f')}x the parameter bytes) / measured "
             f"copy {_f(bw, '.0f')} GB/s = **{_f(s.get('weight_floor_ms'))} ms/step**",
+        ]
+        kv = s.get("kv_bytes") or {}
+        if kv:
+            per_plane = kv.get("bytes_per_token", 0) // max(1, kv.get("planes") or 1)
+            lines.append(
+                f"- KV-bytes floor: {_f(kv.get('bytes', float('nan')) / 1e9, '.3f')} GB of cached K/V "
+                f"read per step ({kv.get('batch')} rows x {kv.get('context')} tokens x "
+                f"{kv.get('planes')} planes x {per_plane} B) / measured copy = "
+                f"**{_f(s.get('kv_floor_ms'), '.3f')} ms/step**")
+        lines += [
             "- GEMM floor: summed profiler kernel time of the GEMM + attention classes of the same step "
             "(projections, LM head, attention; excludes launch gaps):",
         ]
@@ -118,6 +128,7 @@ def table_markdown(s: dict[str, Any]) -> str:
                 f"(all kernels busy {_f(a.get('busy_us', float('nan')) / 1e3)} ms)"
             )
         lines.append("")
+        lines += _floor_shares(arms)
         lines += ["## Kernel counts: graph nodes vs profiler", ""]
         for name, a in arms.items():
             c = a.get("graph_census") or {}
@@ -160,6 +171,23 @@ def table_markdown(s: dict[str, Any]) -> str:
         lines += [f"### {title}: {name}", "", *table(head, top)]
         lines.append("")
     return "\n".join(lines)
+
+
+def _floor_shares(arms: dict[str, Any]) -> list[str]:
+    """Each bounded class against its floor, per arm: the floor's time as a % of the class's kernel
+    time (100% = the class runs at the copy rate)."""
+    if not any(a.get("floor_shares") for a in arms.values()):
+        return []
+    rows = []
+    for name, a in arms.items():
+        shares = a.get("floor_shares") or {}
+        time_us = {r["class"]: r["time_us"] for r in a.get("classes", [])}
+        cells = [f"{_f(time_us.get(c, float('nan')) / 1e3, '.3f')} ms = "
+                 f"{_f(100 * shares.get(c, float('nan')), '.1f')}% of floor" for c in (GEMM, ATTN)]
+        rows.append([name, *cells])
+    return ["Each class against its floor (floor time / class kernel time; GEMM against the "
+            "weight-bytes floor, attention against the KV-bytes floor):", "",
+            *table(["arm", "GEMM class", "attention class"], rows), ""]
 
 
 def breakdown_figure(s: dict[str, Any]) -> Any:
