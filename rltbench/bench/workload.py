@@ -128,6 +128,20 @@ def burst_prompts(
     return [Request(index=i, prompt=ids[picks[i]].tolist(), output_len=output_len) for i in range(n)]
 
 
+def open_loop_prompts(config: Any, arrivals: Any, lengths: list[tuple[int, int]], seed: int,
+                      key: tuple[int, ...], ignore_eos: bool = True) -> list[Request]:
+    """The requests of one open-loop cell: request i arrives at `arrivals[i]` (seconds after the cell
+    starts) with a prompt of `lengths[i][0]` random ids (no special ids) and `lengths[i][1]` output
+    tokens; fresh per `key` (repetition and cell), the same for every arm."""
+    ids = allowed_ids(config)
+    rng = _rng(seed, 0x0A7E, *key)
+    return [
+        Request(index=i, prompt=ids[rng.integers(0, ids.size, size=n_in)].tolist(), output_len=n_out,
+                arrival=float(t), ignore_eos=ignore_eos)
+        for i, (t, (n_in, n_out)) in enumerate(zip(arrivals, lengths, strict=True))
+    ]
+
+
 def warmup_prompts(config: Any, n: int, input_len: int, output_len: int, seed: int) -> list[Request]:
     """A small burst for warm-up (distinct seed stream from every measured cell)."""
     ids = allowed_ids(config)
