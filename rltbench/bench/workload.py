@@ -72,10 +72,16 @@ def fit_burst_lengths(input_len: int | None, output_len: int | None, context: in
 @dataclass
 class Cell:
     """One load point of a serving run: its name and concurrency C (0 for a session replay: open loop
-    by trace time)."""
+    by trace time; 0 or the concurrency limit for an open-loop rate). A rate cell has its target
+    `rate` (requests/s); `max_concurrency` holds requests back client-side while that many are in
+    flight; a `probe` cell (the synchronous and saturated runs that place a sweep's rates) is no
+    measurement of its own."""
 
     name: str
     C: int
+    rate: float | None = None
+    max_concurrency: int | None = None
+    probe: bool = False
 
 
 def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
