@@ -67,6 +67,21 @@ def test_openai_backend_open_loop_and_max_concurrency():
     assert held[-1]["send"] - held[-1]["scheduled"] > 0.1
 
 
+def test_rate_command_against_two_servers(tmp_path):
+    with fake_server() as (url_a, _), fake_server() as (url_b, _):
+        args = f"e2e --backend openai --arm torch={url_a} --arm exact={url_b} --model ouro-tiny"
+        args += " --workload rate --request-rate 20 --num-prompts 10 --max-concurrency 4 --input-len 8"
+        args += " --output-len 3 --repeats 2 --slo ttft:1000 --no-live"
+        rc = main([*args.split(), "--result-dir", str(tmp_path / "run")])
+    assert rc == 0
+    run = RunDir.open(tmp_path / "run")
+    assert run.manifest["config"]["rate"]["max_concurrency"] == 4
+    assert len(run.read_jsonl("requests.jsonl")) == 2 * 2 * 10 and not run.read_jsonl("replay.jsonl")
+    summary = run.read_json("summary.json")
+    assert {r["arm"] for r in summary["slo_capacity"]} == {"torch", "exact"}
+    assert all(r["identical"] == r["compared"] for r in summary["identity"])
+
+
 def _fake_records(rate: float, capacity: float, n: int = 30) -> list[dict]:
     """A cell at `rate` on a server finishing at most `capacity` requests/s (latency 0.05 s unloaded)."""
     recs, free = [], 0.0
