@@ -18,7 +18,7 @@ from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_e
 from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend, EngineVariant, exit_mode_variants, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
-from rltbench.bench.lengths import LengthSource, recorded_lengths
+from rltbench.bench.lengths import LengthSource
 from rltbench.bench.workload import (
     BURST_INPUT_LEN,
     BURST_OUTPUT_LEN,
@@ -35,7 +35,7 @@ from rltbench.bench.workload import (
 )
 from rltbench.commands.e2e import report
 from rltbench.commands.e2e.display import RunDisplay
-from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan
+from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan, rate_lengths
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
 from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
@@ -251,7 +251,9 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
     if spec.workload == RATE:
         assert spec.rate is not None
         concurrency = None
-        lengths, notes = rate_lengths(spec, context, notes)
+        lengths, note = rate_lengths(spec.rate, spec.input_len, spec.output_len, spec.trace_length_scale,
+                                     context, spec.source.label)
+        notes += [note] if note else []
         input_len, output_len = lengths.input_len, lengths.output_len
     elif spec.workload == BURST:
         input_len, output_len, note = fit_burst_lengths(spec.input_len, spec.output_len, context,
@@ -261,26 +263,6 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
         input_len, output_len = spec.input_len or BURST_INPUT_LEN, spec.output_len or BURST_OUTPUT_LEN
     return dataclasses.replace(spec, concurrency=concurrency, input_len=input_len, output_len=output_len,
                                trace=trace, notes=notes, lengths=lengths)
-
-
-def rate_lengths(spec: E2ESpec, context: int, notes: list[str]) -> tuple[LengthSource, list[str]]:
-    """The rate workload's request lengths on a model of `context` tokens: recorded pairs (--lengths),
-    or --input-len / --output-len (shrunk to fit where left at their defaults, as for bursts) varied
-    by --random-range-ratio, whose longest request must fit."""
-    assert spec.rate is not None
-    if spec.rate.lengths is not None:
-        source = recorded_lengths(spec.rate.lengths, spec.trace_length_scale, context)
-        dropped = source.info["dropped_too_long"]
-        extra = [f"--lengths {spec.rate.lengths}: {dropped} pairs longer than the context of {context} "
-                 "tokens left out"] if dropped else []
-        return source, notes + extra
-    inp, out, note = fit_burst_lengths(spec.input_len, spec.output_len, context, spec.source.label)
-    source = LengthSource(inp, out, spec.rate.range_ratio)
-    if source.longest() > context:
-        raise UsageError(f"--random-range-ratio {spec.rate.range_ratio:g}: the longest request "
-                         f"({source.longest()} tokens) exceeds the context of {context}; lower the ratio or "
-                         "the lengths")
-    return source, notes + ([note] if note else [])
 
 
 def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -> tuple[EngineConfig, int]:

@@ -24,8 +24,8 @@ import numpy as np
 
 from rltbench.backends.base import Request, Timeouts
 from rltbench.bench.arrivals import CONSTANT, GAMMA, POISSON, ArrivalProcess, arrival_times
-from rltbench.bench.lengths import LengthSource
-from rltbench.bench.workload import Cell, open_loop_prompts, warmup_prompts
+from rltbench.bench.lengths import LengthSource, recorded_lengths
+from rltbench.bench.workload import Cell, fit_burst_lengths, open_loop_prompts, warmup_prompts
 from rltbench.commands.e2e.runner import Plan
 from rltbench.errors import UsageError
 from rltbench.results.rate import (
@@ -184,6 +184,25 @@ def rate_spec_of(workload: str, flags: dict[str, Any], others: dict[str, Any]) -
             why = "scales --lengths only" if flag == "--trace-length-scale" else "is not for --workload rate"
             raise UsageError(f"{flag} {why} (rate cells: --request-rate, --max-concurrency, --lengths)")
     return rate_spec(**flags)
+
+
+def rate_lengths(spec: RateSpec, input_len: int | None, output_len: int | None, length_scale: float | None,
+                 context: int, model: str) -> tuple[LengthSource, str | None]:
+    """(request lengths, a note or None) on a model of `context` tokens: recorded pairs (--lengths,
+    scaled by `length_scale`), or --input-len / --output-len (shrunk to fit where left at their
+    defaults, as for bursts) varied by --random-range-ratio, whose longest request must fit."""
+    if spec.lengths is not None:
+        source = recorded_lengths(spec.lengths, length_scale, context)
+        dropped = source.info["dropped_too_long"]
+        return source, (f"--lengths {spec.lengths}: {dropped} pairs longer than the context of {context} "
+                        "tokens left out") if dropped else None
+    inp, out, note = fit_burst_lengths(input_len, output_len, context, model)
+    source = LengthSource(inp, out, spec.range_ratio)
+    if source.longest() > context:
+        raise UsageError(f"--random-range-ratio {spec.range_ratio:g}: the longest request "
+                         f"({source.longest()} tokens) exceeds the context of {context}; lower the ratio or "
+                         "the lengths")
+    return source, note
 
 
 def rate_cell(rate: float, max_concurrency: int | None) -> Cell:

@@ -137,7 +137,8 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             backend.run_cell(arm, "warmup-pass", reqs, plan.timeouts, reset_prefix_cache=True, timed=False)
     idents: dict[tuple[str, str], list[int | None]] = {}
     stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
-    sched: Iterable[tuple[int, Cell, str]] = plan.order or schedule(plan.arms, plan.cells, plan.repeats)
+    sched: Iterable[tuple[int, Cell, str]] = (plan.order if plan.order is not None
+                                              else schedule(plan.arms, plan.cells, plan.repeats))
     total = len(sched) if isinstance(sched, list) else None
     status = "complete"
     replay = bool(getattr(backend, "supports_replay", False))
