@@ -150,6 +150,11 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
     "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
                              "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
+    # open-loop arrivals swept from the synchronous rate to saturation, 3 interleaved repetitions with
+    # an A/A arm: each arm's SLO capacity with its interval, its ratio to torch, one replay per rate
+    "e2e-rate": (500, rlt(f"e2e {OURO} --arms torch,exact,torch --workload rate --request-rate sweep "
+                          "--sweep-rates 4 --duration 2 --repeats 3 --input-len 512 --output-len 128 "
+                          "--slo ttft:500,tpot:50 --deadline 470", "e2e-rate")),
     # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([

@@ -3,15 +3,17 @@ NAME=URL parser for servers.
 
 A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) has `name`, `hosting` (one
 line for the report) and `supports_replay`; `warmup(arm, requests, timeouts)` makes `arm` ready;
-`run_cell(arm, tag, requests, timeouts, progress=..., ...)` serves `requests`, each sent at cell start
-+ its arrival, and returns one finalized record per request, in request order; `stats(arm)` gives its
-counters (empty for servers).
+`run_cell(arm, tag, requests, timeouts, progress=..., max_concurrency=None, ...)` serves `requests`, each
+sent at cell start + its arrival (later while `max_concurrency` requests are in flight), and returns
+one finalized record per request, in request order; `stats(arm)` gives its counters (empty for servers).
 
-A record is a plain dict (a row of the e2e requests.jsonl): `send`, `first`, `last` (perf_counter
-seconds), `token_ids` (None where a server does not return ids; then `n_tokens`), `event_times` /
-`event_tokens` (one entry per streamed event and how many tokens it carried), `status` (ok, error,
-timeout, length_mismatch), `error`, `finish_reason`, `prefix_hit_tokens`, `text` for text prompts, and
-`exit_depths` (one per token id) where the model has an exit gate.
+A record is a plain dict (a row of the e2e requests.jsonl): `scheduled` (cell start + arrival),
+`send` (when it was sent: `scheduled`, or later where the concurrency limit held it back or the
+client fell behind), `first`, `last` (perf_counter seconds), `token_ids` (None where a server does
+not return ids; then `n_tokens`), `event_times` / `event_tokens` (one entry per streamed event and
+how many tokens it carried), `status` (ok, error, timeout, length_mismatch), `error`,
+`finish_reason`, `prefix_hit_tokens`, `text` for text prompts, and `exit_depths` (one per token id)
+where the model has an exit gate.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def new_record(req: Request, rid: str, send: float) -> dict[str, Any]:
         "request_id": rid,
         "prompt_len": None if isinstance(req.prompt, str) else len(req.prompt),
         "expected_len": req.output_len if req.ignore_eos else None,
+        "scheduled": send,
         "send": send,
         "first": None,
         "last": None,

@@ -189,8 +189,10 @@ class EngineBackend:
         progress: CellProgress | None = None,
         on_step: Callable[[], None] | None = None,
         timed: bool = True,
+        max_concurrency: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Serve `requests` (sent at cell start + arrival) and return one record per request.
+        """Serve `requests` (sent at cell start + arrival; with `max_concurrency`, held back by the
+        client while that many are in flight) and return one record per request.
 
         A timed cell runs on a frozen engine (no graph capture), records its schedule
         (`last_schedule`, for replays on other arms) and counts cold work (`last_cold_work`)."""
@@ -199,11 +201,11 @@ class EngineBackend:
         if reset_prefix_cache:
             eng.reset_prefix_cache()
         if not timed:
-            return self._serve(arm, tag, requests, timeouts, progress, on_step)
+            return self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency)
         window: dict[str, Any] = {}
         try:
             with frozen_window(eng) as window:
-                return self._serve(arm, tag, requests, timeouts, progress, on_step)
+                return self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency)
         finally:
             self.last_schedule = window.get("schedule")
             self.last_cold_work = window.get("cold_work", {})
@@ -228,6 +230,7 @@ class EngineBackend:
         timeouts: Timeouts,
         progress: CellProgress | None,
         on_step: Callable[[], None] | None,
+        max_concurrency: int | None = None,
     ) -> list[dict[str, Any]]:
         eng = self.engine
         pending = sorted(requests, key=lambda r: (r.arrival, r.index))
@@ -239,14 +242,18 @@ class EngineBackend:
         prog.total, prog.start = len(requests), time.perf_counter()
         t0 = prog.start
         pi = 0
+        full_at = -float("inf")  # the last check that found max_concurrency requests in flight
         try:
             while True:
                 now = time.perf_counter()
-                while pi < len(pending) and t0 + pending[pi].arrival <= now:
+                while (pi < len(pending) and t0 + pending[pi].arrival <= now
+                       and (max_concurrency is None or len(live) < max_concurrency)):
                     req = pending[pi]
                     pi += 1
                     rid = f"{arm}/{tag}/{req.index}"
                     rec = recs[rid] = new_record(req, rid, t0 + req.arrival)
+                    if rec["scheduled"] <= full_at:  # held back by the client until a slot freed
+                        rec["send"] = now
                     reqs[rid] = req
                     order.append(rid)
                     try:
@@ -256,6 +263,8 @@ class EngineBackend:
                         rec["status"], rec["error"] = "error", str(exc)
                         prog.done += 1
                         prog.errors += 1
+                if max_concurrency is not None and len(live) >= max_concurrency:
+                    full_at = now
                 if timeouts.deadline_passed(now):
                     self._abort_all(live, recs, "global deadline reached")
                     for req in pending[pi:]:

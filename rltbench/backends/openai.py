@@ -70,11 +70,14 @@ class OpenAIBackend:
         asyncio.run(self._warmup(arm, requests, timeouts))
 
     def run_cell(self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts,
-                 progress: CellProgress | None = None, **_engine_only: Any) -> list[dict[str, Any]]:
-        """Serve `requests` (each sent at cell start + arrival); one record per request. The engine's
-        options (prefix-cache reset, timed window, step hook) do not exist here: the server's prefix
-        cache cannot be reset through this API (the session report says so)."""
-        return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress()))
+                 progress: CellProgress | None = None, max_concurrency: int | None = None,
+                 **_engine_only: Any) -> list[dict[str, Any]]:
+        """Serve `requests` (each sent at cell start + arrival, held back while `max_concurrency`
+        are in flight); one record per request. The engine's options (prefix-cache reset, timed
+        window, step hook) do not exist here: the server's prefix cache cannot be reset through this
+        API (the session report says so)."""
+        return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress(),
+                                          max_concurrency))
 
     # -- internals ---------------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:
@@ -135,14 +138,16 @@ class OpenAIBackend:
         return body
 
     async def _run_cell(
-        self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts, prog: CellProgress
+        self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts, prog: CellProgress,
+        max_concurrency: int | None = None,
     ) -> list[dict[str, Any]]:
         prog.total, prog.start = len(requests), time.perf_counter()
         t0 = prog.start
         recs = [new_record(r, f"{arm}/{tag}/{r.index}", t0 + r.arrival) for r in requests]
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         async with self._session() as sess:
             tasks = [
-                asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog))
+                asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog, slots))
                 for req, rec in zip(requests, recs, strict=False)
             ]
             remaining = (
@@ -160,11 +165,21 @@ class OpenAIBackend:
         return [finalize(r) for r in recs]
 
     async def _one(
-        self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress
+        self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
-        delay = rec["send"] - time.perf_counter()
+        delay = rec["scheduled"] - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        if slots is None:
+            await self._send(sess, arm, req, rec, timeouts, prog)
+            return
+        async with slots:  # the concurrency limit: wait here (client-side queue) for a free slot
+            await self._send(sess, arm, req, rec, timeouts, prog)
+
+    async def _send(
+        self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress
+    ) -> None:
         rec["send"] = time.perf_counter()
         text = isinstance(req.prompt, str)
         if text:

@@ -72,10 +72,16 @@ def fit_burst_lengths(input_len: int | None, output_len: int | None, context: in
 @dataclass
 class Cell:
     """One load point of a serving run: its name and concurrency C (0 for a session replay: open loop
-    by trace time)."""
+    by trace time; 0 or the concurrency limit for an open-loop rate). A rate cell has its target
+    `rate` (requests/s); `max_concurrency` holds requests back client-side while that many are in
+    flight; a `probe` cell (the synchronous and saturated runs that place a sweep's rates) is no
+    measurement of its own."""
 
     name: str
     C: int
+    rate: float | None = None
+    max_concurrency: int | None = None
+    probe: bool = False
 
 
 def schedule(arms: list[str], cells: list[Cell], repeats: int) -> list[tuple[int, Cell, str]]:
@@ -126,6 +132,20 @@ def burst_prompts(
     rng = _rng(seed, 0xB0857, rep, concurrency)
     picks = rng.integers(0, ids.size, size=(n, input_len))
     return [Request(index=i, prompt=ids[picks[i]].tolist(), output_len=output_len) for i in range(n)]
+
+
+def open_loop_prompts(config: Any, arrivals: Any, lengths: list[tuple[int, int]], seed: int,
+                      key: tuple[int, ...], ignore_eos: bool = True) -> list[Request]:
+    """The requests of one open-loop cell: request i arrives at `arrivals[i]` (seconds after the cell
+    starts) with a prompt of `lengths[i][0]` random ids (no special ids) and `lengths[i][1]` output
+    tokens; fresh per `key` (repetition and cell), the same for every arm."""
+    ids = allowed_ids(config)
+    rng = _rng(seed, 0x0A7E, *key)
+    return [
+        Request(index=i, prompt=ids[rng.integers(0, ids.size, size=n_in)].tolist(), output_len=n_out,
+                arrival=float(t), ignore_eos=ignore_eos)
+        for i, (t, (n_in, n_out)) in enumerate(zip(arrivals, lengths, strict=True))
+    ]
 
 
 def warmup_prompts(config: Any, n: int, input_len: int, output_len: int, seed: int) -> list[Request]:

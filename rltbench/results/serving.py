@@ -74,13 +74,18 @@ def steady_window(recs: list[dict[str, Any]]) -> tuple[float, float, int] | None
     start, end = max(firsts), min(lasts)
     if end <= start:
         return None
+    return start, end, tokens_between(recs, start, end)
+
+
+def tokens_between(recs: list[dict[str, Any]], start: float, end: float) -> int:
+    """Tokens the requests received in streamed events at times in (start, end]."""
     tokens = 0
     for r in recs:
         counts = r.get("event_tokens") or [1] * len(r.get("event_times") or [])
         tokens += sum(
             int(k) for t, k in zip(r.get("event_times") or [], counts, strict=False) if start < t <= end
         )
-    return start, end, tokens
+    return tokens
 
 
 def cell_summary(recs: list[dict[str, Any]], burst: bool = True) -> dict[str, Any]:

@@ -50,3 +50,22 @@ def test_gpu_session_prefix_hits(tmp_path):
                for _, _, w in cold), cold
     assert all(r["status"] == "ok" for r in run.read_jsonl("requests.jsonl"))
     assert all(c["measured_prefix_hit_rate"] is not None for c in run.read_json("cells.json"))
+
+
+@pytest.mark.gpu
+def test_gpu_rate_sweep_exact_identity_and_capacity(tmp_path):
+    """A rate sweep on the GPU: probes, rising rates until every arm saturates or the sweep ends, one
+    replay per rate with the exact arm identical, an SLO capacity per arm, no capture in a timed cell."""
+    args = ("--dtype bfloat16 --workload rate --request-rate sweep --sweep-rates 3 --duration 2 --repeats 2 "
+            "--input-len 32 --output-len 16 --max-num-seqs 16 --slo ttft:200,tpot:50")
+    run = _e2e(tmp_path / "rate", args)
+    sweep = run.manifest["sweep"]
+    assert sweep["probes"]["sync"]["rate"] and sweep["probes"]["saturated"]["rate"] and sweep["stopped"]
+    summary = run.read_json("summary.json")
+    assert summary["exact_arm_mismatch"] is False and not summary["exact_arm_unverified"]
+    exact = [r for r in summary["replay_identity"] if r["arm"] == "exact"]
+    assert exact and all(r["identical"] == r["compared"] > 0 and r["reps"] == 1 for r in exact)
+    assert {r["arm"] for r in summary["slo_capacity"]} == {"torch", "exact", "torch#2"}
+    kinds = ("graph_captures", "prefill_graph_captures", "compiles")
+    meta = run.read_jsonl("cell_meta.jsonl")
+    assert all(not any(m["cold_work"].get(k) for k in kinds) for m in meta), [m["cold_work"] for m in meta]

@@ -1,8 +1,10 @@
-"""`rltbench e2e`: serving loads (burst / session) across kernel arms, on the engine or OpenAI servers.
+"""`rltbench e2e`: serving loads (burst / session / rate) across kernel arms, on the engine or OpenAI
+servers.
 
 Flag names follow vLLM where the meaning is the same (--input-len, --output-len, --max-num-seqs,
 --max-num-batched-tokens, --block-size, --enforce-eager, --result-dir, --seed, --dtype,
---served-model-name). The metric definitions are docs/contracts/e2e.md's (printed in table.md).
+--served-model-name, --request-rate, --burstiness, --max-concurrency, --num-prompts,
+--random-range-ratio). The metric definitions are docs/contracts/e2e.md's (printed in table.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
 from rltbench.bench.workload import DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
+from rltbench.commands.e2e.rate import DEFAULT_DURATION_S, DEFAULT_SWEEP_RATES, RATE, rate_spec_of
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
@@ -33,7 +36,8 @@ def e2e_command(
     act: armspec.ActOption = None,
     scope: armspec.ScopeOption = None,
     workload: Annotated[
-        str, typer.Option(help="burst (C requests at once) or session (trace replay).")
+        str, typer.Option(help="burst (C requests at once), session (trace replay) or rate (open-loop "
+                          "arrivals at --request-rate).")
     ] = BURST,
     concurrency: Annotated[
         str | None, typer.Option(help=f"Burst sizes C, comma list (default {GPU_CONCURRENCY}; on CPU "
@@ -105,15 +109,58 @@ def e2e_command(
                           "from 'all'), or both (all,stop): every arm runs both ways, interleaved, the "
                           "compute-saving run named NAME+stop and compared with torch+stop."),
     ] = "all",
+    request_rate: Annotated[str | None, typer.Option(
+        help="rate: requests/s, a comma list, or sweep (default): the synchronous rate, the saturated "
+             "throughput and --sweep-rates rates between, stopping when every arm saturates.")] = None,
+    sweep_rates: Annotated[int | None, typer.Option(
+        help=f"rate: rates of a sweep between the synchronous and saturated ones (default "
+             f"{DEFAULT_SWEEP_RATES}).")] = None,
+    arrivals: Annotated[str | None, typer.Option(
+        help="rate: poisson (default), gamma (shape --burstiness) or constant gaps.")] = None,
+    burstiness: Annotated[float | None, typer.Option(
+        help="rate: gamma shape of the gaps (1 = Poisson, < 1 burstier), mean rate kept.")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="rate: requests in flight at most; later arrivals wait client-side (queue delay).")] = None,
+    num_prompts: Annotated[int | None, typer.Option(help="rate: requests per rate cell.")] = None,
+    duration: Annotated[float | None, typer.Option(
+        help=f"rate: seconds of arrivals per rate cell (default {DEFAULT_DURATION_S:g}).")] = None,
+    lengths: Annotated[str | None, typer.Option(
+        help="rate: request lengths drawn from a distribution of workloads/lengths/, a session preset's "
+             "trace or a JSONL file (input_length, output_length); default --input-len/--output-len.")
+    ] = None,
+    random_range_ratio: Annotated[float | None, typer.Option(
+        help="rate: each length uniform within +-ratio of --input-len/--output-len (default 0).")] = None,
+    exclude_head: Annotated[float | None, typer.Option(
+        help="rate: share of each cell's first requests left out of its figures (warm-up; 0.1).")] = None,
+    exclude_tail: Annotated[float | None, typer.Option(
+        help="rate: share of each cell's last requests left out of its figures (cool-down; 0.1).")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="rate: SLO terms METRIC:MS or METRIC:pNN:MS (ttft, tpot, e2el), e.g. ttft:500,tpot:50: "
+             "per cell its share and goodput, per arm the SLO capacity.")] = None,
+    slo_attainment: Annotated[float | None, typer.Option(
+        help="rate: share of requests that must meet a term without its own pNN (default 0.9).")] = None,
+    saturation_margin: Annotated[float | None, typer.Option(
+        help="rate: a cell saturates when its achieved rate falls short of the offered one by more "
+             "than this share, or its TTFT grows by more than this many s per s (default 0.1).")] = None,
+    ignore_eos: Annotated[bool | None, typer.Option(
+        help="rate: exactly --output-len tokens per request, EOS ignored (default on).")] = None,
 ) -> None:
-    """Serving benchmark: burst or session loads, arms interleaved, TTFT/TPOT/ITL/E2E, tok/s, identity."""
+    """Serving benchmark: burst, session or open-loop rate loads, arms interleaved, TTFT/TPOT/ITL/E2E,
+    tok/s, SLO capacity, identity."""
     t_start = time.perf_counter()
-    if workload not in (BURST, SESSION):
-        raise UsageError(f"--workload must be burst or session, not {workload!r}")
+    if workload not in (BURST, SESSION, RATE):
+        raise UsageError(f"--workload must be burst, session or rate, not {workload!r}")
+    rate = rate_spec_of(workload, dict(
+        request_rate=request_rate, sweep_rates=sweep_rates, arrivals=arrivals, burstiness=burstiness,
+        max_concurrency=max_concurrency, num_prompts=num_prompts, duration=duration, lengths=lengths,
+        random_range_ratio=random_range_ratio, exclude_head=exclude_head, exclude_tail=exclude_tail, slo=slo,
+        slo_attainment=slo_attainment, saturation_margin=saturation_margin, ignore_eos=ignore_eos,
+    ), {"--concurrency": concurrency, "--trace": trace, "--trace-time-scale": trace_time_scale,
+        "--max-requests": max_requests, "--trace-length-scale": trace_length_scale})
     if backend not in ("engine", "openai"):
         raise UsageError(f"--backend must be engine or openai, not {backend!r}")
     if repeats is None:
-        repeats = 3 if workload == SESSION else 2
+        repeats = 2 if workload == BURST else 3
     if repeats < 1:
         raise UsageError("--repeats must be >= 1")
     if (input_len is not None and input_len < 1) or (output_len is not None and output_len < 1):
@@ -167,6 +214,7 @@ def e2e_command(
         argv=list(sys.argv),
         prefix_cache=cache,
         exit_modes=modes if len(modes) > 1 else (),
+        rate=rate,
     )
     _path, mismatch = run(spec)
     if mismatch:

@@ -57,14 +57,16 @@ class RunDisplay:
         self.current = (arm, cell, rep, prog)
 
     def finish_cell(self, row: dict[str, Any]) -> None:
-        """`row`: arm, cell, rep, requests, n_ok, output_tok_s, ttft_p50, errors, identity (str)."""
+        """`row`: arm, cell, rep, requests, n_ok, output_tok_s, ttft_p50, errors, identity (str), and for
+        an open-loop rate `load` (achieved against target rate, saturation)."""
         self.current = None
         self.rows.append(row)
         if not self.use_live:
             self.console.print(
                 f"{row['cell']:>8} rep {row['rep']} {row['arm']:<10} {row['n_ok']}/{row['requests']} ok  "
                 f"{(row.get('output_tok_s') or 0):9.1f} tok/s  TTFT p50 {_ms(row.get('ttft_p50'))} ms  "
-                f"identity {row.get('identity', '-')}" + ("" if row.get("valid") else "  [red]INVALID[/]"),
+                f"identity {row.get('identity', '-')}" + ("" if row.get("valid") else "  [red]INVALID[/]")
+                + (f"  {row['load']}" if row.get("load") else ""),
                 highlight=False,
                 soft_wrap=True,
             )

@@ -18,6 +18,7 @@ from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_e
 from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend, EngineVariant, exit_mode_variants, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
+from rltbench.bench.lengths import LengthSource
 from rltbench.bench.workload import (
     BURST_INPUT_LEN,
     BURST_OUTPUT_LEN,
@@ -34,6 +35,7 @@ from rltbench.bench.workload import (
 )
 from rltbench.commands.e2e import report
 from rltbench.commands.e2e.display import RunDisplay
+from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan, rate_lengths
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
 from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
@@ -82,6 +84,8 @@ class E2ESpec:
     # engine backend, Ouro with an exit threshold: both exit modes in schedule order (True: the
     # compute-saving exit), each arm then run both ways; empty: the source's one mode
     exit_modes: tuple[bool, ...] = ()
+    rate: RateSpec | None = None  # the rate workload's flags (--workload rate)
+    lengths: LengthSource | None = None  # the rate workload's request lengths (set by resolve_defaults)
 
     @property
     def backend(self) -> str:
@@ -133,6 +137,13 @@ class E2ESpec:
         """Seed of the prompts, the trace blocks and the random weights."""
         return self.source.seed
 
+    @property
+    def rate_limit(self) -> int:
+        """The rate workload's concurrency limit: the client's --max-concurrency, else the engine's
+        batch limit (--max-num-seqs, default 128)."""
+        assert self.rate is not None
+        return self.rate.max_concurrency or self.max_num_seqs or 128
+
 
 def load_session(config: Any, spec: E2ESpec, max_model_len: int | None) -> tuple[SessionTrace, dict]:
     """Resolve --trace (path or preset), apply scales (flags override the preset) and materialize."""
@@ -173,6 +184,12 @@ def make_plan(
     whose eager steps run their own kernels (scope all), each of which gets a session warm-up pass."""
     arm_names = spec.arm_names
     ref = reference_arm(arm_names)
+    if spec.workload == RATE:
+        assert spec.rate is not None and spec.lengths is not None
+        return make_rate_plan(config, spec.rate, spec.lengths, arms=arm_names, ref=ref, repeats=spec.repeats,
+                              seed=spec.seed, warmup_requests=spec.warmup_requests, timeouts=spec.timeouts,
+                              exact_arms=exact_arms, limit=spec.rate_limit,
+                              eager_arms=eager_kernel_arms or set())
     if session is None:
         cells = [Cell(f"C={c}", c) for c in spec.concurrency]
         cache: dict[tuple[int, int], list[Request]] = {}
@@ -231,21 +248,34 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
     if spec.workload == SESSION and trace is None:
         trace, note = default_trace(context)
         notes += [note] if note else []
-    if spec.workload == BURST:
+    lengths = None
+    if spec.workload == RATE:
+        assert spec.rate is not None
+        concurrency = None
+        lengths, note = rate_lengths(spec.rate, spec.input_len, spec.output_len, spec.trace_length_scale,
+                                     context, spec.source.label)
+        notes += [note] if note else []
+        input_len, output_len = lengths.input_len, lengths.output_len
+    elif spec.workload == BURST:
         input_len, output_len, note = fit_burst_lengths(spec.input_len, spec.output_len, context,
                                                         spec.source.label)
         notes += [note] if note else []
     else:  # a session's lengths come from the trace; these only name the unused burst defaults
         input_len, output_len = spec.input_len or BURST_INPUT_LEN, spec.output_len or BURST_OUTPUT_LEN
     return dataclasses.replace(spec, concurrency=concurrency, input_len=input_len, output_len=output_len,
-                               trace=trace, notes=notes)
+                               trace=trace, notes=notes, lengths=lengths)
 
 
 def engine_config(spec: E2ESpec, model_len: int, session: SessionTrace | None) -> tuple[EngineConfig, int]:
     """The engine for the load and the KV blocks it needs at once: max_num_seqs >= max C and a pool
     that holds every burst (C is never shrunk); a session needs its longest request."""
     bs = spec.engine.block_size
-    if session is None:
+    if spec.workload == RATE:  # one request must fit; the pool's size sets how many run at once
+        assert spec.lengths is not None
+        seqs = spec.max_num_seqs or spec.rate_limit
+        per_req = spec.lengths.longest()
+        need_blocks = math.ceil(per_req / bs)
+    elif session is None:
         cmax = max(spec.concurrency)
         seqs = spec.max_num_seqs or cmax
         if seqs < cmax:
@@ -424,7 +454,20 @@ def _cache_on_reference(spec: E2ESpec, ref: str) -> str:
 def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[str, Any], exact_arms: set[str],
                      sess_info: dict | None, facts: dict[str, Any]) -> dict[str, Any]:
     """The run's configuration as manifest.json stores it (what the report reads back)."""
-    if spec.workload == BURST:
+    if spec.workload == RATE:
+        assert spec.rate is not None and spec.lengths is not None
+        rs = spec.rate
+        rates = "sweep" if rs.rates is None else ", ".join(f"{r:g}" for r in rs.rates)
+        size = f"{rs.num_prompts} requests" if rs.num_prompts else f"{rs.duration_s:g} s of arrivals"
+        workload_note = (
+            f"open-loop rate: {rs.process.label} arrivals at {rates} requests/s, {size} per cell, "
+            f"{spec.lengths.label}, random ids (no special ids), fresh per rate and repetition, same for "
+            f"every arm; {'EOS ignored (exact output lengths)' if rs.ignore_eos else 'stops at EOS'}; "
+            f"concurrency limit {rs.max_concurrency or 'none (the engine queues)'}; first "
+            f"{rs.exclude_head:.0%} and last {rs.exclude_tail:.0%} of each cell's requests left out of its "
+            "figures (warm-up, cool-down)"
+        )
+    elif spec.workload == BURST:
         workload_note = (
             f"burst: C in {spec.concurrency}, {spec.input_len} in / {spec.output_len} out, "
             "random ids (no special ids), fresh prompts per repetition, same for every arm"
@@ -464,6 +507,8 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         "repeats": spec.repeats,
         "seed": spec.seed,
         "session": sess_info,
+        "rate": spec.rate.config() if spec.rate is not None else None,
+        "lengths": ({"label": spec.lengths.label, **spec.lengths.info} if spec.lengths is not None else None),
         "schedule_note": SCHEDULE_NOTE,
         "workload_note": workload_note,
         "timeouts": {
@@ -561,6 +606,11 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
             ci = "" if r["ci_lo"] is None else f" [{1 + r['ci_lo']:.3f}, {1 + r['ci_hi']:.3f}]"
             con.print(f"{r['cell']:>8} {r['arm']:<10} output tok/s {1 + r['delta']:.3f}x{ci} of "
                       f"{r['against']}  ({r['verdict']})", highlight=False, soft_wrap=True)
+    stopped = (a.get("sweep") or {}).get("stopped")
+    if stopped:
+        con.print(f"rate sweep: {stopped}", highlight=False, soft_wrap=True)
+    for line in a.get("slo_headlines") or []:
+        con.print(f"[bold]{line}[/]", highlight=False, soft_wrap=True)
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
     con.print(

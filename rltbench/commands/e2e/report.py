@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from rltbench.backends.engine import STOP_SUFFIX
+from rltbench.commands.e2e.rate_report import analyse_rate, make_rate_plots, rate_section
 from rltbench.results import RunDir
 from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
@@ -138,7 +139,13 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "interval_method": INTERVAL_METHOD,
         "random_weights": bool(cfg.get("random_weights")),
     }
+    rate = analyse_rate(cfg, records, meta, arms, ref) if cfg.get("workload") == "rate" else {}
+    if rate:
+        summary.update(slo_capacity=rate["slo_capacity"], slo_headlines=rate["slo_headlines"],
+                       sweep=run.manifest.get("sweep"))
     return {
+        **rate,
+        "sweep": run.manifest.get("sweep"),
         "cells": cells,
         "identity": ident,
         "replay_identity": replays,
@@ -263,6 +270,8 @@ def table_markdown(a: dict[str, Any]) -> str:
         f"- status: {status_text(a['summary'])}",
         "",
     ]
+    if cfg.get("workload") == "rate":
+        L += [*rate_section(a), ""]
     cells = a["cells"]
     comp = {(r["arm"], r["cell"], r["metric"]): r for r in a["comparison"]}
     cell_names = list(dict.fromkeys(c["cell"] for c in cells))
@@ -682,7 +691,12 @@ def render(run_dir: str | Path) -> dict[str, Any]:
         run.write_table("comparison", pd.DataFrame(a["comparison"]))
     if a["mode_comparison"]:
         run.write_table("mode_comparison", pd.DataFrame(a["mode_comparison"]))
+    if a.get("rate_cells"):
+        run.write_table("rate_cells", pd.DataFrame(a["rate_cells"]))
     run.write_json("summary.json", a["summary"])
     run.write_markdown("table.md", table_markdown(a))
-    make_plots(run, a)
+    if a["config"].get("workload") == "rate":
+        make_rate_plots(run, a, plot_caveats(a))
+    else:
+        make_plots(run, a)
     return a

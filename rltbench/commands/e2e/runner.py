@@ -13,9 +13,9 @@ Each finished cell and replay is appended to its JSONL file at once, so a crash 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -42,6 +42,22 @@ SCHEDULE_NOTE = (
 
 # per arm of one (cell, repetition) block: its timed cell's schedule, requests by id and records
 BlockRuns = dict[str, tuple[Any, dict[str, Request], list[dict[str, Any]]]]
+PROBE_REQUESTS_FILE = "probe_requests.jsonl"  # the records of probe cells (no measurement of their own)
+PROBE_META_FILE = "probe_meta.jsonl"
+
+
+class CellOrder(Protocol):
+    """Cells in run order decided while the run goes (the rate sweep): (rep, cell, arm) items, each
+    finished cell reported back (`record` returns a short line for the live view, or None), the arms
+    of each (repetition, cell) block, and what was decided (`summary`, kept in the manifest)."""
+
+    def __iter__(self) -> Iterator[tuple[int, Cell, str]]: ...
+
+    def record(self, arm: str, cell: Cell, rep: int, records: list[dict[str, Any]]) -> str | None: ...
+
+    def block_arms(self, rep: int, cell: Cell) -> list[str]: ...
+
+    def summary(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -73,6 +89,11 @@ class Plan:
     # arms are compared with the reference's own compute-saving run (`torch+stop`), which maps to
     # itself; their tokens are not meant to match every-loop runs
     identity_refs: dict[str, str] = field(default_factory=dict)
+    # the cells in run order decided as the run goes (CellOrder); None: `schedule` of `cells`
+    order: CellOrder | None = None
+    # False: each cell is replayed once, at its first block whose reference cell finished cleanly
+    # (open-loop cells are long; identity is a property of the kernels on one schedule)
+    replay_every_rep: bool = True
 
     def reference_of(self, arm: str) -> str:
         """The arm whose tokens `arm`'s are compared with (itself for a reference)."""
@@ -116,20 +137,27 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             backend.run_cell(arm, "warmup-pass", reqs, plan.timeouts, reset_prefix_cache=True, timed=False)
     idents: dict[tuple[str, str], list[int | None]] = {}
     stored: dict[tuple[str, str, int], dict[int, list[int] | None]] = {}
-    sched = schedule(plan.arms, plan.cells, plan.repeats)
+    sched: Iterable[tuple[int, Cell, str]] = (plan.order if plan.order is not None
+                                              else schedule(plan.arms, plan.cells, plan.repeats))
+    total = len(sched) if isinstance(sched, list) else None
     status = "complete"
     replay = bool(getattr(backend, "supports_replay", False))
     block_runs: BlockRuns = {}
+    block_key: tuple[int, str] | None = None
     row_invariant_done: set[str] = set()
+    replayed: set[str] = set()
     for order, (rep, cell, arm) in enumerate(sched):
         if plan.timeouts.deadline_passed():
-            run.update_manifest(skipped_cells=len(sched) - order)
+            run.update_manifest(skipped_cells=None if total is None else total - order)
             status = "deadline"
             break
+        if block_key != (rep, cell.name):
+            block_key, block_runs = (rep, cell.name), {}
         reqs = plan.prompts(cell, rep)
         prog = CellProgress()
         display.start_cell(arm, cell.name, rep, prog)
-        display.note(f"cell {order + 1}/{len(sched)}: {arm} {cell.name} rep {rep}")
+        display.note(f"cell {order + 1}/{total or '?'}: {arm} {cell.name} rep {rep}"
+                     + (" (probe: places the sweep's rates, not measured)" if cell.probe else ""))
         before = backend.stats(arm)
         started = time.time()
         meta: dict[str, Any] = {
@@ -141,16 +169,21 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             "workload": plan.workload,
             "started": started,
         }
+        meta.update({k: v for k, v in (("rate", cell.rate), ("max_concurrency", cell.max_concurrency)) if v})
+        files = ("requests.jsonl", "cell_meta.jsonl")
+        if cell.probe:
+            files = (PROBE_REQUESTS_FILE, PROBE_META_FILE)
         try:
             recs = backend.run_cell(
-                arm, f"{cell.name}/r{rep}", reqs, plan.timeouts, reset_prefix_cache=True, progress=prog
+                arm, f"{cell.name}/r{rep}", reqs, plan.timeouts, reset_prefix_cache=True, progress=prog,
+                **({"max_concurrency": cell.max_concurrency} if cell.max_concurrency else {}),
             )
         except DeadlineReached as exc:
             recs, status = exc.records, "deadline"
             meta["note"] = "global deadline reached"
         except KeyboardInterrupt:
             meta.update(interrupted=True, wall_s=time.time() - started)
-            run.append_jsonl("cell_meta.jsonl", meta)
+            run.append_jsonl(files[1], meta)
             raise
         after = backend.stats(arm)
         meta["wall_s"] = time.time() - started
@@ -171,19 +204,28 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             meta["theoretical_prefix_hit_rate"] = theo
         for r in recs:
             r.update(arm=arm, cell=cell.name, C=cell.C, rep=rep)
-            run.append_jsonl("requests.jsonl", r)
-        run.append_jsonl("cell_meta.jsonl", meta)
+            run.append_jsonl(files[0], r)
+        run.append_jsonl(files[1], meta)
         _write_cells_so_far(run)
-        display.finish_cell(_display_row(plan, arm, cell, rep, recs, stored, idents))
+        row = _display_row(plan, arm, cell, rep, recs, stored, idents)
+        if plan.order is not None:
+            row["load"] = plan.order.record(arm, cell, rep, recs)
+            run.update_manifest(sweep=plan.order.summary())
+        display.finish_cell(row)
         if status == "deadline":
-            run.update_manifest(skipped_cells=len(sched) - order - 1)
+            run.update_manifest(skipped_cells=None if total is None else total - order - 1)
             break
-        if replay and len(block_runs) == len(plan.arms):
-            _replay_block(plan, backend, run, display, cell, rep, block_runs)
+        block = plan.order.block_arms(rep, cell) if plan.order is not None else plan.arms
+        if replay and not cell.probe and set(block) <= set(block_runs):
+            if plan.replay_every_rep or cell.name not in replayed:
+                if _replay_block(plan, backend, run, display, cell, rep, block_runs):
+                    replayed.add(cell.name)
             if plan.row_invariant_pairs and cell.name not in row_invariant_done:
                 if _row_invariant_block(plan, backend, run, display, (cell, rep), block_runs):
                     row_invariant_done.add(cell.name)
             block_runs = {}
+    if plan.order is not None:  # what the order decided after the last cell (why it stopped)
+        run.update_manifest(sweep=plan.order.summary())
     return status
 
 
@@ -209,15 +251,22 @@ def _replay_block(
     cell: Cell,
     rep: int,
     runs: BlockRuns,
-) -> None:
-    """Replay the reference arm's schedule of this block on every other arm (untimed) and append one
-    identity row per arm to replay.jsonl. Skipped, with the reason, where the reference cell did not
-    finish cleanly (a cut cell's schedule stops mid-request)."""
+) -> bool:
+    """Replay the reference arm's schedule of this block on every other arm of the block (untimed) and
+    append one identity row per arm to replay.jsonl. Skipped, with the reason, where the reference
+    cell did not finish cleanly (a cut cell's schedule stops mid-request), and not run where the
+    block has no reference cell (an open-loop rate the reference no longer runs). Returns whether
+    every reference cell of the block finished cleanly (and the replays ran)."""
+    all_clean = True
     for arm in plan.arms:
-        if plan.replay_reference_of(arm) == arm:
+        if plan.replay_reference_of(arm) == arm or arm not in runs:
+            continue
+        if plan.replay_reference_of(arm) not in runs:
+            all_clean = False
             continue
         ref, ref_sched, ref_reqs, ref_recs, step_of = _replay_reference(plan.replay_reference_of(arm), runs)
         clean = all(r.get("status") == "ok" for r in ref_recs)
+        all_clean = all_clean and clean
         ref_sig = ref_sched.signature()
         row: dict[str, Any] = {"arm": arm, "cell": cell.name, "C": cell.C, "rep": rep, "ref": ref}
         row["same_schedule_free_running"] = runs[arm][0].signature() == ref_sig
@@ -245,6 +294,7 @@ def _replay_block(
             steps=ref_sched.summary()["steps"],
         )
         run.append_jsonl(REPLAY_FILE, row)
+    return all_clean
 
 
 def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay, block: tuple[Cell, int],
