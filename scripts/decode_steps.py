@@ -120,7 +120,7 @@ def burst(engine: Engine, arms: list[str], n: int, input_len: int, output_len: i
     rows, ref = [], None
     for arm in arms:
         engine.set_arm(arm)
-        engine.warmup(max_context=input_len + output_len)
+        engine.runner.warmup(max_context=input_len + output_len)
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
         secs = time.perf_counter() - t0

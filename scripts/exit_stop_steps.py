@@ -64,8 +64,8 @@ def cell(model_every: Any, model_stop: Any, rows: int, context: int, rounds: int
     tables = [[r * per_row + b for b in range(per_row)] for r in range(rows)]
     graphs = {}
     for stop, eng in engines.items():
-        eng.open_synthetic_decode(tables, context, rows)
-        entry = eng.decode_graph(rows, eng.len_class(context + 1))
+        eng.runner.open_synthetic_decode(tables, context, rows)
+        entry = eng.runner.decode_graph(rows, eng.runner.len_class(context + 1))
         assert entry is not None
         graphs[stop] = entry[0]
     loops_run: list[int] = []
@@ -78,7 +78,7 @@ def cell(model_every: Any, model_stop: Any, rows: int, context: int, rounds: int
     cold = ColdWork(engines[True])
     samples = timing.time_interleaved(runners, rounds=rounds, reps=reps, window=cold)
     for eng in engines.values():
-        eng.close_synthetic_decode()
+        eng.runner.close_synthetic_decode()
     per_rep = {n: rep_medians([s[i * reps:(i + 1) * reps] for i in range(rounds)])
                for n, s in samples.items()}
     stats = {n: timing.summarize(s).to_dict("us_") for n, s in samples.items()}

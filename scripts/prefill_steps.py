@@ -139,7 +139,7 @@ def schedule_step(engine: Engine, tag: str, prompts: list[list[int]]) -> tuple[A
         engine.add_request(rid, p, params)
     batch = engine.scheduler.schedule()
     assert isinstance(batch, PrefillBatch) and batch.num_tokens == sum(map(len, prompts)), batch
-    step, done = engine._prefill_layout(batch)
+    step, done = engine.runner.prefill_layout(batch)
     assert len(done) == len(prompts)
     return step, ids
 
@@ -147,11 +147,11 @@ def schedule_step(engine: Engine, tag: str, prompts: list[list[int]]) -> tuple[A
 def step_units(engine: Engine, arm: str, step: Any) -> dict[str, Callable[[], list[int]]]:
     """The eager step (the engine's eager path: torch ops for scope-graph arms) and the replay of the
     arm's captured graph for `step`'s shape, each reading `step`'s metadata from the static buffer."""
-    state = engine._arms[arm]
+    runner, state = engine.runner, engine._arms[arm]
 
     def eager() -> list[int]:
-        engine._upload_prefill(step.packed)
-        out = engine._prefill_forward(step, state.ops)
+        runner.upload_prefill(step.packed)
+        out = runner.prefill_forward(step, state.ops)
         assert out is not None
         return out.tolist()
 
@@ -162,7 +162,7 @@ def step_units(engine: Engine, arm: str, step: Any) -> dict[str, Callable[[], li
     assert gout is not None
 
     def replay() -> list[int]:
-        engine._upload_prefill(step.packed)
+        runner.upload_prefill(step.packed)
         graph.replay()
         return gout.tolist()
 
@@ -174,11 +174,11 @@ def warm_arm(engine: Engine, arm: str, prompts: list[list[int]], warmup: int) ->
     times; returns capture seconds, pool growth and whether replay samples the eager ids."""
     engine.set_arm(arm)
     step, ids = schedule_step(engine, f"warm-{arm}", prompts)
-    engine._upload_prefill(step.packed)  # sizes the static buffer before the capture reads it
+    engine.runner.upload_prefill(step.packed)  # sizes the static buffer before the capture reads it
     torch.cuda.synchronize()
     reserved0 = torch.cuda.memory_reserved()
     t0 = time.perf_counter()
-    if engine._capture_prefill(step) is None:
+    if engine.runner.capture_prefill(step) is None:
         raise RuntimeError(f"{arm}: prefill capture failed (see the warning above)")
     capture_s = time.perf_counter() - t0
     pool_mib = (torch.cuda.memory_reserved() - reserved0) / 2**20

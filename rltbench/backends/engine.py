@@ -127,11 +127,11 @@ class EngineBackend:
         then a small burst through the real step loop. Timed cells then run frozen (no capture)."""
         eng = self.engine
         self._select(arm)
-        eng.warmup()
+        eng.runner.warmup()
         lens = {len(r.prompt) for r in requests}
         if len(lens) == 1:
-            eng.warmup_prefill(lens.pop())
-        eng.warmup_eager_prefill()
+            eng.runner.warmup_prefill(lens.pop())
+        eng.runner.warmup_eager_prefill()
         if requests:
             self.run_cell(arm, "warmup", requests, timeouts.without_deadline(), timed=False)
 
@@ -141,7 +141,7 @@ class EngineBackend:
         request index -> generated ids. Eager steps run the arm's kernels (scope forced to all) on
         a GPU, so prefill is compared too; on CPU they would run in the Triton interpreter, so eager
         steps keep the arm's own ops there. `row_invariant_tile`: prefill steps run row-invariant
-        (`Engine.row_invariant`)."""
+        (`rltbench.engine.replay.row_invariant`)."""
         eng = self.engine
         self._select(arm)
         fused = eng.fused_ops if eng.device.type == "cuda" else None

@@ -6,7 +6,7 @@ What a decode-step figure is (docs/measurement.md): GPU time between two CUDA ev
 replay of the engine's captured decode graph (embedding, every loop, LM head, in-graph argmax), the
 replays issued back to back; no host work, no metadata upload, no read of the sampled ids. Two things
 decide it beyond (model, batch, context, arm) and are therefore fixed here and recorded:
-- the decode graph's context class (`Engine.len_class`): attention covers a power of two >= seq_len
+- the decode graph's context class (`ModelRunner.len_class`): attention covers a power of two >= seq_len
   positions, capped by max_model_len; `decode_engine_config` sizes max_model_len so that the class
   of `context + 1` is never capped, as in a serving engine (context 512 -> class 1024);
 - the batch bucket: a batch runs in the smallest graph bucket that holds it (padded rows).
@@ -28,7 +28,8 @@ import torch
 
 from rltbench.bench.decode_benchmark import DecodeBenchmark
 from rltbench.bench.warmth import ColdWork
-from rltbench.engine.engine import MIN_LEN_CLASS, Engine
+from rltbench.engine.engine import Engine
+from rltbench.engine.runner import MIN_LEN_CLASS
 from rltbench.engine.types import EngineConfig, SamplingParams
 from rltbench.results.quantiles import summarize
 from rltbench.results.stats import aa_name, abba_order, compare_to_reference, rep_medians
@@ -38,7 +39,7 @@ BLOCK_SIZE = 16
 
 def serving_len_class(seq_len: int, block_size: int = BLOCK_SIZE) -> int:
     """The decode context class of `seq_len` in an engine whose max_model_len does not cap it (the
-    uncapped branch of `Engine.len_class`)."""
+    uncapped branch of `ModelRunner.len_class`)."""
     c = max(MIN_LEN_CLASS, block_size)
     while c < seq_len:
         c *= 2
@@ -160,7 +161,7 @@ def host_overhead(
 ) -> dict[str, Any]:
     """Batch-1 output rate of the engine loop vs the graph replay rate at the mid context."""
     engine.set_arm(arm)
-    engine.warmup([1], max_context=context_len + n_tokens)
+    engine.runner.warmup([1], max_context=context_len + n_tokens)
     mid = context_len + n_tokens // 2
     with DecodeBenchmark(engine, 1, mid) as bench:
         graph_ms = bench.time_ms(iters=iters, warmup=warmup)["median"]

@@ -1,6 +1,7 @@
 """A captured decode step over fake sequences, for the profile/e2e commands and the GPU script.
 
-The benchmark borrows the engine's static metadata buffers and `batch_size * ceil((context_len+1) /
+The benchmark drives the engine's runner (rltbench.engine.runner.ModelRunner): it borrows its static
+metadata buffers and `batch_size * ceil((context_len+1) /
 block_size)` pool blocks; each row is a sequence with `context_len` cached tokens decoding the token at
 position `context_len` (seq_len = context_len + 1). The KV contents are whatever the pool holds (zeros
 or stale finite values): attention cost does not depend on them. The engine serves no request while a
@@ -26,7 +27,8 @@ class DecodeBenchmark:
     def __init__(self, engine: Engine, batch_size: int, context_len: int) -> None:
         if batch_size < 1 or context_len < 0:
             raise UsageError("decode_benchmark: batch_size must be >= 1 and context_len >= 0")
-        if engine.has_unfinished() or engine.synthetic_decode_active:
+        runner = engine.runner
+        if engine.has_unfinished() or runner.synthetic_decode_active:
             raise UsageError("decode_benchmark needs an idle engine (no requests, no other benchmark)")
         if context_len + 1 > engine.max_model_len:
             raise UsageError(
@@ -39,22 +41,22 @@ class DecodeBenchmark:
                 f"decode_benchmark: {batch_size} x {context_len} tokens need {batch_size * per_seq} "
                 f"KV blocks, {engine.blocks.num_free_blocks} are free"
             )
-        bucket = engine.graph_bucket(batch_size) if engine.use_graphs else None
-        if engine.use_graphs and bucket is None:
+        bucket = runner.graph_bucket(batch_size) if runner.use_graphs else None
+        if runner.use_graphs and bucket is None:
             raise UsageError(
-                f"decode_benchmark: batch {batch_size} exceeds the largest graph bucket {max(engine.buckets)}"
+                f"decode_benchmark: batch {batch_size} exceeds the largest graph bucket {max(runner.buckets)}"
             )
         self.engine = engine
         self.batch_size = batch_size
         self.context_len = context_len
         self.rows = bucket or batch_size
         self.tables = [engine.blocks.allocate([], per_seq) for _ in range(batch_size)]
-        engine.open_synthetic_decode(self.tables, context_len, self.rows)
-        self.len_class = engine.len_class(context_len + 1) if bucket else engine.eager_len(context_len + 1)
+        runner.open_synthetic_decode(self.tables, context_len, self.rows)
+        self.len_class = runner.len_class(context_len + 1) if bucket else runner.eager_len(context_len + 1)
         self.graph: torch.cuda.CUDAGraph | None = None
         self._out: torch.Tensor | None = None
         if bucket is not None:
-            self.graph, self._out = engine.decode_graph(bucket, self.len_class)
+            self.graph, self._out = runner.decode_graph(bucket, self.len_class)
         self._released = False
 
     def replay(self) -> None:
@@ -63,7 +65,7 @@ class DecodeBenchmark:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._out = self.engine.decode_eager(self.rows, self.len_class)
+            self._out = self.engine.runner.decode_eager(self.rows, self.len_class)
 
     @property
     def output(self) -> torch.Tensor | None:
@@ -105,7 +107,7 @@ class DecodeBenchmark:
             self.engine.blocks.free(t)
         self.tables = []
         self._released = True
-        self.engine.close_synthetic_decode()
+        self.engine.runner.close_synthetic_decode()
 
     def __enter__(self) -> DecodeBenchmark:
         return self

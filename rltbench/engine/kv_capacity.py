@@ -1,9 +1,9 @@
 """What a KV pool of a given size holds: bytes per token of a KV layout, the pool's blocks, the blocks
 one request reserves and how many requests fit at once.
 
-Why one module: the Engine sizes its pool with `blocks_in_budget`, and its scheduler reserves
-`blocks_for_tokens(kv_tokens_needed(...))` blocks per request at admission (every block a request can
-ever need, so a request admitted is never preempted). `rltbench capacity` predicts with these same
+Why one module: the Engine sizes its pool with `pool_blocks` (`blocks_in_budget`), and its scheduler
+reserves `blocks_for_tokens(kv_tokens_needed(...))` blocks per request at admission (every block a
+request can ever need, so a request admitted is never preempted). `rltbench capacity` predicts with these same
 functions, so its numbers cannot drift from what the engine allocates and admits; a test holds the
 prediction against a real engine.
 """
@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from rltbench.engine.paged_context import kv_bytes_per_block
+from rltbench.engine.types import EngineConfig
+from rltbench.errors import UsageError
 
 GIB = 2**30
 
@@ -34,6 +36,19 @@ def blocks_for_tokens(tokens: int, block_size: int) -> int:
 def blocks_in_budget(budget_bytes: float, bytes_per_block: int) -> int:
     """Whole blocks of `bytes_per_block` bytes in `budget_bytes` (how the engine sizes its pool)."""
     return int(budget_bytes // bytes_per_block)
+
+
+def cuda_free_bytes(device: torch.device) -> int:
+    """Free memory this process may still take on `device`: the driver's free bytes, capped by the
+    process's memory fraction when one is set (``torch.cuda.set_per_process_memory_fraction``, e.g.
+    by the GPU test runner's workers), minus what the allocator already holds against that cap."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None:
+        fraction = float(get_fraction(device))
+        if fraction < 1.0:
+            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
+    return max(0, int(free))
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,30 @@ def engine_layout(config: Any, dtype: torch.dtype) -> KVLayout:
     name = getattr(config, "kv_layout", None) if getattr(config, "family", "") == "huginn" else None
     return KVLayout(name or "engine", int(config.num_kv_planes), int(config.num_kv_heads),
                     int(config.head_dim), dtype)
+
+
+def pool_blocks(config: EngineConfig, layout: KVLayout, device: torch.device) -> int:
+    """The engine's pool size in blocks, first match wins (`EngineConfig`): `num_blocks`, `kv_cache_gib`,
+    on CUDA the free memory minus `kv_headroom_gib`, on CPU `cpu_num_blocks`. UsageError, naming the
+    budget, when not even one block fits."""
+    bs, bpb = config.block_size, layout.bytes_per_block(config.block_size)
+    if config.num_blocks is not None:
+        n, budget = config.num_blocks, "num_blocks"
+    elif config.kv_cache_gib is not None:
+        n = blocks_in_budget(config.kv_cache_gib * 2**30, bpb)
+        budget = f"--kv-cache-gib {config.kv_cache_gib:g} ({config.kv_cache_gib * 2**30:,.0f} bytes)"
+    elif device.type == "cuda":
+        free = cuda_free_bytes(device)
+        n = blocks_in_budget(free - config.kv_headroom_gib * 2**30, bpb)
+        budget = f"free GPU memory {free / 2**30:.1f} GiB minus {config.kv_headroom_gib:g} GiB headroom"
+    else:
+        n, budget = config.cpu_num_blocks, "cpu_num_blocks"
+    if n < 1:
+        raise UsageError(
+            f"KV pool too small: one block of {bs} tokens needs {bpb:,} bytes ({layout.planes} planes "
+            f"x K,V x {layout.kv_heads} heads x {layout.head_dim}), more than {budget}"
+        )
+    return n
 
 
 def per_application_layout(config: Any, dtype: torch.dtype) -> KVLayout:

@@ -10,10 +10,10 @@ exactly that comparison: a cached prefix's K/V were computed in the steps of the
 filled the cache, while with the cache off the same positions are recomputed in a step of another
 shape.
 
-The mode (`Engine.row_invariant`) runs each prefill step as consecutive forwards of exactly
-`tile_tokens` tokens (the step's tokens in order, the last tile padded with tokens that write no
-KV and attend to nothing), each token attending as a one-query decode row over its own prefix with
-the engine's full block-table width. Every kernel of every forward then sees one shape (M =
+The mode (`rltbench.engine.replay.row_invariant`) runs each prefill step as consecutive forwards
+of exactly `tile_tokens` tokens (the step's tokens in order, the last tile padded with tokens that
+write no KV and attend to nothing), each token attending as a one-query decode row over its own
+prefix with the engine's full block-table width. Every kernel of every forward then sees one shape (M =
 `tile_tokens` for GEMMs, norms and the head; one decode-attention configuration whose split plan
 depends on a row's own length only), so a token's values depend on its ids, position and the
 cached K/V of its earlier positions, not on its companions or where the step was cut. Tiling

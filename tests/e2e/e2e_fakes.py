@@ -14,6 +14,22 @@ from rltbench.engine.schedule import DECODE, Schedule, StepRecord
 
 
 @dataclass
+class FakeRunner:
+    """The runner's warm-ups (the e2e backend warms the engine's runner before timed cells)."""
+
+    engine: FakeEngine
+
+    def warmup(self, batch_sizes=None) -> None:
+        self.engine.warmed.append(self.engine.arm)
+
+    def warmup_prefill(self, prompt_len: int) -> int:
+        return 0
+
+    def warmup_eager_prefill(self) -> None:
+        pass
+
+
+@dataclass
 class FakeEngine:
     vocab: int = 97
     step_sleep: float = 0.0
@@ -39,15 +55,10 @@ class FakeEngine:
         self.device = SimpleNamespace(type="cpu")
         self.fused_ops = None
         self.captures_in_timed = 0  # set > 0 to make timed cells report cold work
+        self.runner = FakeRunner(self)
 
     def freeze(self, frozen: bool = True) -> None:
         self.frozen = frozen
-
-    def warmup_prefill(self, prompt_len: int) -> int:
-        return 0
-
-    def warmup_eager_prefill(self) -> None:
-        pass
 
     def start_recording(self) -> None:
         self.recording = Schedule()
@@ -71,9 +82,6 @@ class FakeEngine:
         assert not self.live, "set_arm needs an idle engine"
         self.arm = name
         self.arm_log.append(name)
-
-    def warmup(self, batch_sizes=None) -> None:
-        self.warmed.append(self.arm)
 
     def reset_prefix_cache(self) -> None:
         self.resets += 1

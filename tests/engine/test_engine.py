@@ -360,12 +360,12 @@ def test_gsm8k_engine_kv_pool_is_sized_to_its_workload() -> None:
 
 def test_cuda_free_bytes_honours_the_process_memory_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under a per-process cap (pytest-xdist GPU workers) the free-memory KV sizing stays inside it."""
-    from rltbench.engine import engine as engine_mod
+    from rltbench.engine import kv_capacity
 
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (100 * gib, 140 * gib))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 5 * gib)
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 0.25, raising=False)
-    assert engine_mod.cuda_free_bytes(torch.device("cuda", 0)) == 35 * gib - 5 * gib
+    assert kv_capacity.cuda_free_bytes(torch.device("cuda", 0)) == 35 * gib - 5 * gib
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0, raising=False)
-    assert engine_mod.cuda_free_bytes(torch.device("cuda", 0)) == 100 * gib
+    assert kv_capacity.cuda_free_bytes(torch.device("cuda", 0)) == 100 * gib

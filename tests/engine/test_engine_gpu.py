@@ -38,7 +38,7 @@ def test_graph_decode_equals_eager_and_plain_generate():
     ps = prompts(0, LENGTHS)
     eager = Engine(model, ["torch"], _cfg(use_cuda_graph=False))
     graph = Engine(model, ["torch"], _cfg())
-    graph.warmup(max_context=128)
+    graph.runner.warmup(max_context=128)
     out_e, out_g = _run(eager, ps), _run(graph, ps)
     assert out_g == out_e
     s = graph.stats()
@@ -56,7 +56,7 @@ def test_torch_and_exact_arms_identical_tokens_bf16():
     res = {}
     for arm in ("torch", "exact", "torch"):
         eng.set_arm(arm)
-        eng.warmup(max_context=128)
+        eng.runner.warmup(max_context=128)
         res.setdefault(arm, []).append(_run(eng, ps))
     assert res["torch"][0] == res["torch"][1]  # A/A
     assert res["exact"][0] == res["torch"][0]
@@ -97,7 +97,7 @@ def test_prefill_graphs_equal_eager_prefill(arm):
     bursts = [prompts(2, [32] * 16), prompts(3, [96] * 8)]
     off = Engine(model, ["torch"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
     on = Engine(model, [arm], _cfg(enable_prefix_caching=False))
-    assert on.use_prefill_graphs and not off.use_prefill_graphs
+    assert on.runner.use_prefill_graphs and not off.runner.use_prefill_graphs
     ref = _prefill_burst(off, bursts)
     assert off.stats()["prefill_graph_replays"] == 0
     got = _prefill_burst(on, bursts)
@@ -105,7 +105,7 @@ def test_prefill_graphs_equal_eager_prefill(arm):
     print(f"{arm} prefill graphs:", {k: v for k, v in s.items() if k.startswith("prefill")})
     assert got == ref
     assert s["prefill_graph_replays"] > 0 and s["prefill_graph_failures"] == 0
-    assert any(any(start > 0 for start, _ in k[0]) for k in on._arm.prefill.graphs)
+    assert any(any(start > 0 for start, _ in k[0]) for k in on.runner.arm.prefill.graphs)
     again = _prefill_burst(on, bursts)  # pure replays of the captured shapes
     assert again == ref
 
@@ -115,7 +115,7 @@ def test_warmup_prefill_then_burst_is_all_replays():
     ps = prompts(4, [32] * 10)  # 64-token budget: steps of 2, 2, 2, 2, 2 rows
     off = Engine(model, ["exact"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
     on = Engine(model, ["exact"], _cfg(enable_prefix_caching=False))
-    assert on.warmup_prefill(32) == 2
+    assert on.runner.warmup_prefill(32) == 2
     assert _run(on, ps, n=4) == _run(off, ps, n=4)
     s = on.stats()
     assert s["prefill_eager"] == 0 and s["prefill_graph_replays"] == s["prefill_steps"] > 0

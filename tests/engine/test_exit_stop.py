@@ -150,7 +150,7 @@ def test_gpu_both_exit_modes_keep_their_graphs():
     eng = Engine(model, ["torch"], EngineConfig(use_cuda_graph=True, **cfg))
     for stop in (False, True):
         eng.set_stop_at_exit(stop)
-        eng.warmup()
+        eng.runner.warmup()
     captured = eng.cold_counters()["graph_captures"]
     for stop in (True, False, True):
         eng.set_stop_at_exit(stop)

@@ -15,8 +15,9 @@ import torch
 
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine import attention as _attn
-from rltbench.engine.engine import PrefillGraphSet, prefill_key
+from rltbench.engine.arm_state import PrefillGraphSet
 from rltbench.engine.paged_context import prefill_plan_from_host
+from rltbench.engine.runner import prefill_key
 from rltbench.engine.scheduler import PrefillBatch
 from tests.engine.engine_testutil import prompts
 
@@ -36,8 +37,8 @@ class FakeGraph:
 
 def fake_capture(eng: Engine):
     def capture(fn):
-        out = fn(eng._arm.ops)
-        return FakeGraph(fn, eng._arm.ops, out), out
+        out = fn(eng.runner.arm.ops)
+        return FakeGraph(fn, eng.runner.arm.ops, out), out
 
     return capture
 
@@ -49,8 +50,8 @@ def make_engine(model, ops, graphs: bool = True, **kw) -> Engine:
     cfg.update(kw)
     eng = Engine(model, {"torch": ops}, EngineConfig(**cfg))
     if graphs:  # CPU: force the prefill-graph path on, with a fake capture
-        eng.use_prefill_graphs = True
-        eng._capture_graph = fake_capture(eng)
+        eng.runner.use_prefill_graphs = True
+        eng.runner._capture_graph = fake_capture(eng)
     return eng
 
 
@@ -68,7 +69,7 @@ def test_prefill_key_from_a_chunked_batch(ouro_tiny, ops):
         eng.add_request(f"r{i}", p, SamplingParams(max_tokens=1, ignore_eos=True))
     batch = eng.scheduler.schedule()
     assert isinstance(batch, PrefillBatch)
-    step, done = eng._prefill_layout(batch)
+    step, done = eng.runner.prefill_layout(batch)
     assert step.key == (((0, 10), (0, 6)), 3, (0,))  # width: ceil(10 / 4); row 0 completes
     assert [s.request_id for s in done] == ["r0"]
     assert step.qsl == [0, 10, 16] and step.seq_lens == [10, 6] and step.ctx_lens == [0, 0]
@@ -78,7 +79,7 @@ def test_prefill_key_from_a_chunked_batch(ouro_tiny, ops):
     hash(step.key)
     for seq, n in batch.chunks:  # advance as _prefill does, then the continuation has context
         seq.num_computed += n
-    step2, _ = eng._prefill_layout(eng.scheduler.schedule())
+    step2, _ = eng.runner.prefill_layout(eng.scheduler.schedule())
     assert step2.key == (((6, 3),), 3, (0,))
 
 
@@ -128,7 +129,7 @@ def test_mixed_and_chunked_shapes_match_eager(ouro_tiny, ops):
     s = eng.stats()
     assert s["prefill_graph_captures"] == 3 and s["prefill_graph_replays"] == 3
     assert s["prefill_eager"] + s["prefill_graph_replays"] == s["prefill_steps"]
-    keys = list(eng._arm.prefill.graphs)
+    keys = list(eng.runner.arm.prefill.graphs)
     assert any(any(start > 0 for start, _ in k[0]) for k in keys), keys  # rows with context
     assert any(k[2] == (0,) and len(k[0]) == 2 for k in keys), keys  # a row that does not finish
 
@@ -136,15 +137,15 @@ def test_mixed_and_chunked_shapes_match_eager(ouro_tiny, ops):
 def test_warmup_prefill_captures_burst_shapes_without_touching_kv(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops)
     kv = eng.kv.clone()
-    assert eng.warmup_prefill(8) == 2  # 16-token budget: steps of 1 and 2 whole 8-token prompts
+    assert eng.runner.warmup_prefill(8) == 2  # 16-token budget: steps of 1 and 2 whole 8-token prompts
     assert torch.equal(eng.kv, kv)  # slots -1: the capture runs wrote nothing
-    assert eng.warmup_prefill(8) == 0  # already held
+    assert eng.runner.warmup_prefill(8) == 0  # already held
     ps = prompts(8, [8] * 5)  # steps of 2, 2, 1 rows
     assert run(eng, ps) == run(make_engine(ouro_tiny, ops, graphs=False), ps)
     s = eng.stats()
     assert s["prefill_eager"] == 0 and s["prefill_graph_replays"] == s["prefill_steps"] == 3
     assert s["prefill_graph_captures"] == 2
-    assert make_engine(ouro_tiny, ops, graphs=False).warmup_prefill(8) == 0  # CPU: graphs off
+    assert make_engine(ouro_tiny, ops, graphs=False).runner.warmup_prefill(8) == 0  # CPU: graphs off
 
 
 def test_static_buffer_holds_the_largest_step_so_warmed_graphs_survive(ouro_tiny, ops):
@@ -152,9 +153,9 @@ def test_static_buffer_holds_the_largest_step_so_warmed_graphs_survive(ouro_tiny
     1..4 whole prompts never grows it (growth drops every arm's captured graphs, which once put a
     capture inside the first measured burst cell)."""
     eng = make_engine(ouro_tiny, ops, block_size=16, max_num_batched_tokens=2048, max_num_seqs=128)
-    assert eng.warmup_prefill(512) == 4
+    assert eng.runner.warmup_prefill(512) == 4
     s = eng.stats()
-    assert s["buffer_growths"] == 0 and len(eng._arm.prefill.graphs) == 4
+    assert s["buffer_growths"] == 0 and len(eng.runner.arm.prefill.graphs) == 4
 
 
 def test_frozen_engine_never_captures(ouro_tiny, ops):
@@ -183,10 +184,10 @@ def test_buffer_growth_drops_prefill_graphs(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops)
     ps = prompts(3, [8] * 4)
     run(eng, ps)
-    assert len(eng._arm.prefill.graphs) == 1
-    old = eng._pf_dev
-    eng._grow_prefill_buffer(old.numel() + 1)
-    assert eng._pf_dev.numel() >= 2 * old.numel() and not eng._arm.prefill.graphs
+    assert len(eng.runner.arm.prefill.graphs) == 1
+    old = eng.runner._pf_dev
+    eng.runner._grow_prefill_buffer(old.numel() + 1)
+    assert eng.runner._pf_dev.numel() >= 2 * old.numel() and not eng.runner.arm.prefill.graphs
     ref = run(make_engine(ouro_tiny, ops, graphs=False), ps)
     assert run(eng, ps) == ref
     s = eng.stats()
@@ -201,11 +202,11 @@ def test_uncapturable_key_stays_eager_and_warns_once(ouro_tiny, ops, caplog):
         calls.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    eng._capture_graph = broken
+    eng.runner._capture_graph = broken
     ps, ps2 = prompts(4, [8] * 8), prompts(5, [4] * 8)
     ref = run(make_engine(ouro_tiny, ops, graphs=False), ps)
     ref2 = run(make_engine(ouro_tiny, ops, graphs=False), ps2)
-    with caplog.at_level(logging.WARNING, logger="rltbench.engine.engine"):
+    with caplog.at_level(logging.WARNING, logger="rltbench.engine.runner"):
         assert run(eng, ps) == ref
         assert run(eng, ps2) == ref2
     s = eng.stats()
@@ -219,20 +220,20 @@ def test_graph_sets_are_per_arm(ouro_tiny, ops):
     eng = Engine(
         ouro_tiny, {"a": ops, "b": ops}, EngineConfig(block_size=4, max_num_batched_tokens=16, num_blocks=128)
     )
-    eng.use_prefill_graphs = True
-    eng._capture_graph = fake_capture(eng)
+    eng.runner.use_prefill_graphs = True
+    eng.runner._capture_graph = fake_capture(eng)
     ps = prompts(6, [8] * 4)
     out_a = run(eng, ps)
     eng.set_arm("b")
-    assert not eng._arm.prefill.graphs and eng.stats()["prefill_graph_captures"] == 0
+    assert not eng.runner.arm.prefill.graphs and eng.stats()["prefill_graph_captures"] == 0
     assert run(eng, ps) == out_a
     eng.set_arm("a")
-    assert len(eng._arm.prefill.graphs) == 1
+    assert len(eng.runner.arm.prefill.graphs) == 1
 
 
 def test_cpu_engine_runs_prefill_eagerly(ouro_tiny, ops):
     eng = make_engine(ouro_tiny, ops, graphs=False)
-    assert not eng.use_prefill_graphs  # no CUDA
+    assert not eng.runner.use_prefill_graphs  # no CUDA
     run(eng, prompts(7, [8] * 4))
     s = eng.stats()
     assert s["prefill_eager"] == s["prefill_steps"] > 0 and s["prefill_graph_captures"] == 0
@@ -244,7 +245,7 @@ def test_config_validates_the_cap():
 
 
 def test_random_state_huginn_is_not_replay_safe(huginn_tiny, ouro_tiny):
-    from rltbench.engine.engine import prefill_replay_safe
+    from rltbench.engine.runner import prefill_replay_safe
 
     assert prefill_replay_safe(ouro_tiny)
     assert prefill_replay_safe(huginn_tiny)  # "position" noise: a function of the position

@@ -70,7 +70,7 @@ def test_exit_depths_reach_every_token_and_replays():
     token carries its depth, batched or alone, and a replay reports the same depths."""
     model = build_model("ouro-tiny", dtype=torch.float32, seed=1, early_exit_threshold=0.75)
     eng = small_engine(model)
-    assert eng.track_exit_depths
+    assert eng.runner.track_exit_depths
     ps = prompts(5, [9, 14, 6])
     eng.start_recording()
     outs = eng.generate(ps, SamplingParams(max_tokens=6, ignore_eos=True))
@@ -88,7 +88,7 @@ def test_exit_depths_reach_every_token_and_replays():
 
 def test_no_gate_no_depths(ouro_tiny):
     eng = small_engine(ouro_tiny)
-    assert not eng.track_exit_depths
+    assert not eng.runner.track_exit_depths
     (out,) = eng.generate(prompts(6, [5]), SamplingParams(max_tokens=3, ignore_eos=True))
     assert out.exit_depths == [] and len(out.token_ids) == 3
 

@@ -1,4 +1,4 @@
-"""Row-invariant prefill (Engine.row_invariant): a token's K/V and first token do not depend on the
+"""Row-invariant prefill (replay.row_invariant): a token's K/V and first token do not depend on the
 step it is prefilled in, so a prefix-cache hit and its recomputation give the same tokens.
 
 Why: the prefix cache's identity claim compares K/V cached from an earlier request's steps with the
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rltbench.engine import Engine, SamplingParams
+from rltbench.engine.replay import row_invariant
 from rltbench.engine.row_invariant import token_tiles
 from rltbench.engine.schedule import PREFILL, Schedule
 from rltbench.errors import UsageError
@@ -35,9 +36,9 @@ def _prefill_alone_and_crowded(eng: Engine, prompt: list[int]) -> list[tuple[tor
             for ev in eng.step():
                 if ev.request_id == "p":
                     first = ev.token_ids[0]
-        packed, _meta = eng.export_prefilled("p")
+        packed, _meta = eng.held.export("p")
         out.append((packed.clone(), first))
-        eng.release_exported("p")
+        eng.held.release("p")
     return out
 
 
@@ -46,7 +47,7 @@ def test_a_prompt_prefilled_alone_or_in_a_bigger_step_has_the_same_kv_bits(hugin
     same alone and beside another request with other chunk boundaries."""
     eng = small_engine(huginn_tiny, enable_prefix_caching=False)
     prompt = prompts(5, [12])[0]  # three whole blocks of 4: no stale slots in the exported blocks
-    with eng.row_invariant(TILE):
+    with row_invariant(eng.runner, TILE):
         (kv_alone, tok_alone), (kv_crowded, tok_crowded) = _prefill_alone_and_crowded(eng, prompt)
     assert torch.equal(kv_alone, kv_crowded)
     assert tok_alone == tok_crowded
@@ -96,16 +97,16 @@ def test_cache_on_and_off_replays_are_identical_under_the_mode(huginn_tiny):
     eng.set_prefix_caching(False)
     off = eng.replay(sched, ps, mt, row_invariant_tile=TILE)
     assert set(on) == set(ps) and on == off
-    assert eng._row_tile is None  # the mode ends with the replay
+    assert eng.runner.row_tile is None  # the mode ends with the replay
 
 
 def test_the_mode_refuses_compress_layout_and_bad_tiles():
     compress = build_model("huginn-tiny", device="cpu", dtype=torch.float32, kv_layout="compress").eval()
     eng = small_engine(compress, enable_prefix_caching=False)
-    with pytest.raises(UsageError, match="compress"), eng.row_invariant(TILE):
+    with pytest.raises(UsageError, match="compress"), row_invariant(eng.runner, TILE):
         pass
     eng = small_engine(tiny_model("ouro-tiny"))
     for bad in (0, -3, 2.5, True):
-        with pytest.raises(UsageError, match="tile"), eng.row_invariant(bad):
+        with pytest.raises(UsageError, match="tile"), row_invariant(eng.runner, bad):
             pass
 

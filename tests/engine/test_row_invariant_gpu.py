@@ -3,7 +3,7 @@
 Why: on a GPU the kernels pick algorithms by shape (cuBLAS by M, torch's reductions by row count,
 SDPA by chunk and context length), which is what makes a cached prefix differ from its recomputation.
 These tests record that plain F.linear rows can change with M (information, never asserted: it is
-the hardware's and library's choice) and check that under `Engine.row_invariant` a prompt's K/V are
+the hardware's and library's choice) and check that under `replay.row_invariant` a prompt's K/V are
 bitwise the same alone or in a bigger step, and that a session replays with the prefix cache on and
 off to the same tokens, with decode CUDA graphs on.
 """
@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rltbench.engine.replay import row_invariant
 from rltbench.models import build_model
 from tests.engine.engine_testutil import small_engine
 from tests.engine.test_row_invariant import TILE, _prefill_alone_and_crowded, _session
@@ -53,7 +54,7 @@ def test_gpu_prompt_kv_bitwise_alone_or_crowded_under_the_mode(preset, record_pr
     prompt = torch.randint(3, 256, (12,), generator=torch.Generator().manual_seed(5)).tolist()
     (kv_a, tok_a), (kv_b, tok_b) = _prefill_alone_and_crowded(eng, prompt)
     record_property("plain_prefill_kv_equal", bool(torch.equal(kv_a, kv_b)))
-    with eng.row_invariant(TILE):
+    with row_invariant(eng.runner, TILE):
         (kv_a, tok_a), (kv_b, tok_b) = _prefill_alone_and_crowded(eng, prompt)
     assert torch.equal(kv_a, kv_b)
     assert tok_a == tok_b

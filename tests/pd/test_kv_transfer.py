@@ -150,14 +150,14 @@ def test_export_import_decodes_like_the_colocated_engine(preset, overrides) -> N
         for ev in prefill.step():
             assert ev.finished and ev.finish_reason == "length"
             firsts[ev.request_id] = ev.token_ids[0]
-    assert prefill.held_requests == ["r0", "r1", "r2"]
+    assert prefill.held.request_ids == ["r0", "r1", "r2"]
     assert prefill.blocks.num_free_blocks == 64 - (3 + 4 + 2)
     for i, p in enumerate(prompts):
-        packed, meta = prefill.export_prefilled(f"r{i}")
+        packed, meta = prefill.held.export(f"r{i}")
         assert meta.first_token == firsts[f"r{i}"] and meta.n_blocks == -(-len(p) // 4)
         ev = decode.import_prefilled(f"r{i}", p, params, packed, meta.first_token)
         assert ev.token_ids == [firsts[f"r{i}"]] and not ev.finished
-        assert prefill.release_exported(f"r{i}") and not prefill.release_exported(f"r{i}")
+        assert prefill.held.release(f"r{i}") and not prefill.held.release(f"r{i}")
     assert prefill.blocks.check_all_free()
     got: dict[str, list[int]] = {f"r{i}": [firsts[f"r{i}"]] for i in range(3)}
     while decode.has_unfinished():
@@ -172,7 +172,7 @@ def test_import_failures_leave_nothing_allocated() -> None:
     prefill, decode = _engine(model), _engine(model, blocks=6)
     prefill.add_prefill_request("a", list(range(3, 15)))
     prefill.step()
-    packed, meta = prefill.export_prefilled("a")
+    packed, meta = prefill.held.export("a")
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     with pytest.raises(EngineRequestError, match="does not fill"):
         decode.import_prefilled("a", list(range(3, 15)), params, packed[:-8], meta.first_token)
@@ -185,8 +185,8 @@ def test_import_failures_leave_nothing_allocated() -> None:
     assert decode.abort_request("a") and decode.blocks.check_all_free() and not decode.has_unfinished()
     assert decode.blocks_to_import(12, 4) == 4
     with pytest.raises(EngineRequestError, match="not a prefilled request"):
-        prefill.export_prefilled("b")
-    assert prefill.release_exported("a") and prefill.blocks.check_all_free()
+        prefill.held.export("b")
+    assert prefill.held.release("a") and prefill.blocks.check_all_free()
 
 
 class _LoopLink:

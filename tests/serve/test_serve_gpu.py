@@ -72,6 +72,6 @@ def test_served_on_cuda_with_graphs_matches_in_process():
             max_num_seqs=16, max_model_len=256, kv_cache_gib=0.5, enable_prefix_caching=False
         ),
     )
-    eng.warmup()
+    eng.runner.warmup()
     (res,) = eng.generate([PROMPT], SamplingParams(max_tokens=24, ignore_eos=True))
     assert res.token_ids == served

@@ -16,8 +16,14 @@ from typing import Any
 import torch
 
 from rltbench import runtime
-from rltbench.engine.engine import cuda_free_bytes
-from rltbench.engine.kv_capacity import GIB, KVLayout, capacity, engine_layout, per_application_layout
+from rltbench.engine.kv_capacity import (
+    GIB,
+    KVLayout,
+    capacity,
+    cuda_free_bytes,
+    engine_layout,
+    per_application_layout,
+)
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.models import HuginnForCausalLM, OuroForCausalLM

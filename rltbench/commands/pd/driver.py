@@ -159,7 +159,7 @@ def probe_link(link: Link, engine: Engine, spec: dict[str, Any]) -> dict[str, An
 
 def run_decode_rank(spec: dict[str, Any], link: Link, engine: Engine) -> int:
     """Rank 1: warm the decode graphs, take part in the link probe, serve cells until told to stop."""
-    engine.warmup(max_context=spec["input_len"] + spec["output_len"])
+    engine.runner.warmup(max_context=spec["input_len"] + spec["output_len"])
     probe_link(link, engine, spec)
     side = DecodeSide(engine, link, spec["header_timeout"], spec["control_timeout"])
     side.serve(spec["idle_timeout"])

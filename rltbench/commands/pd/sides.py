@@ -133,7 +133,7 @@ class PrefillSide(_Side):
         return header.encode()
 
     def payload_for(self, rid: str) -> Tensor:
-        packed, _meta = self.engine.export_prefilled(rid, extra_bytes=PAYLOAD_TRAILER)
+        packed, _meta = self.engine.held.export(rid, extra_bytes=PAYLOAD_TRAILER)
         return packed
 
     def send_payload(self, seq: int, packed: Tensor) -> Pending:
@@ -291,12 +291,12 @@ class PrefillSide(_Side):
                 if o.payload.done():
                     moved = True
                     pd["sent"] = time.perf_counter()
-                    self.engine.release_exported(o.rid)
+                    self.engine.held.release(o.rid)
                     out.remove(o)
                     unresolved.discard(o.index)
             except TransferError as exc:
                 moved = True
-                self.engine.release_exported(o.rid)
+                self.engine.held.release(o.rid)
                 out.remove(o)
                 unresolved.discard(o.index)
                 rec = recs[o.index]
@@ -317,7 +317,7 @@ class PrefillSide(_Side):
         """The link is gone: every unfinished request fails and every block comes back."""
         for i in sorted(unresolved):
             self.engine.abort_request(rids[i])
-            self.engine.release_exported(rids[i])
+            self.engine.held.release(rids[i])
             if recs[i]["status"] is None:
                 recs[i]["status"], recs[i]["error"] = "error", f"{exc.reason}: {exc}"
         unresolved.clear()

@@ -68,8 +68,8 @@ def exit_on_link_loss(role: str, run: Callable[[], int], engine_of: Callable[[],
         if engine is None:
             blocks = "no engine was built"
         else:
-            for rid in engine.held_requests:
-                engine.release_exported(rid)
+            for rid in engine.held.request_ids:
+                engine.held.release(rid)
             free = engine.blocks.check_all_free()
             blocks = (
                 "every KV block returned"

@@ -154,9 +154,9 @@ def build(opts: ServeOptions) -> Built:
         the thread's current device and stream)."""
         if eng.device.type == "cuda":
             torch.cuda.set_device(eng.device)
-        eng.warmup()
+        eng.runner.warmup()
         for n in opts.warmup_prefill_lens:
-            eng.warmup_prefill(n)
+            eng.runner.warmup_prefill(n)
         prompt = [1 + i % (served.vocab_size - 1) for i in range(min(WARMUP_PROMPT_LEN, max_len - 2))]
         eng.add_request("warmup", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         while eng.has_unfinished():
