@@ -116,6 +116,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                          "--iters 100", "profile")),
     "profile-b128": (300, rlt("profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
                               "--iters 20 --replays 1 --steps 1", "profile-b128")),
+    # batch 32: with batch 128, where the decode attention stands against its KV-bytes floor
+    "profile-b32": (200, rlt("profile --model ouro-1.4b --batch 32 --context 512 --arms torch,exact "
+                             "--iters 20 --replays 1 --steps 1", "profile-b32")),
     # Huginn (width 5280) at batch 1: the exact norm in one launch at every row count (the default),
     # then with the 3-launch path below 128 rows (the earlier routing), each beside its own torch arm
     "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
