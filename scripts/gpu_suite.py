@@ -65,15 +65,30 @@ def with_tuned(out: str, section: str, values: dict[str, object], cmd: list[str]
             + shlex.join(["env", f"RLTBENCH_TUNED={path}", *cmd])]
 
 
+def gpu_test_workers(per_worker_gib: float = 14.0, most: int = 8) -> int:
+    """pytest-xdist workers for the GPU tests: tests/conftest.py caps each worker at 0.9 / workers of
+    the GPU's memory, and a Huginn-0125 test in a CUDA graph needs about 11 GiB, so the count follows
+    the card (8 on a 141 GiB H200, 5 on an 80 GiB H100, where 8 workers ran out of memory)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        total_gib = int(out.split()[0]) / 1024
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return most  # no nvidia-smi (a CPU machine listing the stages): the count is not used
+    return max(1, min(most, int(0.9 * total_gib // per_worker_gib)))
+
+
+GPU_WORKERS = str(gpu_test_workers())
+
 # name -> (time limit in seconds, command). Commands run from the repo root.
 STAGES: dict[str, tuple[int, list[str]]] = {
     "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
     # the native arm (CUDA C++, rltbench/native): one build from the clean tree, before anything uses it
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
-    # 8 workers: one process took 115 s with a warm Triton cache and ran past 260 s on a cold one;
-    # 8 workers ran the whole GPU suite in 121 s on an H200
-    "tests": (420, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
+    # workers by GPU memory (gpu_test_workers): one process took 115 s with a warm Triton cache and ran
+    # past 260 s on a cold one; 8 workers ran the whole GPU suite in 121 s on an H200
+    "tests": (420, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
                     "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
@@ -89,7 +104,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "tune-t1": (150, rlt("tune kernels --parts exact --widths 2048 --tokens 1", "tune-t1")),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
     # (-n 8: pytest-xdist, carried as a wheel; spreads the Triton compiles of the validations over cores)
-    "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", "8", "--run-gpu", "-m", "gpu", "-p",
+    "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
                          "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
                          "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py"]),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
