@@ -88,8 +88,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
     # workers by GPU memory (gpu_test_workers): one process took 115 s with a warm Triton cache and ran
     # past 260 s on a cold one; 8 workers ran the whole GPU suite in 121 s on an H200
-    "tests": (420, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                    "-rfE",
+    "tests": (420, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
+                    "no:cacheprovider", "-rfE",
                     "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
                          "--repeats 50", "kernels")),
