@@ -2,9 +2,10 @@
 
 Each command lives in its own package under `rltbench.commands` as a plain function with typer
 annotations; this module names them (name -> module and function), loads a command's module only
-when that command runs or shows its help (so `rltbench --help` does not import torch),
-and turns user errors into one clear line with exit code 2 and Ctrl-C (or SIGTERM) into one line
-with exit code 130, never a traceback.
+when that command runs or shows its help, and a command module imports torch (the engine, pandas)
+only inside its function, so `rltbench --help` and `rltbench <command> --help` answer at once. It turns
+user errors into one clear line with exit code 2 and Ctrl-C (or SIGTERM) into one line with exit code
+130, never a traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ except KeyboardInterrupt:
 
 from rltbench import knobs, tuned
 from rltbench.errors import UsageError
+from rltbench.options import OptionValueError
 
 err_console = Console(stderr=True)
 
@@ -44,8 +46,9 @@ RENDERERS = {name: (f"rltbench.commands.{name}.report", "render") for name in CO
 
 
 def _use_triton_interpreter_without_gpu() -> None:
-    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide before any
-    command module is imported. torch (seconds to import) loads here, not at `rltbench --help`."""
+    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide before a
+    command's body imports any kernel. torch (seconds to import) loads here, when a command or a
+    report runs, not for `--help`."""
     if "TRITON_INTERPRET" in os.environ:
         return
     import torch  # heavy: only once a command or a report is about to run
@@ -63,7 +66,7 @@ def _quiet_profiler_log() -> None:
 
 
 def _load(module: str, attr: str) -> Any:
-    _use_triton_interpreter_without_gpu()
+    """A command's function (or a renderer) from its module; a command module imports no torch."""
     _quiet_profiler_log()
     return getattr(importlib.import_module(module), attr)
 
@@ -103,6 +106,7 @@ def _user_errors_exit_2(func, takes_arms: bool = False):
     def wrapper(*args, **kwargs):
         _forget_earlier_runs()
         try:
+            _use_triton_interpreter_without_gpu()
             if takes_arms:
                 knobs.check_environment()
                 tuned.check()
@@ -265,7 +269,9 @@ def _run_app(argv: list[str] | None) -> int:
             return 0
         if kind == "usage":
             ctx = getattr(exc, "ctx", None)
-            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            # a value outside its option's bounds names the option and the bounds: no hint needed
+            hint = (f" (see {ctx.command_path} --help)"
+                    if ctx is not None and not isinstance(exc, OptionValueError) else "")
             err_console.print(f"[bold red]error:[/] {exc.format_message()}{hint}", highlight=False,
                               soft_wrap=True)
             return exc.exit_code
