@@ -161,3 +161,15 @@ def test_an_empty_item_is_refused_in_every_comma_list(argv: list[str], flag: str
     rc, err = _run(argv, capsys)
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert f"error: {flag}" in err and ("empty item" in err or "is empty" in err), err
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--request-rate", "1e308"], "--request-rate '1e308': '1e308' is not a rate in (0, 10000]"),
+    (["--request-rate", "nan"], "--request-rate 'nan': 'nan' is not a rate"),
+    (["--request-rate", "100", "--duration", "86400"], "more than 1,000,000 requests in one cell"),
+])
+def test_a_rate_cell_beyond_any_server_is_refused(extra: list[str], says: str, work_stops_where_it_starts,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--request-rate 1e308` was an OverflowError after the model was built."""
+    rc, err = _run(["e2e", "--model", "ouro-tiny", "--workload", "rate", *extra], capsys)
+    assert rc == 2 and says in err and len(err.splitlines()) == 1, err

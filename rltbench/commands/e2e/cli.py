@@ -27,6 +27,7 @@ from rltbench.commands.e2e.defaults import (
     DEFAULT_SWEEP_RATES,
     GPU_CONCURRENCY,
     MAX_BURSTINESS,
+    MAX_CELL_REQUESTS,
     MAX_DURATION_S,
     RATE,
     SESSION,
@@ -135,7 +136,8 @@ def e2e_command(
         gt=0, le=MAX_BURSTINESS)] = None,
     max_concurrency: Annotated[int | None, options.number(
         "rate: requests in flight at most; later arrivals wait client-side (queue delay).", ge=1)] = None,
-    num_prompts: Annotated[int | None, options.number("rate: requests per rate cell.", ge=1)] = None,
+    num_prompts: Annotated[int | None, options.number("rate: requests per rate cell.", ge=1,
+                                                      le=MAX_CELL_REQUESTS)] = None,
     duration: Annotated[float | None, options.number(
         f"rate: seconds of arrivals per rate cell (default {DEFAULT_DURATION_S:g}).",
         gt=0, le=MAX_DURATION_S)] = None,

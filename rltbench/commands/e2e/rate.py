@@ -26,7 +26,13 @@ from rltbench.backends.base import Request, Timeouts
 from rltbench.bench.arrivals import CONSTANT, GAMMA, POISSON, ArrivalProcess, arrival_times
 from rltbench.bench.lengths import LengthSource, recorded_lengths
 from rltbench.bench.workload import Cell, fit_burst_lengths, open_loop_prompts, warmup_prompts
-from rltbench.commands.e2e.defaults import DEFAULT_DURATION_S, DEFAULT_SWEEP_RATES, RATE
+from rltbench.commands.e2e.defaults import (
+    DEFAULT_DURATION_S,
+    DEFAULT_SWEEP_RATES,
+    MAX_CELL_REQUESTS,
+    MAX_RATE,
+    RATE,
+)
 from rltbench.commands.e2e.runner import Plan
 from rltbench.errors import UsageError
 from rltbench.options import comma_list
@@ -95,8 +101,9 @@ def parse_request_rate(text: str) -> tuple[float, ...] | None:
             value = float(part)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--request-rate {text!r}: {part!r} is not a rate > 0 (requests/s) nor 'sweep'")
+        if not (math.isfinite(value) and 0 < value <= MAX_RATE):
+            raise UsageError(f"--request-rate {text!r}: {part!r} is not a rate in (0, {MAX_RATE:g}] "
+                             "(requests/s) nor 'sweep'")
         rates.append(round_rate(value))
     return tuple(sorted(set(rates)))
 
@@ -133,13 +140,18 @@ def rate_spec(request_rate: str | None, *, burstiness: float | None = None, arri
     rates = parse_request_rate(request_rate or SWEEP)
     if rates is not None and sweep_rates is not None:
         raise UsageError("--sweep-rates is for --request-rate sweep")
+    seconds = duration or DEFAULT_DURATION_S
+    if rates is not None and num_prompts is None and max(rates) * seconds > MAX_CELL_REQUESTS:
+        raise UsageError(f"--request-rate {max(rates):g} x --duration {seconds:g} s: more than "
+                         f"{MAX_CELL_REQUESTS:,} requests in one cell; shorten --duration or give "
+                         "--num-prompts")
     return RateSpec(
         rates=rates,
         sweep_rates=sweep_rates or DEFAULT_SWEEP_RATES,
         process=_process(arrivals, burstiness),
         max_concurrency=max_concurrency,
         num_prompts=num_prompts,
-        duration_s=duration or DEFAULT_DURATION_S,
+        duration_s=seconds,
         lengths=lengths,
         range_ratio=random_range_ratio or 0.0,
         exclude_head=head,
