@@ -29,6 +29,7 @@ import typer
 
 from rltbench import native
 from rltbench.errors import UsageError
+from rltbench.options import comma_list
 
 FAMILIES = ("norm", "rope", "act")
 IMPLS = ("exact", "approx", native.NATIVE_IMPL, "off")
@@ -142,11 +143,7 @@ def parse_arms(text: str, overrides: Mapping[str, str | None] | None = None, *,
     (None: not given). Builds the native kernels when an arm uses them (`build_native`), so an arm that
     cannot run here fails now with the reason, before any run directory or timed cell."""
     given = {k: _check_value(k, v, f"--{k}") for k, v in (overrides or {}).items() if v is not None}
-    items = [s.strip() for s in text.split(",")]
-    if not any(items):
-        raise UsageError("--arms is empty (e.g. --arms torch,exact,approx)")
-    if not all(items):  # `torch,,exact` is a typo for an arm that was meant to be there
-        raise UsageError(f"--arms {text!r}: an empty item between commas (e.g. --arms torch,exact,approx)")
+    items = comma_list(text, "--arms", "torch,exact,approx")
     out: dict[str, ArmSpec] = {}
     for item in items:
         if _old_grammar(item):

@@ -2,33 +2,38 @@
 
 Each command lives in its own package under `rltbench.commands` as a plain function with typer
 annotations; this module names them (name -> module and function), loads a command's module only
-when that command runs or shows its help (so `rltbench --help` does not import torch),
-and turns user errors into one clear line with exit code 2 and Ctrl-C (or SIGTERM) into one line
-with exit code 130, never a traceback.
+when that command runs or shows its help, and a command module imports torch (the engine, pandas)
+only inside its function, so `rltbench --help` and `rltbench <command> --help` answer at once. It turns
+user errors into one clear line with exit code 2 and Ctrl-C (or SIGTERM) into one line with exit code
+130, never a traceback. Help wraps on spaces only (`HelpFormatter`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import importlib.util
 import os
 import signal
 import sys
+import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 try:  # a Ctrl-C while the CLI itself loads is an interrupt like any other: exit 130, no traceback
     import typer
     from rich.console import Console
-    from typer.core import TyperGroup
+    from typer.core import TyperCommand, TyperGroup
 except KeyboardInterrupt:
     sys.exit(130)
 
 from rltbench import knobs, tuned
 from rltbench.errors import UsageError
+from rltbench.options import OptionValueError
 
 err_console = Console(stderr=True)
 
@@ -44,8 +49,9 @@ RENDERERS = {name: (f"rltbench.commands.{name}.report", "render") for name in CO
 
 
 def _use_triton_interpreter_without_gpu() -> None:
-    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide before any
-    command module is imported. torch (seconds to import) loads here, not at `rltbench --help`."""
+    """Triton picks interpreter or GPU when a kernel is defined (at import), so decide before a
+    command's body imports any kernel. torch (seconds to import) loads here, when a command or a
+    report runs, not for `--help`."""
     if "TRITON_INTERPRET" in os.environ:
         return
     import torch  # heavy: only once a command or a report is about to run
@@ -63,7 +69,7 @@ def _quiet_profiler_log() -> None:
 
 
 def _load(module: str, attr: str) -> Any:
-    _use_triton_interpreter_without_gpu()
+    """A command's function (or a renderer) from its module; a command module imports no torch."""
     _quiet_profiler_log()
     return getattr(importlib.import_module(module), attr)
 
@@ -103,6 +109,7 @@ def _user_errors_exit_2(func, takes_arms: bool = False):
     def wrapper(*args, **kwargs):
         _forget_earlier_runs()
         try:
+            _use_triton_interpreter_without_gpu()
             if takes_arms:
                 knobs.check_environment()
                 tuned.check()
@@ -138,10 +145,77 @@ def command_summary(module: str, function: str) -> str:
     return ""
 
 
+# ---- help text ---------------------------------------------------------------------------------------
+_BaseContext = TyperGroup.context_class  # click's, or typer's vendored copy of it (typer >= 0.20)
+_CLICK_TEXTWRAP = importlib.import_module(_BaseContext.formatter_class.__module__.rpartition(".")[0]
+                                          + "._textwrap")
+
+
+class _SpacesOnlyWrapper(_CLICK_TEXTWRAP.TextWrapper):
+    """Click's text wrapper, except that a line breaks only at a space: a word longer than the
+    column stays whole (on a line of its own), and a hyphen is no break point."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.break_long_words = False
+        self.break_on_hyphens = False
+
+    _handle_long_word = textwrap.TextWrapper._handle_long_word  # click's cuts the word at the margin
+
+
+@contextlib.contextmanager
+def _wrapping_on_spaces() -> Iterator[None]:
+    """Click's wrap_text builds its wrapper from this module attribute at each call."""
+    original = _CLICK_TEXTWRAP.TextWrapper
+    _CLICK_TEXTWRAP.TextWrapper = _SpacesOnlyWrapper
+    try:
+        yield
+    finally:
+        _CLICK_TEXTWRAP.TextWrapper = original
+
+
+class HelpFormatter(_BaseContext.formatter_class):
+    """Every command's help: click's layout, wrapped on spaces only. Click cut tokens at the margin
+    (`exact/ro pe:off`) and broke option names at their hyphens (`--max-num- seqs`)."""
+
+    def write_usage(self, *args: Any, **kwargs: Any) -> None:
+        with _wrapping_on_spaces():
+            super().write_usage(*args, **kwargs)
+
+    def write_text(self, *args: Any, **kwargs: Any) -> None:
+        with _wrapping_on_spaces():
+            super().write_text(*args, **kwargs)
+
+    def write_dl(self, *args: Any, **kwargs: Any) -> None:
+        with _wrapping_on_spaces():
+            super().write_dl(*args, **kwargs)
+
+
+class HelpContext(_BaseContext):
+    formatter_class = HelpFormatter
+
+
+class Command(TyperCommand):
+    """A command's click command: help through HelpFormatter, and a usage line that names each
+    argument as click does (TARGET, [NAME] when optional), not typer's `{target}`."""
+
+    context_class = HelpContext
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                continue
+            name = param.metavar or param.name.upper()
+            name += "..." if param.nargs != 1 else ""
+            pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
 def _command(name: str) -> Any:
     """The click command of `name`, built from its module on first use (same options, same help)."""
     sub = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
-    sub.command(name)(_user_errors_exit_2(_load(*COMMANDS[name]), takes_arms=True))
+    sub.command(name, cls=Command)(_user_errors_exit_2(_load(*COMMANDS[name]), takes_arms=True))
     return typer.main.get_command(sub)
 
 
@@ -149,6 +223,8 @@ class LazyCommands(TyperGroup):
     """The app's command group. Importing every command (torch, the engine, pandas, aiohttp) took
     seconds before `rltbench --help` could print a line; here a command's module is imported only
     when that command runs or shows its own help, and the list comes from COMMANDS."""
+
+    context_class = HelpContext
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*COMMANDS, *super().list_commands(ctx)]
@@ -188,7 +264,7 @@ def _group() -> None:
     """The app is a group even though only `report` is registered up front (the rest load lazily)."""
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 @_user_errors_exit_2
 def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by any rltbench command.")],
@@ -265,7 +341,9 @@ def _run_app(argv: list[str] | None) -> int:
             return 0
         if kind == "usage":
             ctx = getattr(exc, "ctx", None)
-            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            # a value outside its option's bounds names the option and the bounds: no hint needed
+            hint = (f" (see {ctx.command_path} --help)"
+                    if ctx is not None and not isinstance(exc, OptionValueError) else "")
             err_console.print(f"[bold red]error:[/] {exc.format_message()}{hint}", highlight=False,
                               soft_wrap=True)
             return exc.exit_code

@@ -3,7 +3,8 @@
 Why one module: `--device`, `--dtype` and `--weights` must mean the same thing in every command, and a
 KV pool must be sized the same way wherever a load is served. Everything that can be checked without
 weights (device, dtype, preset or checkpoint config) is checked by `check` before any run directory
-exists, and fails as one UsageError line.
+exists, and fails as one UsageError line. The options themselves are declared in rltbench.options
+(torch-free, so that every command's --help is instant).
 
 - device: `auto` (or none given) = cuda when a GPU is visible, else cpu; cuda without a GPU is an error.
 - dtype: `auto` = bf16 on CUDA, fp32 on the CPU; bf16/fp16/fp32 (the names help shows in every command)
@@ -20,83 +21,23 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-import typer
 from rich.console import Console
 
 from rltbench.arms import ArmSpec
-from rltbench.bench.workload import BURST_INPUT_LEN, BURST_OUTPUT_LEN
 from rltbench.engine.engine import Engine
 from rltbench.engine.paged_context import kv_bytes_per_block
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.models import build_model, config_from_hf, cpu_size_note, get_config, load_model
 from rltbench.models.configs import ModelConfig, apply_overrides, dtype_from_name
+from rltbench.options import AUTO
 
-AUTO = "auto"
 CPU_MIN_BLOCKS = 64  # a CPU pool sized to the load never goes below this (tiny loads, tests)
 CPU_MEMORY_SHARE = 0.8  # a CPU pool may take at most this share of the memory the OS can give
 
-# ---- the shared typer options -----------------------------------------------------------------
-ModelOption = Annotated[str, typer.Option(help="Model preset (ouro-1.4b, ouro-2.6b, huginn-0125, ouro-tiny, "
-                                               "huginn-tiny); its weights come from --weights.")]
-WeightsOption = Annotated[str, typer.Option(help="'random' (weights drawn from --seed) or an HF checkpoint "
-                                                 "DIR (config.json + safetensors).")]
-DeviceOption = Annotated[str | None, typer.Option(help="auto (cuda if a GPU is visible, else cpu), cpu, cuda "
-                                                       "or cuda:N.")]
-DtypeOption = Annotated[str | None, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or "
-                                                      "fp32.")]
-SeedOption = Annotated[int, typer.Option(help="Seed of random weights (and of the prompts a command draws).")]
-ResultDirOption = Annotated[Path | None, typer.Option(help="Run directory, new or without an earlier run "
-                                                         "(default results/<command>-<UTC time>).")]
-BackendOption = Annotated[str, typer.Option(help="engine (every arm in this process) or openai (one server "
-                                                 "per arm, each given by --arm NAME=URL).")]
-ServersOption = Annotated[list[str] | None, typer.Option("--arm", help="NAME=URL of an OpenAI-compatible "
-                                                                       "server, one per arm (repeatable).")]
-# a burst's lengths (e2e and pd): None = the default, shortened to fit the model's context (fit_burst_lengths)
-BurstInputLenOption = Annotated[int | None, typer.Option(
-    help=f"Burst prompt length in token ids (default {BURST_INPUT_LEN}, less where the model's context is "
-         "shorter).")]
-BurstOutputLenOption = Annotated[int | None, typer.Option(
-    help=f"Burst generated tokens per request, EOS ignored (default {BURST_OUTPUT_LEN}, less where the "
-         "model's context is shorter).")]
-# the engine's flags (e2e and serve); names follow vLLM where the meaning is the same
-KvCacheGibOption = Annotated[float | None, typer.Option(help="KV pool size in GiB (default: the free GPU "
-                                                             "memory minus headroom).")]
-MaxNumBatchedTokensOption = Annotated[int, typer.Option(help="Prefill token budget per step.")]
-BlockSizeOption = Annotated[int, typer.Option(help="KV block size (tokens).")]
-EnforceEagerOption = Annotated[bool, typer.Option(help="No CUDA graphs (scope-graph arms then equal torch).")]
-PrefillGraphsOption = Annotated[bool, typer.Option(help="Capture prefill steps whose exact shape repeats in "
-                                                        "CUDA graphs.")]
-
-
-
-def comma_list(text: str, flag: str, example: str) -> list[str]:
-    """The items of a comma-separated flag value, stripped. An empty item (`1,,8`, a trailing comma)
-    is a UsageError, not skipped: it is usually a typo for a value that was meant to be there."""
-    items = [part.strip() for part in str(text).split(",")]
-    if not any(items):
-        raise UsageError(f"{flag} is empty (e.g. {flag} {example})")
-    if not all(items):
-        raise UsageError(f"{flag} {text!r}: an empty item between commas (e.g. {flag} {example})")
-    return items
-
-
-def parse_concurrency(text: str) -> list[int]:
-    """`--concurrency 1,8,32,128` -> [1, 8, 32, 128] (positive, unique, in the given order)."""
-    out: list[int] = []
-    for part in comma_list(text, "--concurrency", "1,8,32,128"):
-        try:
-            c = int(part)
-        except ValueError:
-            raise UsageError(f"--concurrency: {part!r} is not an integer (e.g. 1,8,32,128)") from None
-        if c < 1:
-            raise UsageError(f"--concurrency: {c} must be >= 1")
-        if c not in out:
-            out.append(c)
-    return out
 
 def resolve_device(device: str | None) -> str:
     """`auto`/None -> cuda if a GPU is visible, else cpu; a cuda device without CUDA is a UsageError."""

@@ -1,16 +1,17 @@
-"""The shared option parsing of rltbench.runtime: what e2e and pd read from --concurrency and from the
-model flags means the same in both, and bad values are one UsageError before any work."""
+"""The shared option parsing of rltbench.options and rltbench.runtime: what e2e and pd read from
+--concurrency and from the model flags means the same in both, and bad values are one UsageError before
+any work."""
 
 from __future__ import annotations
 
 import pytest
 
-from rltbench import runtime
+from rltbench import options, runtime
 from rltbench.errors import UsageError
 
 
 def test_concurrency_keeps_the_order_and_drops_repeats() -> None:
-    assert runtime.parse_concurrency(" 8,1, 8,32 ") == [8, 1, 32]
+    assert options.parse_concurrency(" 8,1, 8,32 ") == [8, 1, 32]
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,7 @@ def test_concurrency_keeps_the_order_and_drops_repeats() -> None:
 )
 def test_bad_concurrency_is_a_usage_error(text: str, needle: str) -> None:
     with pytest.raises(UsageError, match=needle):
-        runtime.parse_concurrency(text)
+        options.parse_concurrency(text)
 
 
 def test_kv_layout_overrides_a_huginn_config_and_is_refused_elsewhere() -> None:

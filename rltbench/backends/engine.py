@@ -29,6 +29,7 @@ from rltbench.bench.warmth import frozen_window
 from rltbench.engine.schedule import Schedule
 from rltbench.engine.types import SamplingParams
 from rltbench.errors import UsageError
+from rltbench.options import comma_list
 
 CACHE_ON_SUFFIX = "+cache"
 STOP_SUFFIX = "+stop"
@@ -78,16 +79,16 @@ def _variants(arms: Sequence[str], settings: Sequence[bool], suffix: str,
 
 def parse_exit_modes(text: str) -> tuple[bool, ...]:
     """`--exit-mode all`, `stop`, `all,stop` or `stop,all` -> the modes in schedule order (True: stop)."""
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    if not words or any(w not in ("all", "stop") for w in words) or len(set(words)) != len(words):
+    words = comma_list(text, "--exit-mode", "all,stop")
+    if any(w not in ("all", "stop") for w in words) or len(set(words)) != len(words):
         raise UsageError(f"--exit-mode {text!r}: expected all, stop, or both (all,stop)")
     return tuple(w == "stop" for w in words)
 
 
 def parse_prefix_cache(text: str) -> tuple[bool, ...]:
     """`--prefix-cache on`, `off`, `off,on` or `on,off` -> the settings in schedule order."""
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    if not words or any(w not in ("on", "off") for w in words) or len(set(words)) != len(words):
+    words = comma_list(text, "--prefix-cache", "off,on")
+    if any(w not in ("on", "off") for w in words) or len(set(words)) != len(words):
         raise UsageError(f"--prefix-cache {text!r}: expected on, off, or both (off,on)")
     return tuple(w == "on" for w in words)
 

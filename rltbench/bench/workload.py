@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 
 from rltbench.backends.base import Request
+from rltbench.bench.workload_defaults import (
+    BURST_INPUT_LEN,
+    BURST_OUTPUT_LEN,
+    DEFAULT_TRACE,
+    SMALL_MODEL_TRACE,
+)
 from rltbench.errors import UsageError
 
 TRACE_BLOCK = 512  # Mooncake hash ids cover 512-token blocks
-BURST_INPUT_LEN = 512  # a burst's prompt and output lengths where the model's context holds them
-BURST_OUTPUT_LEN = 128
-DEFAULT_TRACE = "mooncake"  # the session trace of a model whose context holds its records
-SMALL_MODEL_TRACE = "mooncake-tiny"  # the preset whose records fit a tiny model (workloads/presets.json)
 WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "workloads"
 
 # Special-token id ranges known per family (clipped to the vocab): never put these in random prompts.

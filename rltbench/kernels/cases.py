@@ -15,21 +15,12 @@ import torch
 
 from rltbench.errors import UsageError
 from rltbench.kernels import oracle as orc
+from rltbench.kernels.names import OPS
 from rltbench.kernels.ops import Ops
 
 Tensor = torch.Tensor
 Inputs = dict[str, Tensor]
 EPS = 1e-6
-
-OPS: list[str] = [
-    "rmsnorm",
-    "rmsnorm_huginn",
-    "rmsnorm_residual",
-    "add_rmsnorm_huginn",
-    "rope_neox",
-    "rope_interleaved",
-    "silu_mul",
-]
 
 ROPE_HEAD_DIM = {"rope_neox": 128, "rope_interleaved": 96}
 ROPE_THETA = {"rope_neox": 1_000_000.0, "rope_interleaved": 50_000.0}

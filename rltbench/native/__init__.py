@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from rltbench.errors import UsageError
 
 NATIVE_IMPL = "cuda"          # the per-family implementation value and the arm's name
@@ -47,6 +45,8 @@ def unavailable_reason() -> str | None:
 
 
 def _environment_reason() -> str | None:
+    import torch  # here, not at import: rltbench.arms (and every command's --help) imports this package
+
     from rltbench.native import build
 
     if torch.version.cuda is None:

@@ -8,7 +8,7 @@ import pytest
 
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.backends.engine import EngineBackend
-from rltbench.commands.gsm8k.cli import arm_names, validate_numbers
+from rltbench.commands.gsm8k.cli import arm_names, check_choices
 from rltbench.commands.gsm8k.generation import Generation, QuestionCodec, cut_at_stop
 from rltbench.errors import UsageError
 from rltbench.textcodec import TextCodec, train_fallback_tokenizer
@@ -145,11 +145,9 @@ def test_flag_parsing() -> None:
         lambda: parse_servers(["a=http://h:1", "a=http://h:2"]),
         lambda: arm_names("torch,exact", "openai", urls),
         lambda: arm_names(None, "engine", urls),
-        lambda: validate_numbers(1.0, 0, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(-1, None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(float("nan"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(float("inf"), None, 1, 1, None, "gsm8k_cot", "engine", "strict-match"),
-        lambda: validate_numbers(1.0, None, 1, 1, None, "mmlu", "engine", "strict-match"),
+        lambda: check_choices("mmlu", "engine", "strict-match"),
+        lambda: check_choices("gsm8k_cot", "vllm", "strict-match"),
+        lambda: check_choices("gsm8k_cot", "engine", "loose"),
     ):
         with pytest.raises(UsageError):
             bad()

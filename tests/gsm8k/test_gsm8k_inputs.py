@@ -24,7 +24,7 @@ def test_meaningless_gate_is_rejected_up_front(gate: str, tmp_path: Path, capsys
     everything. (`--model nope` makes the old code stop early, after it made the run directory.)"""
     out = tmp_path / "run"
     assert main(["gsm8k", f"--gate={gate}", "--model", "nope", "--result-dir", str(out)]) == 2
-    assert "--gate must be a finite number of points in [0, 100]" in _one_error_line(capsys)
+    assert "--gate must be a finite number in [0, 100]" in _one_error_line(capsys)
     assert not out.exists()
 
 

@@ -114,7 +114,7 @@ def test_mode_choices(mode: str, modes: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--placements", "0"], "--placements: must be a positive integer"),
+    (["--placements", "0"], "--placements must be an integer >= 1, got 0"),
     (["--placements", "2", "--mode", "eager"], "--placements applies to graph mode"),
 ])
 def test_bad_placements_are_one_line_before_any_work(invoke, tmp_path, args, says):

@@ -102,13 +102,13 @@ def test_signal_with_request_in_flight_returns_every_block(sig):
     [
         (["--arm", "torch,exact"], "one arm per server"),
         (["--arm", "fancy"], "unknown arm 'fancy'"),
-        (["--port", "70000"], "--port 70000"),
+        (["--port", "70000"], "--port must be an integer in [0, 65535], got 70000"),
         (["--tokenizer", "/nonexistent/tok.json"], "no such file"),
         (["--max-queue", "-1"], "--max-queue"),
         (["--weights", "/nonexistent/ckpt"], "not a checkpoint directory"),
         (["--max-model-len", "1024"], "exceeds the model's context 512"),
         (["--warmup-prefill-len", "600"], "must be < --max-model-len 512"),
-        (["--warmup-prefill-len", "1x"], "expected integers"),
+        (["--warmup-prefill-len", "1x"], "'1x' is not an integer"),
     ],
 )
 def test_bad_options_exit_2(args, fragment, capsys):

@@ -8,20 +8,13 @@ from typing import Annotated
 import typer
 
 from rltbench import arms as armspec
-from rltbench import runtime
-from rltbench.commands.capacity.plan import capacity_rows, check_admits
-from rltbench.commands.capacity.run import CapacitySpec, run
-from rltbench.engine.kv_capacity import GIB
+from rltbench import options
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
-from rltbench.models.configs import KV_LAYOUTS
 
 
-def _names(text: str, flag: str) -> list[str]:
-    out = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    if not out:
-        raise UsageError(f"{flag} is empty")
-    return out
+def _names(text: str, flag: str, example: str) -> list[str]:
+    return list(dict.fromkeys(options.comma_list(text, flag, example)))
 
 
 def capacity_command(
@@ -29,33 +22,34 @@ def capacity_command(
         "ouro-1.4b,huginn-0125"),
     kv_layouts: Annotated[str, typer.Option(help="Huginn KV layouts, comma list (full, compress).")] = (
         "full,compress"),
-    input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 512,
-    output_len: Annotated[int, typer.Option(help="Generated tokens per request.")] = 128,
-    memory_gib: Annotated[float | None, typer.Option(
-        help="KV budget in GiB (default: on a GPU the free memory after each model's weights minus the "
-             "engine's headroom; on the CPU a fixed 16 GiB).")] = None,
+    input_len: Annotated[int, options.number("Prompt tokens per request.", ge=1)] = 512,
+    output_len: Annotated[int, options.number("Generated tokens per request.", ge=1)] = 128,
+    memory_gib: Annotated[float | None, options.number(
+        "KV budget in GiB (default: on a GPU the free memory after each model's weights minus the "
+        "engine's headroom; on the CPU a fixed 16 GiB).", gt=0, le=options.MAX_GIB)] = None,
     burst: Annotated[bool | None, typer.Option(
         help="Measure a burst at the largest C of each engine row (default: on a GPU yes, on the CPU "
              "no).")] = None,
     arms: armspec.ArmsOption = "torch",
-    repeats: Annotated[int, typer.Option(help="Timed bursts per engine row.")] = 1,
-    block_size: runtime.BlockSizeOption = 16,
-    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
-    enforce_eager: runtime.EnforceEagerOption = False,
-    seed: runtime.SeedOption = 0,
-    dtype: runtime.DtypeOption = None,
-    device: runtime.DeviceOption = None,
-    result_dir: runtime.ResultDirOption = None,
+    repeats: Annotated[int, options.number("Timed bursts per engine row.", ge=1)] = 1,
+    block_size: options.BlockSizeOption = 16,
+    max_num_batched_tokens: options.MaxNumBatchedTokensOption = 2048,
+    enforce_eager: options.EnforceEagerOption = False,
+    seed: options.SeedOption = 0,
+    dtype: options.DtypeOption = None,
+    device: options.DeviceOption = None,
+    result_dir: options.ResultDirOption = None,
 ) -> None:
     """KV capacity per model and layout (bytes per token, requests and tokens a budget admits), and a
     measured burst at the largest C each layout admits."""
-    if input_len < 1 or output_len < 1:
-        raise UsageError("--input-len and --output-len must be >= 1")
-    if repeats < 1:
-        raise UsageError("--repeats must be >= 1")
-    if memory_gib is not None and memory_gib <= 0:
-        raise UsageError("--memory-gib must be > 0")
-    layouts = _names(kv_layouts, "--kv-layouts")
+    # torch and the engine: loaded when the command runs, not for `rltbench capacity --help`
+    from rltbench import runtime
+    from rltbench.commands.capacity.plan import capacity_rows, check_admits
+    from rltbench.commands.capacity.run import CapacitySpec, run
+    from rltbench.engine.kv_capacity import GIB
+    from rltbench.models.configs import KV_LAYOUTS
+
+    layouts = _names(kv_layouts, "--kv-layouts", "full,compress")
     bad = [x for x in layouts if x not in KV_LAYOUTS]
     if bad:
         raise UsageError(f"--kv-layouts: unknown {bad}; use {', '.join(KV_LAYOUTS)}")
@@ -66,7 +60,7 @@ def capacity_command(
         raise UsageError("--arms: capacity bursts run one arm (e.g. --arms torch)")
     dev = runtime.resolve_device(device)
     dt = runtime.resolve_dtype(dtype, dev)
-    names = _names(models, "--models")
+    names = _names(models, "--models", "ouro-tiny,huginn-tiny")
     for name in names:
         config = runtime.ModelSource(name).config()
         if input_len + output_len > int(config.max_position_embeddings):

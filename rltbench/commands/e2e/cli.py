@@ -17,19 +17,28 @@ from typing import Annotated
 import typer
 
 from rltbench import arms as armspec
-from rltbench import runtime
+from rltbench import options
 from rltbench.backends.base import Timeouts, parse_servers
-from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
-from rltbench.bench.workload import DEFAULT_TRACE, SMALL_MODEL_TRACE
-from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
-from rltbench.commands.e2e.rate import DEFAULT_DURATION_S, DEFAULT_SWEEP_RATES, RATE, rate_spec_of
+from rltbench.bench.workload_defaults import DEFAULT_TRACE, SMALL_MODEL_TRACE
+from rltbench.commands.e2e.defaults import (
+    BURST,
+    CPU_CONCURRENCY,
+    DEFAULT_DURATION_S,
+    DEFAULT_SWEEP_RATES,
+    GPU_CONCURRENCY,
+    MAX_BURSTINESS,
+    MAX_CELL_REQUESTS,
+    MAX_DURATION_S,
+    RATE,
+    SESSION,
+)
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
 
 def e2e_command(
-    model: runtime.ModelOption = "ouro-1.4b",
-    weights: runtime.WeightsOption = "random",
+    model: options.ModelOption = "ouro-1.4b",
+    weights: options.WeightsOption = "random",
     arms: armspec.ArmsOption = "torch,exact,approx",
     norm: armspec.NormOption = None,
     rope: armspec.RopeOption = None,
@@ -43,45 +52,51 @@ def e2e_command(
         str | None, typer.Option(help=f"Burst sizes C, comma list (default {GPU_CONCURRENCY}; on CPU "
                                  f"{CPU_CONCURRENCY}).")
     ] = None,
-    input_len: runtime.BurstInputLenOption = None,
-    output_len: runtime.BurstOutputLenOption = None,
+    input_len: options.BurstInputLenOption = None,
+    output_len: options.BurstOutputLenOption = None,
     repeats: Annotated[
         int | None,
-        typer.Option(help="Repetitions, arm order reversed each time (default: burst 2, session 3)."),
+        options.number("Repetitions, arm order reversed each time (default: burst 2, session 3).", ge=1),
     ] = None,
-    seed: runtime.SeedOption = 0,
+    seed: options.SeedOption = 0,
     trace: Annotated[
         str | None, typer.Option(help=f"Session trace: JSONL path or preset of workloads/presets.json "
                                  f"(default {DEFAULT_TRACE}; {SMALL_MODEL_TRACE} for a model too short "
                                  "for its records).")
     ] = None,
     trace_time_scale: Annotated[
-        float | None, typer.Option(help="Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).")
+        float | None, options.number("Multiply trace arrival times (0.1 = 10x faster, 0 = all at once).",
+                                     ge=0, le=options.MAX_TRACE_SCALE)
     ] = None,
     trace_length_scale: Annotated[
-        float | None, typer.Option(help="Multiply trace lengths and the 512-token hash block.")
+        float | None, options.number("Multiply trace lengths and the 512-token hash block.",
+                                     gt=0, le=options.MAX_TRACE_SCALE)
     ] = None,
-    max_requests: Annotated[int | None, typer.Option(help="Replay only the first N trace records.")] = None,
-    kv_cache_gib: runtime.KvCacheGibOption = None,
+    max_requests: Annotated[
+        int | None, options.number("Replay only the first N trace records.", ge=1)
+    ] = None,
+    kv_cache_gib: options.KvCacheGibOption = None,
     max_num_seqs: Annotated[
-        int | None, typer.Option(help="Engine batch limit (default: max C; session 128).")
+        int | None, options.number("Engine batch limit (default: max C; session 128).", ge=1)
     ] = None,
-    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
-    block_size: runtime.BlockSizeOption = 16,
-    enforce_eager: runtime.EnforceEagerOption = False,
-    prefill_graphs: runtime.PrefillGraphsOption = True,
-    dtype: runtime.DtypeOption = None,
-    device: runtime.DeviceOption = None,
-    result_dir: runtime.ResultDirOption = None,
-    backend: runtime.BackendOption = "engine",
-    arm: runtime.ServersOption = None,
+    max_num_batched_tokens: options.MaxNumBatchedTokensOption = 2048,
+    block_size: options.BlockSizeOption = 16,
+    enforce_eager: options.EnforceEagerOption = False,
+    prefill_graphs: options.PrefillGraphsOption = True,
+    dtype: options.DtypeOption = None,
+    device: options.DeviceOption = None,
+    result_dir: options.ResultDirOption = None,
+    backend: options.BackendOption = "engine",
+    arm: options.ServersOption = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="openai backend: model field (default: first of /v1/models).")
     ] = None,
-    warmup_requests: Annotated[int, typer.Option(help="Warm-up burst size per arm (not measured).")] = 4,
-    ttft_timeout: Annotated[float, typer.Option(help="Per-request first-token timeout (s).")] = 300.0,
-    stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
-    deadline: Annotated[float, typer.Option(help="Global deadline for the whole run (s, 0 = none).")] = 0.0,
+    warmup_requests: Annotated[int, options.number("Warm-up burst size per arm (not measured).", ge=0)] = 4,
+    ttft_timeout: options.TtftTimeoutOption = 300.0,
+    stall_timeout: options.StallTimeoutOption = 120.0,
+    deadline: Annotated[
+        float, options.number("Global deadline for the whole run (s, 0 = none).", ge=0)
+    ] = 0.0,
     live: Annotated[bool, typer.Option(help="Rich live table (off when not a terminal).")] = True,
     prefix_cache: Annotated[
         str | None,
@@ -91,10 +106,9 @@ def e2e_command(
     ] = None,
     exit_threshold: Annotated[
         float | None,
-        typer.Option(help="Ouro exit gate threshold in (0, 1]: each token exits at the first loop whose "
-                          "exit CDF, in the model dtype, reaches it (the reference rule; default: a "
-                          "checkpoint's own, 1.0 included); exit depths are recorded and compared like "
-                          "tokens."),
+        options.number("Ouro exit gate threshold in (0, 1]: each token exits at the first loop whose exit "
+                       "CDF, in the model dtype, reaches it (the reference rule; default: a checkpoint's "
+                       "own, 1.0 included); exit depths are recorded and compared like tokens.", gt=0, le=1),
     ] = None,
     never_exit: Annotated[
         bool,
@@ -112,42 +126,55 @@ def e2e_command(
     request_rate: Annotated[str | None, typer.Option(
         help="rate: requests/s, a comma list, or sweep (default): the synchronous rate, the saturated "
              "throughput and --sweep-rates rates between, stopping when every arm saturates.")] = None,
-    sweep_rates: Annotated[int | None, typer.Option(
-        help=f"rate: rates of a sweep between the synchronous and saturated ones (default "
-             f"{DEFAULT_SWEEP_RATES}).")] = None,
+    sweep_rates: Annotated[int | None, options.number(
+        f"rate: rates of a sweep between the synchronous and saturated ones (default {DEFAULT_SWEEP_RATES}).",
+        ge=1)] = None,
     arrivals: Annotated[str | None, typer.Option(
         help="rate: poisson (default), gamma (shape --burstiness) or constant gaps.")] = None,
-    burstiness: Annotated[float | None, typer.Option(
-        help="rate: gamma shape of the gaps (1 = Poisson, < 1 burstier), mean rate kept.")] = None,
-    max_concurrency: Annotated[int | None, typer.Option(
-        help="rate: requests in flight at most; later arrivals wait client-side (queue delay).")] = None,
-    num_prompts: Annotated[int | None, typer.Option(help="rate: requests per rate cell.")] = None,
-    duration: Annotated[float | None, typer.Option(
-        help=f"rate: seconds of arrivals per rate cell (default {DEFAULT_DURATION_S:g}).")] = None,
+    burstiness: Annotated[float | None, options.number(
+        "rate: gamma shape of the gaps (1 = Poisson, < 1 burstier), mean rate kept.",
+        gt=0, le=MAX_BURSTINESS)] = None,
+    max_concurrency: Annotated[int | None, options.number(
+        "rate: requests in flight at most; later arrivals wait client-side (queue delay).", ge=1)] = None,
+    num_prompts: Annotated[int | None, options.number("rate: requests per rate cell.", ge=1,
+                                                      le=MAX_CELL_REQUESTS)] = None,
+    duration: Annotated[float | None, options.number(
+        f"rate: seconds of arrivals per rate cell (default {DEFAULT_DURATION_S:g}).",
+        gt=0, le=MAX_DURATION_S)] = None,
     lengths: Annotated[str | None, typer.Option(
         help="rate: request lengths drawn from a distribution of workloads/lengths/, a session preset's "
              "trace or a JSONL file (input_length, output_length); default --input-len/--output-len.")
     ] = None,
-    random_range_ratio: Annotated[float | None, typer.Option(
-        help="rate: each length uniform within +-ratio of --input-len/--output-len (default 0).")] = None,
-    exclude_head: Annotated[float | None, typer.Option(
-        help="rate: share of each cell's first requests left out of its figures (warm-up; 0.1).")] = None,
-    exclude_tail: Annotated[float | None, typer.Option(
-        help="rate: share of each cell's last requests left out of its figures (cool-down; 0.1).")] = None,
+    random_range_ratio: Annotated[float | None, options.number(
+        "rate: each length uniform within +-ratio of --input-len/--output-len (default 0).", ge=0, lt=1)
+    ] = None,
+    exclude_head: Annotated[float | None, options.number(
+        "rate: share of each cell's first requests left out of its figures (warm-up; 0.1).", ge=0, lt=1)
+    ] = None,
+    exclude_tail: Annotated[float | None, options.number(
+        "rate: share of each cell's last requests left out of its figures (cool-down; 0.1).", ge=0, lt=1)
+    ] = None,
     slo: Annotated[str | None, typer.Option(
         help="rate: SLO terms METRIC:MS or METRIC:pNN:MS (ttft, tpot, e2el), e.g. ttft:500,tpot:50: "
              "per cell its share and goodput, per arm the SLO capacity.")] = None,
-    slo_attainment: Annotated[float | None, typer.Option(
-        help="rate: share of requests that must meet a term without its own pNN (default 0.9).")] = None,
-    saturation_margin: Annotated[float | None, typer.Option(
-        help="rate: a cell saturates when its achieved rate falls short of the offered one by more "
-             "than this share, or its TTFT grows by more than this many s per s (default 0.1).")] = None,
+    slo_attainment: Annotated[float | None, options.number(
+        "rate: share of requests that must meet a term without its own pNN (default 0.9).", gt=0, lt=1)
+    ] = None,
+    saturation_margin: Annotated[float | None, options.number(
+        "rate: a cell saturates when its achieved rate falls short of the offered one by more than this "
+        "share, or its TTFT grows by more than this many s per s (default 0.1).", gt=0, lt=1)] = None,
     ignore_eos: Annotated[bool | None, typer.Option(
         help="rate: exactly --output-len tokens per request, EOS ignored (default on).")] = None,
 ) -> None:
     """Serving benchmark: burst, session or open-loop rate loads, arms interleaved, TTFT/TPOT/ITL/E2E,
     tok/s, SLO capacity, identity."""
     t_start = time.perf_counter()
+    # torch and the engine: loaded when the command runs, not for `rltbench e2e --help`
+    from rltbench import runtime
+    from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
+    from rltbench.commands.e2e.job import E2ESpec, run
+    from rltbench.commands.e2e.rate import rate_spec_of
+
     if workload not in (BURST, SESSION, RATE):
         raise UsageError(f"--workload must be burst, session or rate, not {workload!r}")
     rate = rate_spec_of(workload, dict(
@@ -161,21 +188,11 @@ def e2e_command(
         raise UsageError(f"--backend must be engine or openai, not {backend!r}")
     if repeats is None:
         repeats = 2 if workload == BURST else 3
-    if repeats < 1:
-        raise UsageError("--repeats must be >= 1")
-    if (input_len is not None and input_len < 1) or (output_len is not None and output_len < 1):
-        raise UsageError("--input-len and --output-len must be >= 1")
-    if ttft_timeout <= 0 or stall_timeout <= 0 or deadline < 0:
-        raise UsageError("--ttft-timeout/--stall-timeout must be > 0 and --deadline >= 0")
-    if warmup_requests < 0:
-        raise UsageError("--warmup-requests must be >= 0")
     engine = EngineConfig(kv_cache_gib=kv_cache_gib, block_size=block_size,
                           max_num_batched_tokens=max_num_batched_tokens, use_cuda_graph=not enforce_eager,
                           prefill_graphs=prefill_graphs)
     seqs = 1 if max_num_seqs is None else max_num_seqs  # None: sized to the load later
     runtime.check_engine_flags(dataclasses.replace(engine, max_num_seqs=seqs))
-    if max_requests is not None and max_requests < 1:
-        raise UsageError("--max-requests must be >= 1")
     if backend == "engine" and arm:
         raise UsageError("--arm NAME=URL is for --backend openai; the engine backend takes --arms")
     if backend == "openai" and not arm:
@@ -194,7 +211,7 @@ def e2e_command(
               if backend == "engine" else {}),
         servers=parse_servers(arm or []),
         workload=workload,
-        concurrency=None if concurrency is None else runtime.parse_concurrency(concurrency),
+        concurrency=None if concurrency is None else options.parse_concurrency(concurrency),
         input_len=input_len,
         output_len=output_len,
         repeats=repeats,

@@ -34,6 +34,7 @@ from rltbench.bench.workload import (
     warmup_prompts,
 )
 from rltbench.commands.e2e import report
+from rltbench.commands.e2e.defaults import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan, rate_lengths
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
@@ -41,12 +42,8 @@ from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.models.configs import OuroConfig, exit_rule
+from rltbench.options import parse_concurrency
 from rltbench.results import RunDir
-
-BURST = "burst"
-SESSION = "session"
-GPU_CONCURRENCY = "1,8,32,128"  # the burst sizes when --concurrency is not given
-CPU_CONCURRENCY = "1,8"  # on CPU, where C=128 of even a tiny model takes many minutes per cell
 
 
 @dataclass
@@ -241,7 +238,7 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
     concurrency = spec.concurrency
     if concurrency is None:
         text = CPU_CONCURRENCY if dev == "cpu" else GPU_CONCURRENCY
-        concurrency = runtime.parse_concurrency(text)
+        concurrency = parse_concurrency(text)
         if dev == "cpu" and spec.workload == BURST:
             notes.append(f"--concurrency {text} on CPU (the GPU default is {GPU_CONCURRENCY})")
     trace = spec.trace

@@ -26,8 +26,16 @@ from rltbench.backends.base import Request, Timeouts
 from rltbench.bench.arrivals import CONSTANT, GAMMA, POISSON, ArrivalProcess, arrival_times
 from rltbench.bench.lengths import LengthSource, recorded_lengths
 from rltbench.bench.workload import Cell, fit_burst_lengths, open_loop_prompts, warmup_prompts
+from rltbench.commands.e2e.defaults import (
+    DEFAULT_DURATION_S,
+    DEFAULT_SWEEP_RATES,
+    MAX_CELL_REQUESTS,
+    MAX_RATE,
+    RATE,
+)
 from rltbench.commands.e2e.runner import Plan
 from rltbench.errors import UsageError
+from rltbench.options import comma_list
 from rltbench.results.rate import (
     DEFAULT_EXCLUDE,
     DEFAULT_SATURATION_MARGIN,
@@ -37,10 +45,7 @@ from rltbench.results.rate import (
 )
 from rltbench.results.slo import DEFAULT_ATTAINMENT, SloTerm, cell_slo, parse_slo
 
-RATE = "rate"
 SWEEP = "sweep"
-DEFAULT_SWEEP_RATES = 5
-DEFAULT_DURATION_S = 10.0  # seconds of arrivals per rate cell when --num-prompts is not given
 MIN_CELL_REQUESTS = 8  # the fewest requests of a rate cell sized by --duration
 SYNC_PROBE_REQUESTS = 4
 SYNC, SATURATED = "sync", "saturated"  # the probe cells of a sweep
@@ -81,19 +86,6 @@ class RateSpec:
         return out
 
 
-def _number(flag: str, value: float | None, low: float, high: float = math.inf, *, open_low: bool = False,
-            open_high: bool = True) -> float | None:
-    """`value` of `flag` checked to lie in [low, high] (open ends as asked) and be finite."""
-    if value is None:
-        return None
-    too_low = value <= low if open_low else value < low
-    too_high = value >= high if open_high else value > high
-    if not math.isfinite(value) or too_low or too_high:
-        lo_b, hi_b = ("(" if open_low else "["), (")" if open_high else "]")
-        raise UsageError(f"{flag} must be a finite number in {lo_b}{low:g}, {high:g}{hi_b}, not {value}")
-    return value
-
-
 def round_rate(rate: float) -> float:
     """A rate to 3 significant digits: the cell's name shows it exactly."""
     return float(f"{rate:.3g}")
@@ -104,20 +96,21 @@ def parse_request_rate(text: str) -> tuple[float, ...] | None:
     if text.strip() == SWEEP:
         return None
     rates = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in comma_list(text, "--request-rate", "2,4.5,8"):
         try:
             value = float(part)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--request-rate {text!r}: {part!r} is not a rate > 0 (requests/s) nor 'sweep'")
+        if not (math.isfinite(value) and 0 < value <= MAX_RATE):
+            raise UsageError(f"--request-rate {text!r}: {part!r} is not a rate in (0, {MAX_RATE:g}] "
+                             "(requests/s) nor 'sweep'")
         rates.append(round_rate(value))
     return tuple(sorted(set(rates)))
 
 
 def _process(arrivals: str | None, burstiness: float | None) -> ArrivalProcess:
     """--arrivals and --burstiness -> the arrival process (vLLM: a burstiness other than 1 is gamma)."""
-    b = _number("--burstiness", burstiness, 0, open_low=True)
+    b = burstiness
     kind = arrivals or (GAMMA if b is not None and b != 1 else POISSON)
     if kind not in (POISSON, GAMMA, CONSTANT):
         raise UsageError(f"--arrivals must be poisson, gamma or constant, not {kind!r}")
@@ -132,40 +125,40 @@ def rate_spec(request_rate: str | None, *, burstiness: float | None = None, arri
               random_range_ratio: float | None = None, exclude_head: float | None = None,
               exclude_tail: float | None = None, slo: str | None = None, slo_attainment: float | None = None,
               saturation_margin: float | None = None, ignore_eos: bool | None = None) -> RateSpec:
-    """The rate workload's flags -> RateSpec, every value checked (one line naming the flag)."""
-    for flag, value in (("--max-concurrency", max_concurrency), ("--num-prompts", num_prompts),
-                        ("--sweep-rates", sweep_rates)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, not {value}")
+    """The rate workload's flags -> RateSpec, every value checked (one line naming the flag); each
+    number was checked against its bounds when the command line was parsed (rltbench.options)."""
     if num_prompts is not None and duration is not None:
         raise UsageError("--num-prompts and --duration both size a rate cell: give one")
     if lengths is not None and random_range_ratio is not None:
         raise UsageError("--random-range-ratio varies --input-len/--output-len; --lengths draws recorded "
                          "lengths: give one")
-    head = _number("--exclude-head", exclude_head, 0, 1)
-    tail = _number("--exclude-tail", exclude_tail, 0, 1)
-    if (head or 0) + (tail or 0) >= 1:
+    head = DEFAULT_EXCLUDE if exclude_head is None else exclude_head
+    tail = DEFAULT_EXCLUDE if exclude_tail is None else exclude_tail
+    if head + tail >= 1:
         raise UsageError("--exclude-head + --exclude-tail must leave some requests (sum < 1)")
-    attainment = _number("--slo-attainment", slo_attainment, 0, 1, open_low=True)
-    attainment = DEFAULT_ATTAINMENT if attainment is None else attainment
+    attainment = DEFAULT_ATTAINMENT if slo_attainment is None else slo_attainment
     rates = parse_request_rate(request_rate or SWEEP)
     if rates is not None and sweep_rates is not None:
         raise UsageError("--sweep-rates is for --request-rate sweep")
+    seconds = duration or DEFAULT_DURATION_S
+    if rates is not None and num_prompts is None and max(rates) * seconds > MAX_CELL_REQUESTS:
+        raise UsageError(f"--request-rate {max(rates):g} x --duration {seconds:g} s: more than "
+                         f"{MAX_CELL_REQUESTS:,} requests in one cell; shorten --duration or give "
+                         "--num-prompts")
     return RateSpec(
         rates=rates,
         sweep_rates=sweep_rates or DEFAULT_SWEEP_RATES,
         process=_process(arrivals, burstiness),
         max_concurrency=max_concurrency,
         num_prompts=num_prompts,
-        duration_s=_number("--duration", duration, 0, open_low=True) or DEFAULT_DURATION_S,
+        duration_s=seconds,
         lengths=lengths,
-        range_ratio=_number("--random-range-ratio", random_range_ratio, 0, 1) or 0.0,
-        exclude_head=DEFAULT_EXCLUDE if head is None else head,
-        exclude_tail=DEFAULT_EXCLUDE if tail is None else tail,
+        range_ratio=random_range_ratio or 0.0,
+        exclude_head=head,
+        exclude_tail=tail,
         slo=parse_slo(slo, attainment) if slo is not None else (),
         attainment=attainment,
-        saturation_margin=_number("--saturation-margin", saturation_margin, 0, 1, open_low=True)
-        or DEFAULT_SATURATION_MARGIN,
+        saturation_margin=saturation_margin or DEFAULT_SATURATION_MARGIN,
         ignore_eos=True if ignore_eos is None else ignore_eos,
     )
 

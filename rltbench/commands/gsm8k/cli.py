@@ -7,17 +7,18 @@ inconclusive (2 = usage error, from the CLI). With random weights the run still 
 and sequence identity) but accuracies mean nothing: an arm that is not identical to torch is
 "inconclusive: random weights", and that is printed on the console, in table.md and in the manifest.
 
-Every input is checked before the run directory is made (`validate_numbers`, `arm_names`,
-`check_model_inputs`): a bad flag, model, tokenizer or checkpoint leaves no run directory behind.
+Every input is checked before the run directory is made (the numbers when the command line is
+parsed: rltbench.options; then `check_choices`, `arm_names`, `check_model_inputs`): a bad flag, model,
+tokenizer or checkpoint leaves no run directory behind. torch, the engine and pandas load when the
+command runs (inside the functions), not for `rltbench gsm8k --help`.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -26,14 +27,10 @@ from rich.panel import Panel
 from rich.table import Table
 
 from rltbench import arms as armspec
-from rltbench import runtime, textcodec
+from rltbench import options, textcodec
 from rltbench.arms import ArmSpec
 from rltbench.backends.base import Timeouts, parse_servers
-from rltbench.backends.engine import EngineBackend
-from rltbench.backends.openai import OpenAIBackend
-from rltbench.commands.gsm8k import report
 from rltbench.commands.gsm8k.generation import QuestionCodec
-from rltbench.commands.gsm8k.interleave import CachedArmBackend, InterleavedGenerator
 from rltbench.commands.gsm8k.stats import NEEDED_N_CAP, verdict_label
 from rltbench.commands.gsm8k.tasks import (
     DATA_DIR,
@@ -45,7 +42,10 @@ from rltbench.commands.gsm8k.tasks import (
 )
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
-from rltbench.results import RunDir
+
+if TYPE_CHECKING:
+    from rltbench import runtime
+    from rltbench.commands.gsm8k.interleave import InterleavedGenerator
 
 console = Console()
 GSM8K_TEST_SIZE = 1319
@@ -60,6 +60,8 @@ def arm_names(arms: str | None, backend: str, servers: dict[str, str],
               overrides: dict[str, str | None] | None = None) -> dict[str, ArmSpec | None]:
     """The arms to run, the reference `torch` first: {name: ArmSpec} on the engine (`--arms`, the
     A/A arm `torch#2` allowed once), {name: None} for servers (the `--arm NAME=URL` names)."""
+    from rltbench.commands.gsm8k import report
+
     ref = report.REFERENCE_ARM
     if backend == "openai":
         if not servers:
@@ -80,26 +82,9 @@ def arm_names(arms: str | None, backend: str, servers: dict[str, str],
     return {ref: specs[ref], **{a: s for a, s in specs.items() if a != ref}}
 
 
-def validate_numbers(
-    gate: float,
-    limit: int | None,
-    batch_size: int,
-    max_gen_toks: int,
-    num_fewshot: int | None,
-    task: str,
-    backend: str,
-    gate_filter: str,
-) -> None:
-    if not math.isfinite(gate) or not 0.0 <= gate <= 100.0:  # nan compares false: it decides nothing
-        raise UsageError(f"--gate must be a finite number of points in [0, 100], got {gate}")
-    if limit is not None and not 1 <= limit <= GSM8K_TEST_SIZE:
-        raise UsageError(f"--limit must be in 1..{GSM8K_TEST_SIZE}, got {limit}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
-    if max_gen_toks < 1:
-        raise UsageError(f"--max-gen-toks must be >= 1, got {max_gen_toks}")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise UsageError(f"--num-fewshot must be >= 0, got {num_fewshot}")
+def check_choices(task: str, backend: str, gate_filter: str) -> None:
+    """The named choices (the numbers were checked against their bounds when the command line was
+    parsed: rltbench.options)."""
     if task not in TASKS:
         raise UsageError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
     if backend not in ("engine", "openai"):
@@ -129,6 +114,8 @@ def _check_vocab(vocab: int | None, model_vocab: int) -> None:
 def check_model_inputs(source: runtime.ModelSource, tokenizer: str | None, device: str, dtype: str) -> None:
     """What `build_engine_side` would reject, found without building the model, so that a bad
     preset, checkpoint, tokenizer, device or dtype is one line before any run directory exists."""
+    from rltbench import runtime
+
     _dev, _dt, model_cfg = runtime.check(source, device, dtype)
     if not source.random and tokenizer is None and not (Path(source.weights) / "tokenizer.json").is_file():
         raise UsageError(f"no tokenizer.json in {source.weights}: add it or pass --tokenizer PATH")
@@ -140,6 +127,8 @@ def build_engine_side(
     source: runtime.ModelSource, tokenizer: str | None, device: str, dtype: str, run_dir: Path
 ) -> tuple[Any, Any, bool]:
     """(model, codec, random_weights): a preset with random weights or a checkpoint, and its text codec."""
+    from rltbench import runtime
+
     dev = runtime.resolve_device(device)
     model, tok = runtime.load(source, dev, runtime.resolve_dtype(dtype, dev), tokenizer=tokenizer is None)
     if tokenizer is not None:
@@ -161,6 +150,8 @@ def make_engine(model: Any, arms: dict[str, ArmSpec], batch_size: int, max_conte
     max_context tokens, plus one sequence's worth so the shared few-shot prefix can stay cached (sized
     from free memory it took 129 GiB of an H200 for a 4 x 2k-token run, starving the processes that
     shared the GPU)."""
+    from rltbench import runtime
+
     on_cuda = next(model.parameters()).device.type == "cuda"
     prefix_ok = model.config.family != "huginn" or bool(getattr(model, "prefix_cache_safe", False))
     block = EngineConfig.block_size
@@ -186,6 +177,8 @@ CONSOLE_CAPTION = (
 
 def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
     """Why an arm is inconclusive and what would decide it."""
+    from rltbench.commands.gsm8k import report
+
     if c.get("verdict_reason"):
         return (
             f"{arm}: {verdict_label(c['verdict'], c['verdict_reason'])}: {c['sequences_differ']}/{c['n']} "
@@ -209,6 +202,8 @@ def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     """The gate table, narrow enough for an 80-column log: arm names and verdicts are never cut."""
+    from rltbench.commands.gsm8k import report
+
     t = Table(
         title=f"GSM8K gate vs {summary['reference']} ({summary['n']} questions, gate "
         f"{summary['gate']:g} points, {summary['gate_rule']}, {summary['gate_filter']})",
@@ -248,6 +243,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _banner_random() -> None:
+    from rltbench.commands.gsm8k import report
+
     console.print(Panel(report.RANDOM_WEIGHTS_BANNER, title="WARNING", style="bold red"))
 
 
@@ -274,42 +271,44 @@ def gsm8k_command(
     scope: armspec.ScopeOption = None,
     gate: Annotated[
         float,
-        typer.Option(
-            help="Largest tolerated accuracy drop, in points (0-100). Pass: identical sequences, or "
-            "an exact 95% upper bound of the drop <= gate."
-        ),
+        options.number("Largest tolerated accuracy drop, in points (0-100). Pass: identical sequences, "
+                       "or an exact 95% upper bound of the drop <= gate.", ge=0, le=100),
     ] = 1.0,
     task: Annotated[
         str, typer.Option(help="lm-eval task: gsm8k_cot (8-shot CoT) or gsm8k (5-shot).")
     ] = "gsm8k_cot",
-    num_fewshot: Annotated[int | None, typer.Option(help="Exemplars (default: the task's).")] = None,
+    num_fewshot: Annotated[int | None, options.number("Exemplars (default: the task's).", ge=0)] = None,
     limit: Annotated[
-        int | None, typer.Option(help=f"First N test questions (default all {GSM8K_TEST_SIZE}; {CPU_LIMIT} "
-                                 "when the engine runs on the CPU).")
+        int | None, options.number(f"First N test questions (default all {GSM8K_TEST_SIZE}; {CPU_LIMIT} "
+                                   "when the engine runs on the CPU).", ge=1, le=GSM8K_TEST_SIZE)
     ] = None,
     batch_size: Annotated[
-        int, typer.Option(help="Concurrent sequences (engine max_num_seqs / requests in flight).")
+        int, options.number("Concurrent sequences (engine max_num_seqs / requests in flight).", ge=1)
     ] = 32,
-    max_gen_toks: Annotated[int, typer.Option(help="Most generated tokens per question.")] = 256,
+    max_gen_toks: Annotated[int, options.number("Most generated tokens per question.", ge=1)] = 256,
     gate_mode: Annotated[
         str | None, typer.Option(hidden=True, help="Removed: the gate has one rule (exact bounds).")
     ] = None,
     gate_filter: Annotated[
         str, typer.Option("--filter", help="Which lm-eval extraction decides correctness.")
     ] = "strict-match",
-    result_dir: runtime.ResultDirOption = None,
-    backend: runtime.BackendOption = "engine",
-    arm: runtime.ServersOption = None,
-    dtype: runtime.DtypeOption = "auto",
-    device: runtime.DeviceOption = "auto",
+    result_dir: options.ResultDirOption = None,
+    backend: options.BackendOption = "engine",
+    arm: options.ServersOption = None,
+    dtype: options.DtypeOption = options.AUTO,
+    device: options.DeviceOption = options.AUTO,
     tokenizer: Annotated[
         str | None,
         typer.Option(help="tokenizer.json (or its directory); needed for real text with random weights."),
     ] = None,
-    seed: runtime.SeedOption = 0,
+    seed: options.SeedOption = 0,
 ) -> None:
     """GSM8K quality gate: paired accuracy of each arm vs torch.
     Exit 0 identical or pass, 1 fail, 3 inconclusive."""
+    from rltbench import runtime
+    from rltbench.commands.gsm8k import report
+    from rltbench.results import RunDir
+
     set_offline_env()
     if gate_mode is not None:
         # the point rule passed without evidence and the normal bound passed at SE = 0
@@ -318,7 +317,7 @@ def gsm8k_command(
             "identical sequences or an upper bound of the drop <= --gate); drop --gate-mode"
         )
     servers = parse_servers(arm or [])
-    validate_numbers(gate, limit, batch_size, max_gen_toks, num_fewshot, task, backend, gate_filter)
+    check_choices(task, backend, gate_filter)
     specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope))
     label = model_label(model, weights, backend)
     source = runtime.ModelSource(label if weights == "random" else DEFAULT_MODEL, weights, seed)
@@ -381,6 +380,11 @@ def gsm8k_command(
 def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: dict[str, Any],
                servers: dict[str, str]) -> InterleavedGenerator:
     """The model (engine) or the servers behind every arm, as one interleaved generator."""
+    from rltbench.backends.engine import EngineBackend
+    from rltbench.backends.openai import OpenAIBackend
+    from rltbench.commands.gsm8k import report
+    from rltbench.commands.gsm8k.interleave import InterleavedGenerator
+
     arms = list(specs)
     common = dict(arms=arms, ref=report.REFERENCE_ARM, chunk=config["batch_size"], write=run.append_jsonl,
                   note=lambda text: console.print(text, highlight=False))
@@ -412,7 +416,9 @@ def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, sp
 def _run(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: dict[str, Any],
          servers: dict[str, str]) -> dict[str, Any]:
     # lm-eval is an optional dependency: it loads when a gate runs, not at `rltbench --help`
+    from rltbench.commands.gsm8k import report
     from rltbench.commands.gsm8k.evaluate import RltbenchLM, run_arm
+    from rltbench.commands.gsm8k.interleave import CachedArmBackend
 
     generator = _generator(run, config, source, specs, servers)
     run.update_manifest(config=config, random_weights=config["random_weights"])

@@ -10,28 +10,27 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rltbench import arms as armspec
-from rltbench import native, runtime
+from rltbench import native, options
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
-from rltbench.commands.kernels import report
-from rltbench.commands.kernels import sweep as bench
+from rltbench.commands.kernels import defaults
 from rltbench.errors import UsageError
-from rltbench.kernels import OPS, op_case
-from rltbench.results import RunDir
-from rltbench.results.stats import base_arm
+from rltbench.kernels.names import OPS
 
-# Triton decides interpreter vs GPU when a kernel is *defined* (import time), so TRITON_INTERPRET
-# cannot be switched on here: rltbench.kernels is already imported. Without a GPU and without the
-# interpreter the fused arms fall back to torch and their rows say so (status "fallback").
+if TYPE_CHECKING:
+    from rltbench.commands.kernels import sweep as bench
+    from rltbench.results import RunDir
 
-DEFAULT_TOKENS = ",".join(str(t) for t in bench.DEFAULT_TOKENS)
+# torch, Triton and the kernels load when the command runs (inside the functions), not for its --help.
+# Triton decides interpreter vs GPU when a kernel is *defined* (import time): rltbench.cli decides
+# TRITON_INTERPRET before the command runs. Without a GPU and without the interpreter the fused arms
+# fall back to torch and their rows say so (status "fallback").
+
+DEFAULT_TOKENS = ",".join(str(t) for t in defaults.DEFAULT_TOKENS)
 MODE_CHOICES = {"graph": ["graph"], "eager": ["eager"], "hot": ["hot"], "both": ["graph", "eager"],
                 "all": ["graph", "eager", "hot"]}
 
@@ -41,31 +40,18 @@ FLAG_EXAMPLES = {"--tokens": "1,8,128", "--widths": "2048,5632", "--ops": "rmsno
 
 
 def _split(text: str, flag: str) -> list[str]:
-    return list(dict.fromkeys(runtime.comma_list(text, flag, FLAG_EXAMPLES.get(flag, "a,b"))))
-
-
-def _positive_ints(text: str, flag: str, what: str, hint: str) -> list[int]:
-    out = []
-    for item in _split(text, flag):
-        try:
-            val = int(item)
-        except ValueError:
-            raise UsageError(f"{flag}: {item!r} is not an integer ({hint})") from None
-        if val <= 0:
-            raise UsageError(f"{flag}: {what} must be positive, got {val}")
-        out.append(val)
-    return out
+    return list(dict.fromkeys(options.comma_list(text, flag, FLAG_EXAMPLES.get(flag, "a,b"))))
 
 
 def parse_tokens(text: str) -> list[int]:
-    return _positive_ints(text, "--tokens", "token counts", "e.g. --tokens 1,8,128")
+    return list(dict.fromkeys(options.int_list(text, "--tokens", FLAG_EXAMPLES["--tokens"])))
 
 
 def parse_widths(text: str) -> list[int] | None:
     """None for 'model' (each op's model widths)."""
     if str(text).strip().lower() == "model":
         return None
-    return _positive_ints(text, "--widths", "widths", "or use --widths model")
+    return list(dict.fromkeys(options.int_list(text, "--widths", FLAG_EXAMPLES["--widths"])))
 
 
 def parse_choice(text: str, flag: str, known: list[str], aliases: dict[str, str] | None = None) -> list[str]:
@@ -86,6 +72,8 @@ def parse_kernel_arms(arms: str, overrides: dict[str, str | None]) -> tuple[dict
     before any case runs: named and unavailable, a UsageError with the reason; included by 'all'
     and unavailable, dropped with a note. Without an A/A arm the verdicts give no direction, so
     that is noted too."""
+    from rltbench.results.stats import base_arm
+
     notes: list[str] = []
     text = str(arms).strip()
     if text.lower() == "all":
@@ -111,17 +99,16 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
                  overrides: dict[str, str | None] | None = None,
                  placements: int = 1) -> tuple[bench.BenchConfig, list[str]]:
     """Parse and validate every flag (UsageError on bad input); returns the config and notes. `scope`
-    is the scope of the fused arms while timing (correctness always runs them with scope all)."""
+    is the scope of the fused arms while timing (correctness always runs them with scope all); the
+    numbers were checked against their bounds when the command line was parsed (rltbench.options)."""
+    from rltbench.commands.kernels import sweep as bench
+
     mode_key = str(mode).strip().lower()
     if mode_key not in MODE_CHOICES:
         raise UsageError(f"--mode: unknown value {mode!r} (known: {', '.join(MODE_CHOICES)})")
     scope_key = str(scope).strip().lower()
     if scope_key not in bench.SCOPES:
         raise UsageError(f"--scope: unknown value {scope!r} (known: {', '.join(bench.SCOPES)})")
-    if repeats <= 0:
-        raise UsageError(f"--repeats: must be a positive integer, got {repeats}")
-    if placements <= 0:
-        raise UsageError(f"--placements: must be a positive integer, got {placements}")
     if placements > 1 and "graph" not in MODE_CHOICES[mode_key]:
         raise UsageError(f"--placements applies to graph mode; --mode {mode_key} has none "
                          "(use --mode graph, both or all)")
@@ -145,6 +132,11 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
 
 def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
     """Each (op, width) must be buildable (e.g. RoPE widths are multiples of the head dim)."""
+    import torch
+
+    from rltbench.commands.kernels import sweep as bench
+    from rltbench.kernels import op_case
+
     seen = set()
     for case in cases:
         if (case.op, case.width) in seen:
@@ -164,14 +156,14 @@ def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
 
 def kernels_command(
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts (rows); capped at "
-                                        f"{bench.CPU_MAX_TOKENS} without a GPU.")] = DEFAULT_TOKENS,
+                                        f"{defaults.CPU_MAX_TOKENS} without a GPU.")] = DEFAULT_TOKENS,
     ops: Annotated[str, typer.Option(help=f"Comma-separated op cases ({', '.join(OPS)}), or 'all'.")
                    ] = "all",
     dtypes: Annotated[str, typer.Option(help="Comma-separated dtypes: bf16, fp16, fp32, or 'all'.")] = "bf16",
     widths: Annotated[str, typer.Option(help="Comma-separated feature widths for every op, or 'model' "
                                         "(each op's Ouro-1.4B / Huginn-0125 widths). RoPE widths are "
                                         "heads x head dim: multiples of 128 (rope_neox) / 96 "
-                                        f"(rope_interleaved). Capped at {bench.CPU_MAX_WIDTH} without "
+                                        f"(rope_interleaved). Capped at {defaults.CPU_MAX_WIDTH} without "
                                         "a GPU.")] = "model",
     arms: Annotated[str, typer.Option(help="Arms: torch, exact, approx, cuda (native CUDA C++) or "
                                       "NAME=norm:exact/rope:off/act:approx, comma-separated, or 'all' "
@@ -183,13 +175,13 @@ def kernels_command(
     norm: armspec.NormOption = None,
     rope: armspec.RopeOption = None,
     act: armspec.ActOption = None,
-    repeats: Annotated[int, typer.Option(help="Timed samples per arm and mode (after warm-up; GPU "
-                                         "only).")] = 100,
-    placements: Annotated[int, typer.Option(help="Graph mode (GPU): time each case this many times, "
-                                            "each on newly allocated inputs, outputs and graphs, and "
-                                            "pool the rounds. A streaming kernel's level moves with "
-                                            "where its buffers lie; the table lists each placement's "
-                                            "figure beside the pooled one.")] = 1,
+    repeats: Annotated[int, options.number("Timed samples per arm and mode (after warm-up; GPU only).",
+                                           ge=1)] = 100,
+    placements: Annotated[int, options.number("Graph mode (GPU): time each case this many times, each on "
+                                              "newly allocated inputs, outputs and graphs, and pool the "
+                                              "rounds. A streaming kernel's level moves with where its "
+                                              "buffers lie; the table lists each placement's figure "
+                                              "beside the pooled one.", ge=1)] = 1,
     mode: Annotated[str, typer.Option(help="Timing (GPU only): graph (CUDA-graph replay, inputs rotated "
                                       "past the L2: cold), eager, hot (graph replay of one input set: "
                                       "L2-hot, as a decode step's activations), both (graph + eager) "
@@ -197,11 +189,18 @@ def kernels_command(
     scope: Annotated[str, typer.Option(help="Scope of the fused arms while timing: 'all' (fused in eager "
                                        "too) or 'graph' (fused only under graph capture, as models "
                                        "run by default).")] = "all",
-    result_dir: runtime.ResultDirOption = None,
-    seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
+    result_dir: options.ResultDirOption = None,
+    seed: Annotated[int, options.number("Base seed of the random inputs.", ge=0, le=options.SEED_MAX)] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
 ) -> None:
     """Check each kernel arm against torch (bitwise for exact) and the fp64 oracle, then time it."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rltbench.commands.kernels import report
+    from rltbench.commands.kernels import sweep as bench
+
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough for the table, no folding
         console = Console(width=max(console.width, 160))
@@ -293,6 +292,8 @@ def _result(df, failed: int, planned: int) -> dict[str, int]:
 
 def bench_run_dir(cfg: bench.BenchConfig, result_dir: Path | None, notes: list[str]) -> RunDir:
     """The run directory; its manifest records the config, the notes and each arm's selection."""
+    from rltbench.results import RunDir
+
     selections = {a: s.replace(scope=cfg.scope).to_dict() for a, s in cfg.specs.items()}
     return RunDir.create("kernels", result_dir=result_dir, argv=list(sys.argv),
                          config={**cfg.to_dict(), "notes": notes, "arm_selections": selections,

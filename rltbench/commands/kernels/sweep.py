@@ -41,6 +41,7 @@ import torch
 from rltbench.arms import ARMS, ArmSpec, is_exact
 from rltbench.bench import timing
 from rltbench.bench.warmth import ColdWork
+from rltbench.commands.kernels.defaults import CPU_MAX_TOKENS, CPU_MAX_WIDTH
 from rltbench.kernels import make_ops, op_case, pdl
 from rltbench.kernels.oracle import bound_ratio
 from rltbench.kernels.oracle import ulp_distance as oracle_ulp
@@ -69,9 +70,6 @@ MODEL_WIDTHS: dict[str, tuple[int, ...]] = {
 }
 # width = heads * head_dim for the rope cases: widths must be multiples of the head dim.
 WIDTH_MULTIPLE: dict[str, int] = {"rope_neox": 128, "rope_interleaved": 96}
-DEFAULT_TOKENS = (1, 8, 128, 4096)
-CPU_MAX_TOKENS = 8
-CPU_MAX_WIDTH = 512
 
 
 @dataclass

@@ -16,14 +16,12 @@ from typing import Annotated, Any
 
 import typer
 
-from rltbench import runtime
-from rltbench.commands.pd.launch import run
-from rltbench.errors import UsageError
+from rltbench import options
 
 
 def pd_command(
-    model: runtime.ModelOption = "ouro-1.4b",
-    weights: runtime.WeightsOption = "random",
+    model: options.ModelOption = "ouro-1.4b",
+    weights: options.WeightsOption = "random",
     kv_layout: Annotated[
         str | None, typer.Option(help="Huginn KV layout: full (one plane per layer application) or compress.")
     ] = None,
@@ -44,31 +42,42 @@ def pd_command(
         str, typer.Option(help="Payload transport: auto (NCCL between two GPUs, else gloo), nccl or gloo.")
     ] = "auto",
     concurrency: Annotated[str, typer.Option(help="Burst sizes C, comma list.")] = "1,8,32",
-    input_len: runtime.BurstInputLenOption = None,
-    output_len: runtime.BurstOutputLenOption = None,
-    repeats: Annotated[int, typer.Option(help="Repetitions; mode order reversed each time.")] = 2,
+    input_len: options.BurstInputLenOption = None,
+    output_len: options.BurstOutputLenOption = None,
+    repeats: Annotated[int, options.number("Repetitions; mode order reversed each time.", ge=1)] = 2,
     aa: Annotated[
         bool, typer.Option(help="Run the colocated engine twice per cell (A/A noise floor).")
     ] = True,
-    seed: runtime.SeedOption = 0,
+    seed: options.SeedOption = 0,
     transfer_budget_gib: Annotated[
-        float, typer.Option(help="Packed KV in flight at most (GiB; one request always goes).")
+        float, options.number("Packed KV in flight at most (GiB; one request always goes).",
+                              gt=0, le=options.MAX_GIB)
     ] = 2.0,
-    transfer_timeout: Annotated[float, typer.Option(help="Deadline of each transfer message (s).")] = 60.0,
-    ttft_timeout: Annotated[float, typer.Option(help="Per-request first-token timeout (s).")] = 300.0,
-    stall_timeout: Annotated[float, typer.Option(help="Per-request timeout between tokens (s).")] = 120.0,
-    deadline: Annotated[float, typer.Option(help="No new cell after this many seconds (0 = none).")] = 0.0,
-    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
-    block_size: runtime.BlockSizeOption = 16,
-    enforce_eager: runtime.EnforceEagerOption = False,
-    prefill_graphs: runtime.PrefillGraphsOption = True,
-    dtype: runtime.DtypeOption = None,
-    warmup_requests: Annotated[int, typer.Option(help="Colocated warm-up burst size (not measured).")] = 4,
-    probe_reps: Annotated[int, typer.Option(help="Idle-link transfers of one request's KV (timed).")] = 5,
-    result_dir: runtime.ResultDirOption = None,
+    transfer_timeout: Annotated[
+        float, options.number("Deadline of each transfer message (s).", gt=0)
+    ] = 60.0,
+    ttft_timeout: options.TtftTimeoutOption = 300.0,
+    stall_timeout: options.StallTimeoutOption = 120.0,
+    deadline: Annotated[
+        float, options.number("No new cell after this many seconds (0 = none).", ge=0)
+    ] = 0.0,
+    max_num_batched_tokens: options.MaxNumBatchedTokensOption = 2048,
+    block_size: options.BlockSizeOption = 16,
+    enforce_eager: options.EnforceEagerOption = False,
+    prefill_graphs: options.PrefillGraphsOption = True,
+    dtype: options.DtypeOption = None,
+    warmup_requests: Annotated[
+        int, options.number("Colocated warm-up burst size (not measured).", ge=0)
+    ] = 4,
+    probe_reps: Annotated[
+        int, options.number("Idle-link transfers of one request's KV (timed).", ge=1)
+    ] = 5,
+    result_dir: options.ResultDirOption = None,
 ) -> None:
     """Prefill/decode disaggregation: KV bytes moved, transfer vs prefill time, TTFT/TPOT vs colocated."""
     t_start = time.perf_counter()
+    from rltbench.commands.pd.launch import run  # torch: loaded when the command runs, not for its --help
+
     opts: dict[str, Any] = dict(
         model=model,
         weights=weights,
@@ -98,8 +107,6 @@ def pd_command(
         result_dir=result_dir,
         argv=list(sys.argv),
     )
-    if deadline < 0:
-        raise UsageError("--deadline must be >= 0")
     rc = run(opts)
     if rc:
         raise typer.Exit(code=rc)

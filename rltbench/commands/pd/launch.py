@@ -33,6 +33,7 @@ from rltbench.commands.pd import report
 from rltbench.commands.pd.link import NO_MULTICAST_ENV
 from rltbench.engine.kv_transfer import KVGeometry
 from rltbench.errors import UsageError
+from rltbench.options import comma_list, parse_concurrency
 from rltbench.results import RunDir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -47,7 +48,7 @@ def _parse_devices(text: str | None) -> list[str]:
         return (
             ["cuda:0", "cuda:1"] if n_gpu >= 2 else (["cuda:0", "cuda:0"] if n_gpu == 1 else ["cpu", "cpu"])
         )
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = comma_list(text, "--devices", "cuda:0,cuda:1")
     if len(parts) != 2:
         raise UsageError(f"--devices {text}: give two devices, prefill then decode (e.g. cuda:0,cuda:1)")
     out = []
@@ -96,17 +97,9 @@ def _free_port() -> int:
 
 
 def check(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every option checked before any work: (the spec both ranks get, facts for the manifest)."""
-    for name in ("input_len", "output_len", "repeats", "block_size", "max_num_batched_tokens", "probe_reps"):
-        if opts[name] is not None and opts[name] < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if opts["warmup_requests"] < 0:
-        raise UsageError("--warmup-requests must be >= 0")
-    if min(opts["transfer_timeout"], opts["ttft_timeout"], opts["stall_timeout"]) <= 0:
-        raise UsageError("--transfer-timeout, --ttft-timeout and --stall-timeout must be > 0")
-    if opts["transfer_budget_gib"] <= 0:
-        raise UsageError("--transfer-budget-gib must be > 0")
-    concurrency = runtime.parse_concurrency(opts["concurrency"])
+    """Every option checked before any work: (the spec both ranks get, facts for the manifest). The
+    numbers were checked against their bounds when the command line was parsed (rltbench.options)."""
+    concurrency = parse_concurrency(opts["concurrency"])
     arms = parse_arms(opts["arm"])
     if len(arms) != 1:
         raise UsageError(f"--arm: one kernel arm (both engines run it), got {', '.join(arms)}")

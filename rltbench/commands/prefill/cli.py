@@ -8,21 +8,21 @@ from typing import Annotated
 import typer
 
 from rltbench import arms as armspec
-from rltbench import runtime
-from rltbench.commands.prefill.run import PrefillSpec, run
+from rltbench import options
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
-from rltbench.models.configs import KV_LAYOUTS
 
 
 def _lengths(text: str, models: list[str], output_len: int) -> dict[str, list[int]]:
     """Per model the asked prompt lengths; `max` is the longest its context allows (context -
     output_len). A length a model cannot hold is an error, not a silent skip."""
+    from rltbench import runtime  # torch: loaded when the command runs, not for its --help
+
     out: dict[str, list[int]] = {}
     for name in models:
         ctx = int(runtime.ModelSource(name).config().max_position_embeddings)
         lens: list[int] = []
-        for part in (p.strip() for p in text.split(",") if p.strip()):
+        for part in options.comma_list(text, "--input-lens", "2048,max"):
             n = ctx - output_len if part == "max" else int(part) if part.isdigit() else -1
             if n < 1:
                 raise UsageError(f"--input-lens: {part!r} is not a positive length or 'max'")
@@ -31,8 +31,6 @@ def _lengths(text: str, models: list[str], output_len: int) -> dict[str, list[in
                                  f"{ctx} (use 'max' for the longest it allows)")
             if n not in lens:
                 lens.append(n)
-        if not lens:
-            raise UsageError("--input-lens is empty (e.g. 2048,max)")
         out[name] = lens
     return out
 
@@ -42,35 +40,35 @@ def prefill_command(
         "ouro-1.4b,huginn-0125"),
     input_lens: Annotated[str, typer.Option(
         help="Prompt lengths, comma list; 'max' = the longest the model's context allows.")] = "2048",
-    concurrency: Annotated[int, typer.Option(help="Prompts per burst (all sent at once).")] = 8,
-    output_len: Annotated[int, typer.Option(help="Generated tokens per request (EOS ignored).")] = 4,
-    repeats: Annotated[int, typer.Option(help="Repetitions (policy order reversed each time).")] = 2,
+    concurrency: Annotated[int, options.number(
+        "Prompts per burst (all sent at once; at least 2: one prompt cannot be packed).", ge=2)] = 8,
+    output_len: Annotated[int, options.number("Generated tokens per request (EOS ignored).", ge=1)] = 4,
+    repeats: Annotated[int, options.number("Repetitions (policy order reversed each time).", ge=1)] = 2,
     arms: armspec.ArmsOption = "torch",
     kv_layout: Annotated[str, typer.Option(help="Huginn KV layout (full, compress).")] = "full",
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        help="Prefill token budget per step, the same for both policies (packing needs >= 2 prompts' "
-             "worth).")] = 8192,
-    block_size: runtime.BlockSizeOption = 16,
-    enforce_eager: runtime.EnforceEagerOption = False,
-    prefill_graphs: runtime.PrefillGraphsOption = True,
-    seed: runtime.SeedOption = 0,
-    dtype: runtime.DtypeOption = None,
-    device: runtime.DeviceOption = None,
-    result_dir: runtime.ResultDirOption = None,
+    max_num_batched_tokens: Annotated[int, options.number(
+        "Prefill token budget per step, the same for both policies (packing needs >= 2 prompts' worth).",
+        ge=1)] = 8192,
+    block_size: options.BlockSizeOption = 16,
+    enforce_eager: options.EnforceEagerOption = False,
+    prefill_graphs: options.PrefillGraphsOption = True,
+    seed: options.SeedOption = 0,
+    dtype: options.DtypeOption = None,
+    device: options.DeviceOption = None,
+    result_dir: options.ResultDirOption = None,
 ) -> None:
     """Long-prompt bursts: packed, chunked prefill against one request per prefill step (TTFT, prefill
     step time, their ratio beside the A/A spread, token identity)."""
-    if concurrency < 2:
-        raise UsageError("--concurrency must be >= 2 (one prompt cannot be packed)")
-    if output_len < 1 or repeats < 1:
-        raise UsageError("--output-len and --repeats must be >= 1")
+    # torch and the engine: loaded when the command runs, not for `rltbench prefill --help`
+    from rltbench import runtime
+    from rltbench.commands.prefill.run import PrefillSpec, run
+    from rltbench.models.configs import KV_LAYOUTS
+
     if kv_layout not in KV_LAYOUTS:
         raise UsageError(f"--kv-layout: use one of {', '.join(KV_LAYOUTS)}")
     runtime.check_engine_flags(EngineConfig(block_size=block_size,
                                             max_num_batched_tokens=max_num_batched_tokens))
-    names = list(dict.fromkeys(s.strip() for s in models.split(",") if s.strip()))
-    if not names:
-        raise UsageError("--models is empty")
+    names = list(dict.fromkeys(options.comma_list(models, "--models", "ouro-tiny,huginn-tiny")))
     lengths = _lengths(input_lens, names, output_len)
     arm_specs = armspec.parse_arms(arms)
     if len(arm_specs) != 1:

@@ -6,18 +6,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 
 from rltbench import arms as armspec
-from rltbench import runtime
-from rltbench.commands.profile.collect import DEFAULT_CONTEXT, ProfileSpec, fit_context, run_profile
-from rltbench.commands.profile.report import SUMMARY, render, table_markdown
+from rltbench import options
+from rltbench.commands.profile.defaults import DEFAULT_CONTEXT
 from rltbench.errors import UsageError
-from rltbench.results import RunDir
+
+if TYPE_CHECKING:
+    from rltbench.results import RunDir
 
 
 def _console() -> Console:
@@ -30,11 +30,15 @@ def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
     """(device, note): a GPU unless `--device cpu` (or the older `--cpu`) asks for the labelled CPU
     profile, which makes no GPU claim; `auto` is the GPU where there is one, else the CPU profile
     (with a note saying so), so `rltbench profile --model ouro-tiny` works on any machine."""
+    import torch
+
+    from rltbench import runtime
+
     if cpu:
-        if device not in ("cuda", "cpu", runtime.AUTO):
+        if device not in ("cuda", "cpu", options.AUTO):
             raise UsageError(f"--cpu is --device cpu; it cannot go with --device {device}")
         device = "cpu"
-    if device == runtime.AUTO:
+    if device == options.AUTO:
         if torch.cuda.is_available():
             return runtime.resolve_device("cuda"), None
         return "cpu", "no CUDA GPU here: a labelled CPU profile (CPU ops and host times, no GPU claims)"
@@ -47,46 +51,44 @@ def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
 
 
 def profile_command(
-    model: runtime.ModelOption = "ouro-1.4b",
-    weights: runtime.WeightsOption = "random",
-    batch: Annotated[int, typer.Option(help="Sequences per decode step.")] = 1,
+    model: options.ModelOption = "ouro-1.4b",
+    weights: options.WeightsOption = "random",
+    batch: Annotated[int, options.number("Sequences per decode step.", ge=1)] = 1,
     context: Annotated[
-        int | None, typer.Option(help=f"Cached tokens per sequence (default {DEFAULT_CONTEXT}, less where "
-                                 "the model's context cannot also hold the profiled steps).")
+        int | None, options.number(f"Cached tokens per sequence (default {DEFAULT_CONTEXT}, less where the "
+                                   "model's context cannot also hold the profiled steps).", ge=1)
     ] = None,
     arms: armspec.ArmsOption = "torch,exact,approx",
     norm: armspec.NormOption = None,
     rope: armspec.RopeOption = None,
     act: armspec.ActOption = None,
     scope: armspec.ScopeOption = None,
-    dtype: runtime.DtypeOption = None,
+    dtype: options.DtypeOption = None,
     device: Annotated[
         str, typer.Option(help="auto (cuda if a GPU is visible, else cpu), cuda, cuda:N or cpu (cpu: the "
                           "eager CPU path, CPU op counts and host times, no GPU claims).")
-    ] = runtime.AUTO,
-    seed: runtime.SeedOption = 0,
-    iters: Annotated[int, typer.Option(help="Timed replays per arm (events, no profiler).")] = 200,
+    ] = options.AUTO,
+    seed: options.SeedOption = 0,
+    iters: Annotated[int, options.number("Timed replays per arm (events, no profiler).", ge=1)] = 200,
     rounds: Annotated[
-        int, typer.Option(help="Interleaving rounds (A B C C B A ...) the iters are split into.")
+        int, options.number("Interleaving rounds (A B C C B A ...) the iters are split into.", ge=1)
     ] = 4,
-    replays: Annotated[int, typer.Option(help="Graph replays under the profiler (count cross-check).")] = 3,
+    replays: Annotated[
+        int, options.number("Graph replays under the profiler (count cross-check).", ge=1)
+    ] = 3,
     steps: Annotated[
-        int, typer.Option(help="Real engine decode steps under the profiler (work outside the graph).")
+        int, options.number("Real engine decode steps under the profiler (work outside the graph).", ge=1)
     ] = 3,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True, help="The same as --device cpu.")] = False,
-    result_dir: runtime.ResultDirOption = None,
+    result_dir: options.ResultDirOption = None,
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
-    for flag, val in (
-        ("--batch", batch),
-        ("--context", context),
-        ("--iters", iters),
-        ("--rounds", rounds),
-        ("--replays", replays),
-        ("--steps", steps),
-    ):
-        if val is not None and val < 1:
-            raise UsageError(f"{flag} must be a positive integer (got {val})")
+    # torch and the engine: loaded when the command runs, not for `rltbench profile --help`
+    from rltbench import runtime
+    from rltbench.commands.profile.collect import ProfileSpec, fit_context, run_profile
+    from rltbench.commands.profile.report import SUMMARY, render, table_markdown
+    from rltbench.results import RunDir
+
     dev, device_note = profile_device(device, cpu)
     specs = armspec.parse_arms(arms, armspec.override_flags(norm, rope, act, scope))
     source = runtime.ModelSource(model, weights, seed)
@@ -157,6 +159,8 @@ def profile_command(
 
 def _keep_finished_arms(run: RunDir, console: Console) -> None:
     """After Ctrl-C: table.md and the plot of the arms that finished, and a line saying where."""
+    from rltbench.commands.profile.report import SUMMARY, render
+
     if not run.file(SUMMARY).is_file():
         console.print(f"[yellow]interrupted before any arm finished: {run.path} holds the manifest only[/]",
                       highlight=False, soft_wrap=True)

@@ -34,6 +34,7 @@ from rltbench.bench.timing import measure_copy_bandwidth
 from rltbench.commands.profile import counting, floors
 from rltbench.commands.profile.classify import ATTN, CLASSES, GEMM, classify_sequence
 from rltbench.commands.profile.compat import cpu_leaf_ops, cpu_op_alias, event_time_us
+from rltbench.commands.profile.defaults import DEFAULT_CONTEXT
 from rltbench.commands.profile.graph_nodes import graph_census
 from rltbench.commands.profile.trace import group_by_launch, one_replay_trace, parse_trace, split_phase
 from rltbench.engine.engine import Engine
@@ -42,7 +43,6 @@ from rltbench.errors import UsageError
 from rltbench.kernels import make_ops
 from rltbench.results.quantiles import summarize
 
-DEFAULT_CONTEXT = 512  # cached tokens per sequence when --context is not given (and the model holds them)
 PHASE_REPLAYS = "rltbench.replays"
 PHASE_STEPS = "rltbench.engine_steps"
 TOP_KERNELS = 40

@@ -12,24 +12,19 @@ from typing import Annotated
 import typer
 
 from rltbench import arms as armspec
-from rltbench import runtime
-from rltbench.commands.serve.server import ServeOptions, run
-from rltbench.errors import UsageError
+from rltbench import options
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:
     """'512,1024' -> (512, 1024)."""
     if not text:
         return ()
-    try:
-        return tuple(int(p) for p in runtime.comma_list(text, "--warmup-prefill-len", "512,1024"))
-    except ValueError:
-        raise UsageError(f"--warmup-prefill-len {text!r}: expected integers, e.g. 512,1024") from None
+    return tuple(options.int_list(text, "--warmup-prefill-len", "512,1024"))
 
 
 def serve_command(
-    model: runtime.ModelOption = "ouro-1.4b",
-    weights: runtime.WeightsOption = "random",
+    model: options.ModelOption = "ouro-1.4b",
+    weights: options.WeightsOption = "random",
     arm: Annotated[
         str,
         typer.Option(
@@ -41,19 +36,20 @@ def serve_command(
     rope: armspec.RopeOption = None,
     act: armspec.ActOption = None,
     scope: armspec.ScopeOption = None,
-    dtype: runtime.DtypeOption = None,
-    device: runtime.DeviceOption = None,
-    seed: runtime.SeedOption = 0,
-    kv_cache_gib: runtime.KvCacheGibOption = None,
-    max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together at most.")] = 128,
-    max_num_batched_tokens: runtime.MaxNumBatchedTokensOption = 2048,
-    block_size: runtime.BlockSizeOption = 16,
+    dtype: options.DtypeOption = None,
+    device: options.DeviceOption = None,
+    seed: options.SeedOption = 0,
+    kv_cache_gib: options.KvCacheGibOption = None,
+    max_num_seqs: Annotated[int, options.number("Requests decoded together at most.", ge=1)] = 128,
+    max_num_batched_tokens: options.MaxNumBatchedTokensOption = 2048,
+    block_size: options.BlockSizeOption = 16,
     max_model_len: Annotated[
-        int | None, typer.Option(help="Context: prompt + max_tokens (default min(model context, 4096)).")
+        int | None, options.number("Context: prompt + max_tokens (default min(model context, 4096); at "
+                                   "least 2: one prompt token and one generated).", ge=2)
     ] = None,
-    enforce_eager: runtime.EnforceEagerOption = False,
+    enforce_eager: options.EnforceEagerOption = False,
     prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV of shared prompt prefixes.")] = True,
-    prefill_graphs: runtime.PrefillGraphsOption = True,
+    prefill_graphs: options.PrefillGraphsOption = True,
     warmup_prefill_len: Annotated[
         str | None,
         typer.Option(
@@ -61,7 +57,7 @@ def serve_command(
         ),
     ] = None,
     max_queue: Annotated[
-        int, typer.Option(help="Requests that may wait beyond --max-num-seqs; more get 503 + Retry-After.")
+        int, options.number("Requests that may wait beyond --max-num-seqs; more get 503 + Retry-After.", ge=0)
     ] = 1024,
     tokenizer: Annotated[
         str | None,
@@ -75,10 +71,14 @@ def serve_command(
     ] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model id (default MODEL:ARM).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0 = any free port, printed on the ready line).")] = 8000,
+    port: Annotated[
+        int, options.number("Port (0 = any free port, printed on the ready line).", ge=0, le=65535)
+    ] = 8000,
 ) -> None:
     """OpenAI-compatible server (completions, chat, models, health, Prometheus metrics) over the engine."""
     flags = dict(locals())  # the parameters, which are ServeOptions' fields (one of them still a string)
+    from rltbench.commands.serve.server import ServeOptions, run  # torch: loaded when the command runs
+
     flags["warmup_prefill_lens"] = parse_lengths(flags.pop("warmup_prefill_len"))
     code = run(ServeOptions(**flags))
     if code:

@@ -64,16 +64,9 @@ class ServeOptions:
     port: int = 8000
 
     def validate(self) -> None:
-        """Refuse bad options before any model work."""
+        """Refuse bad options before any model work (each number was checked against its bounds when
+        the command line was parsed: rltbench.options)."""
         runtime.check_engine_flags(self.engine_config(self.max_model_len))
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise UsageError("--max-model-len must be >= 2 (one prompt token and one generated)")
-        if self.max_queue < 0:
-            raise UsageError("--max-queue must be >= 0")
-        if not 0 <= self.port <= 65535:
-            raise UsageError(f"--port {self.port}: must be in 0..65535 (0 = any free port)")
-        if any(n < 1 for n in self.warmup_prefill_lens):
-            raise UsageError("--warmup-prefill-len values must be >= 1")
         if self.tokenizer is not None and self.tokenizer not in SPECIAL and not Path(self.tokenizer).exists():
             raise UsageError(
                 f"--tokenizer {self.tokenizer}: no such file or directory (or use fallback, ids)"

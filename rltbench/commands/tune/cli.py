@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 
-from rltbench import knobs, runtime, tuned
-from rltbench.bench.timing import measure_copy_bandwidth
-from rltbench.commands.tune import attention, kernels, select
+from rltbench import knobs, options, tuned
 from rltbench.errors import UsageError
-from rltbench.results import RunDir
-from rltbench.results.provenance import git_info
+
+if TYPE_CHECKING:
+    from rltbench.results import RunDir
+
+# torch, Triton and the timing code load when the command runs (inside the functions), not for its --help
 
 TARGETS = ("kernels", "attention")
 REPO = Path(__file__).resolve().parents[3]
@@ -34,18 +34,10 @@ KERNEL_FILES = {"exact": "exact_timing.json", "approx": "approx_timing.json", "a
 ATTENTION_FILE = "sweep.json"
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in runtime.comma_list(text, flag, "1,8,128")]
-    except ValueError:
-        raise UsageError(f"{flag}: give comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise UsageError(f"{flag}: give comma-separated positive integers, got {text!r}")
-    return values
-
-
 def _parts(text: str) -> list[str]:
-    parts = runtime.comma_list(text, "--parts", ",".join(kernels.PARTS))
+    from rltbench.commands.tune import kernels
+
+    parts = options.comma_list(text, "--parts", ",".join(kernels.PARTS))
     unknown = sorted(set(parts) - set(kernels.PARTS))
     if not parts or unknown:
         raise UsageError(f"--parts: unknown {unknown or text!r} (known: {', '.join(kernels.PARTS)})")
@@ -87,6 +79,10 @@ def _command_line(target: str) -> str:
 def _reselect(target: str, src: Path, write: bool) -> dict[str, Any]:
     """--from-results: the sections an earlier run's files support under the current rules; with
     `write`, merged into the tuned file with that run's provenance."""
+    from rltbench.commands.tune import attention, select
+    from rltbench.results import RunDir
+    from rltbench.results.provenance import git_info
+
     try:
         run = RunDir.open(src)
         prov = run.manifest.get("provenance", {})
@@ -118,6 +114,11 @@ def _run_kernels(run: RunDir, widths: list[int], tokens: list[int], parts: list[
                  rounds: int, reps: int) -> tuple[dict[str, Any], bool]:
     """Measure, write the run's files; returns the chosen sections and whether every exact
     configuration passed its bitwise check."""
+    import torch
+
+    from rltbench.bench.timing import measure_copy_bandwidth
+    from rltbench.commands.tune import kernels, select
+
     dev = torch.device("cuda", torch.cuda.current_device())
     incumbent = tuned.section("norm_approx")   # before this run writes the tuned file
     exact: list[dict[str, Any]] = []
@@ -147,10 +148,11 @@ def _run_kernels(run: RunDir, widths: list[int], tokens: list[int], parts: list[
 
 
 def _run_attention(run: RunDir, variants: str | None, reps: int, min_calls: int) -> dict[str, Any]:
+    from rltbench.commands.tune import attention
+
     chosen = attention.SWEEP_VARIANTS
     if variants:
-        names = [v.strip() for v in variants.split(",") if v.strip()]
-        chosen = {n: attention.SWEEP_VARIANTS[n] for n in names}
+        chosen = {n: attention.SWEEP_VARIANTS[n] for n in _variants(variants)}
     res = attention.sweep_decode_attention(variants=chosen, reps=reps, min_calls=min_calls, log=typer.echo)
     run.write_json(ATTENTION_FILE, res)
     text = attention.format_table(res)
@@ -159,17 +161,28 @@ def _run_attention(run: RunDir, variants: str | None, reps: int, min_calls: int)
     return {"decode_attention": attention.tuned_rows(res)}
 
 
+def _variants(text: str) -> list[str]:
+    """The attention sweep's variants named by --variants (UsageError for an unknown one)."""
+    from rltbench.commands.tune import attention
+
+    names = options.comma_list(text, "--variants", next(iter(attention.SWEEP_VARIANTS)))
+    unknown = [v for v in names if v not in attention.SWEEP_VARIANTS]
+    if unknown:
+        raise UsageError(f"--variants: unknown {unknown} (known: {', '.join(attention.SWEEP_VARIANTS)})")
+    return names
+
+
 def _check_options(target: str, from_results: Path | None, variants: str | None) -> None:
+    import torch
+
     knobs.check_environment()
     tuned.check()
     if target not in TARGETS:
         raise UsageError(f"unknown tune target {target!r} (known: {', '.join(TARGETS)})")
     if variants is not None and target != "attention":
         raise UsageError("--variants: only for `rltbench tune attention`")
-    if variants:
-        unknown = [v for v in variants.split(",") if v.strip() and v.strip() not in attention.SWEEP_VARIANTS]
-        if unknown:
-            raise UsageError(f"--variants: unknown {unknown} (known: {', '.join(attention.SWEEP_VARIANTS)})")
+    if variants is not None:
+        _variants(variants)
     if from_results is not None and not (from_results / "manifest.json").is_file():
         raise UsageError(f"--from-results {from_results}: not a run directory (no manifest.json)")
     if from_results is None and not torch.cuda.is_available():
@@ -191,20 +204,24 @@ def tune_command(
                                         "choice weighs those <= 128).")] = "1,2,4,8,128,4096",
     parts: Annotated[str, typer.Option(help="kernels: exact (one-launch norm), approx (approx norm), act "
                                        "(exact SiLU*up).")] = "exact,approx,act",
-    calls: Annotated[int, typer.Option(help="kernels: calls per captured graph.")] = 40,
-    rounds: Annotated[int, typer.Option(help="kernels: interleaving rounds.")] = 4,
-    reps: Annotated[int, typer.Option(help="Timed samples per round (kernels) or per variant "
-                                      "(attention).")] = 8,
+    calls: Annotated[int, options.number("kernels: calls per captured graph.", ge=1)] = 40,
+    rounds: Annotated[int, options.number("kernels: interleaving rounds.", ge=1)] = 4,
+    reps: Annotated[int, options.number("Timed samples per round (kernels) or per variant (attention).",
+                                        ge=1)] = 8,
     variants: Annotated[str | None, typer.Option(help="attention: a comma-separated subset of the "
                                                  "sweep's variants.")] = None,
-    min_calls: Annotated[int, typer.Option(help="attention: calls per timing window.")] = 200,
+    min_calls: Annotated[int, options.number("attention: calls per timing window.", ge=1)] = 200,
 ) -> None:
     """Measure launch configurations (bitwise-checked first) and write the GPU's tuned file."""
+    import torch
+
+    from rltbench.results import RunDir
+
     target = str(target).strip().lower()
+    width_list = options.int_list(widths, "--widths", "2048,5280")
+    token_list = options.int_list(tokens, "--tokens", "1,8,128")
+    part_list = _parts(parts)
     _check_options(target, from_results, variants)
-    width_list, token_list, part_list = _ints(widths, "--widths"), _ints(tokens, "--tokens"), _parts(parts)
-    if min(calls, rounds, reps, min_calls) <= 0:
-        raise UsageError("--calls, --rounds, --reps and --min-calls must be positive")
     if from_results is not None:
         sections = _reselect(target, from_results, write_tuned)
         typer.echo(f"chosen: {', '.join(sections) or 'nothing (no usable rows)'}")
