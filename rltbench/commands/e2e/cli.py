@@ -23,6 +23,7 @@ from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
 from rltbench.bench.workload import DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.job import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION, E2ESpec, run
 from rltbench.commands.e2e.rate import DEFAULT_DURATION_S, DEFAULT_SWEEP_RATES, RATE, rate_spec_of
+from rltbench.commands.e2e.session import SessionSpec, session_spec_of
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
@@ -144,6 +145,15 @@ def e2e_command(
              "than this share, or its TTFT grows by more than this many s per s (default 0.1).")] = None,
     ignore_eos: Annotated[bool | None, typer.Option(
         help="rate: exactly --output-len tokens per request, EOS ignored (default on).")] = None,
+    think_time: Annotated[float | None, typer.Option(
+        help="session: ms between a turn's last token and the conversation's next turn, sent then instead "
+             "of at its trace arrival (default off: trace arrivals).")] = None,
+    think_time_stddev: Annotated[float | None, typer.Option(
+        help="session: think times drawn from a normal of this standard deviation (ms), clipped at 0.")
+    ] = None,
+    cache_bust: Annotated[str | None, typer.Option(
+        help="session: off (default), session (unique first tokens per conversation and repetition: only "
+             "a conversation's own turns can hit a prefix cache) or request (no hit possible).")] = None,
 ) -> None:
     """Serving benchmark: burst, session or open-loop rate loads, arms interleaved, TTFT/TPOT/ITL/E2E,
     tok/s, SLO capacity, identity."""
@@ -157,6 +167,7 @@ def e2e_command(
         slo_attainment=slo_attainment, saturation_margin=saturation_margin, ignore_eos=ignore_eos,
     ), {"--concurrency": concurrency, "--trace": trace, "--trace-time-scale": trace_time_scale,
         "--max-requests": max_requests, "--trace-length-scale": trace_length_scale})
+    session_opts = session_spec_of(workload, think_time, think_time_stddev, cache_bust)
     if backend not in ("engine", "openai"):
         raise UsageError(f"--backend must be engine or openai, not {backend!r}")
     if repeats is None:
@@ -215,6 +226,7 @@ def e2e_command(
         prefix_cache=cache,
         exit_modes=modes if len(modes) > 1 else (),
         rate=rate,
+        session_spec=session_opts or SessionSpec(),
     )
     _path, mismatch = run(spec)
     if mismatch:
