@@ -292,6 +292,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
     "serve": (560, ["env", f"PY={PY}", "REPEATS=1", "SOAK=10", "bash",
                     str(ROOT / "scripts" / "serve_bench.sh"), str(RESULTS / "serve")]),
+    # the open-loop cross-check on one `rltbench serve` (exact arm): rltbench e2e --workload rate and
+    # guidellm's constant profile at 2, 4 and 8 requests/s, 80 requests of 512/128 tokens per rate
+    # each; achieved rate within 2%, TTFT and TPOT p50 within 5% (rate_check.md); ~4 minutes
+    "serve-rate": (480, ["env", f"PY={PY}", "STEPS=rate", "RATES=2,4,8", "RATE_REQUESTS=80",
+                         "RATE_ARRIVALS=constant", "bash", str(ROOT / "scripts" / "serve_bench.sh"),
+                         str(RESULTS / "serve-rate")]),
     # prefill/decode disaggregation (docs/pd.md) on nvidia-h200-x2: prefill on cuda:0, decode on cuda:1,
     # each request's KV (every plane) one NCCL message, against the colocated exact engine on cuda:0;
     # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells

@@ -59,3 +59,11 @@ def test_stage_files_and_suite_entry_name_no_machine_paths(suite, tmp_path: Path
     manifest = (tmp_path / "demo" / "manifest.json").read_text()
     assert log.strip() == "results/gpu/x" and str(root) not in manifest
     assert entry["rc"] == 0 and entry["command"][0].startswith(("<env>", "/usr"))
+
+
+def test_serve_rate_stage_runs_the_cross_check_alone_within_its_limit(suite) -> None:
+    """The open-loop cross-check against guidellm is its own stage (one 10-minute call): the serve
+    script with only its rate step, the rates and request count named on the command line."""
+    limit, cmd = suite["STAGES"]["serve-rate"]
+    assert limit <= 480 and cmd[-2].endswith("scripts/serve_bench.sh") and cmd[-1].endswith("serve-rate")
+    assert {"STEPS=rate", "RATES=2,4,8", "RATE_REQUESTS=80", "RATE_ARRIVALS=constant"} <= set(cmd)

@@ -4,21 +4,26 @@ NAME=URL parser for servers.
 A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) has `name`, `hosting` (one
 line for the report) and `supports_replay`; `warmup(arm, requests, timeouts)` makes `arm` ready;
 `run_cell(arm, tag, requests, timeouts, progress=..., max_concurrency=None, ...)` serves `requests`, each
-sent at cell start + its arrival (later while `max_concurrency` requests are in flight), and returns
-one finalized record per request, in request order; `stats(arm)` gives its counters (empty for servers).
+sent when `SendOrder` says it is due (cell start + its arrival; a later turn of a conversation, think
+time after its previous turn's response) or later while `max_concurrency` requests are in flight, and
+returns one finalized record per request; `stats(arm)` gives its counters (empty for servers).
 
 A record is a plain dict (a row of the e2e requests.jsonl): `scheduled` (cell start + arrival),
 `send` (when it was sent: `scheduled`, or later where the concurrency limit held it back or the
 client fell behind), `first`, `last` (perf_counter seconds), `token_ids` (None where a server does
 not return ids; then `n_tokens`), `event_times` / `event_tokens` (one entry per streamed event and
 how many tokens it carried), `status` (ok, error, timeout, length_mismatch), `error`,
-`finish_reason`, `prefix_hit_tokens`, `text` for text prompts, and `exit_depths` (one per token id)
-where the model has an exit gate.
+`finish_reason`, `prefix_hit_tokens` (prompt tokens served from a prefix cache, where the engine or
+server says), `text` for text prompts, and `exit_depths` (one per token id) where the model has an
+exit gate.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +45,10 @@ class Request:
     ignore_eos: bool = True
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # a later turn of a conversation: sent `think` seconds after request `after` (its previous turn,
+    # same cell) ended, whatever its arrival (None: sent at its arrival)
+    after: int | None = None
+    think: float = 0.0
 
 
 @dataclass
@@ -70,6 +79,50 @@ class CellProgress:
     tokens: int = 0
     start: float = 0.0
     ttfts: list[float] = field(default_factory=list)
+
+
+class SendOrder:
+    """When each request of a cell is due (perf_counter seconds): a request without `after` at cell
+    start `t0` + its arrival; a later turn `think` seconds after its previous turn ended (its last
+    token, or its failure), a time known only then (`ended`). A turn whose previous one is not in the
+    cell is due at its arrival. Due requests come out earliest first, ties by index."""
+
+    def __init__(self, requests: Sequence[Request], t0: float):
+        present = {r.index for r in requests}
+        self._seq = itertools.count()
+        self._due: list[tuple[float, int, int, Request]] = []
+        self._waiting: dict[int, list[Request]] = defaultdict(list)
+        for r in requests:
+            if r.after is not None and r.after in present and r.after != r.index:
+                self._waiting[r.after].append(r)
+            else:
+                self._push(t0 + r.arrival, r)
+        self.unsent = len(requests)
+
+    def _push(self, at: float, req: Request) -> None:
+        heapq.heappush(self._due, (at, req.index, next(self._seq), req))
+
+    def next_time(self) -> float | None:
+        """When the next request is due; None while every unsent one waits for a previous turn."""
+        return self._due[0][0] if self._due else None
+
+    def pop(self, now: float) -> tuple[Request, float] | None:
+        """The earliest request due by `now` and its due time (None if none is due yet)."""
+        if not self._due or self._due[0][0] > now:
+            return None
+        at, _i, _s, req = heapq.heappop(self._due)
+        self.unsent -= 1
+        return req, at
+
+    def ended(self, index: int, at: float) -> None:
+        """Request `index` ended at `at`: the turns that wait for it become due after their think time."""
+        for req in self._waiting.pop(index, []):
+            self._push(at + req.think, req)
+
+    def unsent_requests(self) -> list[Request]:
+        """Every request not yet sent (due or waiting for a previous turn), by index."""
+        reqs = [e[3] for e in self._due] + [r for group in self._waiting.values() for r in group]
+        return sorted(reqs, key=lambda r: r.index)
 
 
 class DeadlineReached(Exception):

@@ -6,7 +6,8 @@ one model and one KV pool and switches the arm's ops and CUDA-graph set with `se
 prefix cache are reset between arms).
 
 The client side is simulated on the engine's step loop: a request is "sent" at its scheduled time
-(cell start + arrival offset) and admitted at the next step boundary, so host time spent in a step
+(cell start + arrival offset; a later turn of a conversation, think time after its previous turn's
+last token: backends.base.SendOrder) and admitted at the next step boundary, so host time spent in a step
 counts as queueing, as it would for a request waiting at a real server. A request with `stop` strings
 (the quality gate) is aborted at the step whose tokens complete one, decoded with the backend's
 codec, so it costs no decode step after its stop.
@@ -24,7 +25,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts, finalize, new_record
+from rltbench.backends.base import (
+    CellProgress,
+    DeadlineReached,
+    Request,
+    SendOrder,
+    Timeouts,
+    finalize,
+    new_record,
+)
 from rltbench.bench.warmth import frozen_window
 from rltbench.engine.schedule import Schedule
 from rltbench.engine.types import SamplingParams
@@ -234,26 +243,30 @@ class EngineBackend:
         max_concurrency: int | None = None,
     ) -> list[dict[str, Any]]:
         eng = self.engine
-        pending = sorted(requests, key=lambda r: (r.arrival, r.index))
         reqs: dict[str, Request] = {}
         recs: dict[str, dict[str, Any]] = {}
         order: list[str] = []
         live: set[str] = set()
         prog = progress or CellProgress()
         prog.total, prog.start = len(requests), time.perf_counter()
-        t0 = prog.start
-        pi = 0
+        sends = SendOrder(requests, prog.start)
         full_at = -float("inf")  # the last check that found max_concurrency requests in flight
+
+        def ended(rids: Sequence[str], at: float) -> None:  # later turns wait for these
+            for rid in rids:
+                sends.ended(reqs[rid].index, at)
+
         try:
             while True:
                 now = time.perf_counter()
-                while (pi < len(pending) and t0 + pending[pi].arrival <= now
-                       and (max_concurrency is None or len(live) < max_concurrency)):
-                    req = pending[pi]
-                    pi += 1
+                while max_concurrency is None or len(live) < max_concurrency:
+                    due = sends.pop(now)
+                    if due is None:
+                        break
+                    req, at = due
                     rid = f"{arm}/{tag}/{req.index}"
-                    rec = recs[rid] = new_record(req, rid, t0 + req.arrival)
-                    if rec["scheduled"] <= full_at:  # held back by the client until a slot freed
+                    rec = recs[rid] = new_record(req, rid, at)
+                    if at <= full_at:  # held back by the client until a slot freed
                         rec["send"] = now
                     reqs[rid] = req
                     order.append(rid)
@@ -264,20 +277,22 @@ class EngineBackend:
                         rec["status"], rec["error"] = "error", str(exc)
                         prog.done += 1
                         prog.errors += 1
+                        ended([rid], now)
                 if max_concurrency is not None and len(live) >= max_concurrency:
                     full_at = now
                 if timeouts.deadline_passed(now):
                     self._abort_all(live, recs, "global deadline reached")
-                    for req in pending[pi:]:
+                    for req in sends.unsent_requests():
                         rid = f"{arm}/{tag}/{req.index}"
-                        recs[rid] = new_record(req, rid, t0 + req.arrival)
+                        recs[rid] = new_record(req, rid, prog.start + req.arrival)
                         recs[rid].update(status="timeout", error="global deadline reached (not sent)")
                         order.append(rid)
                     raise DeadlineReached([finalize(recs[r]) for r in order])
                 if not live:
-                    if pi >= len(pending):
+                    nxt = sends.next_time()
+                    if nxt is None:  # nothing left, or only turns whose previous turn can never end
                         break
-                    wait = t0 + pending[pi].arrival - time.perf_counter()
+                    wait = nxt - time.perf_counter()
                     if timeouts.deadline is not None:
                         wait = min(wait, timeouts.deadline - time.perf_counter())
                     if wait > 0:
@@ -286,10 +301,11 @@ class EngineBackend:
                 try:
                     events = eng.step()
                 except Exception as exc:  # an engine failure fails the in-flight requests, not the run
-                    n_live = len(live)
+                    failed = list(live)
                     self._abort_all(live, recs, f"engine step failed: {type(exc).__name__}: {exc}", "error")
-                    prog.errors += n_live
-                    prog.done += n_live
+                    prog.errors += len(failed)
+                    prog.done += len(failed)
+                    ended(failed, time.perf_counter())
                     continue
                 for ev in events:
                     rec = recs.get(ev.request_id)
@@ -320,7 +336,8 @@ class EngineBackend:
                     finalize(rec)
                     prog.done += 1
                     prog.errors += rec["status"] != "ok"
-                self._check_timeouts(live, recs, timeouts, prog)
+                    ended([ev.request_id], ev.time)
+                ended(self._check_timeouts(live, recs, timeouts, prog), time.perf_counter())
                 if on_step is not None:
                     on_step()
         except KeyboardInterrupt:
@@ -330,8 +347,10 @@ class EngineBackend:
 
     def _check_timeouts(
         self, live: set[str], recs: dict[str, dict[str, Any]], timeouts: Timeouts, prog: CellProgress
-    ) -> None:
+    ) -> list[str]:
+        """Abort the live requests past a timeout; returns their ids."""
         now = time.perf_counter()
+        timed_out = []
         for rid in list(live):
             rec = recs[rid]
             if rec["first"] is None and now - rec["send"] > timeouts.first_token:
@@ -343,6 +362,8 @@ class EngineBackend:
             self._abort(rid, live, rec, why, "timeout")
             prog.done += 1
             prog.errors += 1
+            timed_out.append(rid)
+        return timed_out
 
     def _abort(self, rid: str, live: set[str], rec: dict[str, Any], why: str, status: str) -> None:
         try:

@@ -43,6 +43,32 @@ def _token_ids_of(choice: dict[str, Any]) -> list[int] | None:
     return None
 
 
+class _Turns:
+    """The later turns of a cell's conversations on the client: a request with `after` waits until its
+    previous turn (in the cell) ended, then `think` seconds (backends.base.SendOrder's rule)."""
+
+    def __init__(self, requests: Sequence[Request]):
+        present = {r.index for r in requests}
+        self._waited = {r.after for r in requests if r.after is not None and r.after in present}
+        self._done = {i: asyncio.Event() for i in self._waited}
+        self._end: dict[int, float] = {}
+
+    def waits(self, req: Request) -> bool:
+        return req.after is not None and req.after in self._done and req.after != req.index
+
+    async def previous_end(self, req: Request) -> float:
+        assert req.after is not None
+        await self._done[req.after].wait()
+        return self._end[req.after]
+
+    def ended(self, index: int, rec: dict[str, Any]) -> None:
+        """Request `index` is over: its last token's time, or now where it failed or was cancelled."""
+        if index in self._done and not self._done[index].is_set():
+            ok = rec.get("status") is None and rec.get("last") is not None
+            self._end[index] = rec["last"] if ok else time.perf_counter()
+            self._done[index].set()
+
+
 class OpenAIBackend:
     """Runs cells against OpenAI-compatible servers with aiohttp (one arm per server)."""
 
@@ -145,9 +171,10 @@ class OpenAIBackend:
         t0 = prog.start
         recs = [new_record(r, f"{arm}/{tag}/{r.index}", t0 + r.arrival) for r in requests]
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        turns = _Turns(requests)
         async with self._session() as sess:
             tasks = [
-                asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog, slots))
+                asyncio.ensure_future(self._one(sess, arm, req, rec, timeouts, prog, slots, turns))
                 for req, rec in zip(requests, recs, strict=False)
             ]
             remaining = (
@@ -166,16 +193,22 @@ class OpenAIBackend:
 
     async def _one(
         self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress,
-        slots: asyncio.Semaphore | None = None,
+        slots: asyncio.Semaphore | None = None, turns: _Turns | None = None,
     ) -> None:
-        delay = rec["scheduled"] - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if slots is None:
-            await self._send(sess, arm, req, rec, timeouts, prog)
-            return
-        async with slots:  # the concurrency limit: wait here (client-side queue) for a free slot
-            await self._send(sess, arm, req, rec, timeouts, prog)
+        try:
+            if turns is not None and turns.waits(req):  # a later turn: think time after the previous one
+                rec["scheduled"] = rec["send"] = await turns.previous_end(req) + req.think
+            delay = rec["scheduled"] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if slots is None:
+                await self._send(sess, arm, req, rec, timeouts, prog)
+                return
+            async with slots:  # the concurrency limit: wait here (client-side queue) for a free slot
+                await self._send(sess, arm, req, rec, timeouts, prog)
+        finally:
+            if turns is not None:
+                turns.ended(req.index, rec)
 
     async def _send(
         self, sess: Any, arm: str, req: Request, rec: dict[str, Any], timeouts: Timeouts, prog: CellProgress
@@ -210,6 +243,9 @@ class OpenAIBackend:
                         usage_n = int(usage["completion_tokens"])
                         if usage.get("prompt_tokens") is not None:
                             rec["prompt_tokens"] = int(usage["prompt_tokens"])
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        if cached is not None:  # the server's prefix cache, where it says (vLLM, rltbench)
+                            rec["prefix_hit_tokens"] = int(cached)
                     for choice in chunk.get("choices") or []:
                         if choice.get("finish_reason"):
                             rec["finish_reason"] = choice["finish_reason"]

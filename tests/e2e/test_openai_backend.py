@@ -23,8 +23,10 @@ def tok(prompt, i):
 
 
 @contextmanager
-def fake_server(ids=True, reject_extras=False, stall_prompt0=None, gap=0.002, life_s=60.0, reject_all=False):
-    """Serve /v1/models and streaming /v1/completions; yields the base URL. Stops itself after life_s."""
+def fake_server(ids=True, reject_extras=False, stall_prompt0=None, gap=0.002, life_s=60.0, reject_all=False,
+                cached=None):
+    """Serve /v1/models and streaming /v1/completions; yields the base URL. Stops itself after life_s.
+    `cached`: prompt tokens the usage says came from a prefix cache (prompt_tokens_details)."""
     seen: list[dict] = []
 
     async def models(request):
@@ -53,6 +55,8 @@ def fake_server(ids=True, reject_extras=False, stall_prompt0=None, gap=0.002, li
                 choice["token_ids"] = [tok(prompt, i)]
             await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
         usage = {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}
+        if cached is not None:
+            usage["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         return resp
 

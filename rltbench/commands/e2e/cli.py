@@ -165,6 +165,15 @@ def e2e_command(
         "share, or its TTFT grows by more than this many s per s (default 0.1).", gt=0, lt=1)] = None,
     ignore_eos: Annotated[bool | None, typer.Option(
         help="rate: exactly --output-len tokens per request, EOS ignored (default on).")] = None,
+    think_time: Annotated[float | None, options.number(
+        "session: ms between a turn's last token and the conversation's next turn, sent then instead "
+        "of at its trace arrival (default off: trace arrivals).", ge=0, le=3_600_000)] = None,
+    think_time_stddev: Annotated[float | None, options.number(
+        "session: think times drawn from a normal of this standard deviation (ms), clipped at 0.",
+        ge=0, le=3_600_000)] = None,
+    cache_bust: Annotated[str | None, typer.Option(
+        help="session: off (default), session (unique first tokens per conversation and repetition: only "
+             "a conversation's own turns can hit a prefix cache) or request (no hit possible).")] = None,
 ) -> None:
     """Serving benchmark: burst, session or open-loop rate loads, arms interleaved, TTFT/TPOT/ITL/E2E,
     tok/s, SLO capacity, identity."""
@@ -174,6 +183,7 @@ def e2e_command(
     from rltbench.backends.engine import parse_exit_modes, parse_prefix_cache
     from rltbench.commands.e2e.job import E2ESpec, run
     from rltbench.commands.e2e.rate import rate_spec_of
+    from rltbench.commands.e2e.session import SessionSpec, session_spec_of
 
     if workload not in (BURST, SESSION, RATE):
         raise UsageError(f"--workload must be burst, session or rate, not {workload!r}")
@@ -184,6 +194,7 @@ def e2e_command(
         slo_attainment=slo_attainment, saturation_margin=saturation_margin, ignore_eos=ignore_eos,
     ), {"--concurrency": concurrency, "--trace": trace, "--trace-time-scale": trace_time_scale,
         "--max-requests": max_requests, "--trace-length-scale": trace_length_scale})
+    session_opts = session_spec_of(workload, think_time, think_time_stddev, cache_bust)
     if backend not in ("engine", "openai"):
         raise UsageError(f"--backend must be engine or openai, not {backend!r}")
     if repeats is None:
@@ -232,6 +243,7 @@ def e2e_command(
         prefix_cache=cache,
         exit_modes=modes if len(modes) > 1 else (),
         rate=rate,
+        session_spec=session_opts or SessionSpec(),
     )
     _path, mismatch = run(spec)
     if mismatch:

@@ -38,6 +38,14 @@ from rltbench.commands.e2e.defaults import BURST, CPU_CONCURRENCY, GPU_CONCURREN
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan, rate_lengths
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
+from rltbench.commands.e2e.session import (
+    SessionSpec,
+    session_prompts,
+    session_requests,
+    turn_facts,
+    warmup_burst,
+    warmup_pass,
+)
 from rltbench.engine.row_invariant import check_model
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
@@ -82,6 +90,7 @@ class E2ESpec:
     # compute-saving exit), each arm then run both ways; empty: the source's one mode
     exit_modes: tuple[bool, ...] = ()
     rate: RateSpec | None = None  # the rate workload's flags (--workload rate)
+    session_spec: SessionSpec = field(default_factory=SessionSpec)  # think time, cache busting (sessions)
     lengths: LengthSource | None = None  # the rate workload's request lengths (set by resolve_defaults)
 
     @property
@@ -152,6 +161,7 @@ def load_session(config: Any, spec: E2ESpec, max_model_len: int | None) -> tuple
     sess = materialize_session(
         config, recs, spec.seed, time_scale=ts, length_scale=ls, max_model_len=max_model_len
     )
+    first_rep = session_requests(config, sess.requests, spec.session_spec, spec.seed, 0)
     info = {
         "trace": str(path),
         "time_scale": ts,
@@ -161,10 +171,12 @@ def load_session(config: Any, spec: E2ESpec, max_model_len: int | None) -> tuple
         "requests": len(sess.requests),
         "dropped_too_long": sess.dropped_too_long,
         "block_size": sess.block_size,
-        "theoretical_prefix_hit_rate": theoretical_prefix_hit_rate(sess.requests, sess.block_size),
+        "theoretical_prefix_hit_rate": theoretical_prefix_hit_rate(first_rep, sess.block_size),
         "mean_input": sum(len(r.prompt) for r in sess.requests) / len(sess.requests),
         "mean_output": sum(r.output_len for r in sess.requests) / len(sess.requests),
         "span_s": sess.requests[-1].arrival,
+        **turn_facts(sess.requests),
+        **spec.session_spec.config(),
     }
     sess.info = info
     return sess, info
@@ -203,23 +215,22 @@ def make_plan(
         n_warm = min(spec.warmup_requests, max(spec.concurrency))
         warm = warmup_prompts(config, n_warm, spec.input_len, min(spec.output_len, 4), spec.seed)
         return Plan(BURST, arm_names, ref, spec.repeats, cells, prompts, warm, spec.timeouts, exact_arms)
-    reqs = session.requests
-    warm = [
-        Request(index=i, prompt=r.prompt, output_len=min(r.output_len, 4))
-        for i, r in enumerate(reqs[: spec.warmup_requests])
-    ]
+    reqs, opts = session.requests, spec.session_spec
+    warm = warmup_burst(config, reqs, opts, spec.seed, spec.warmup_requests)
+    prompts = session_prompts(config, reqs, opts, spec.seed)
     return Plan(
         SESSION,
         arm_names,
         ref,
         spec.repeats,
         [Cell(SESSION, 0)],
-        lambda cell, rep: reqs,
+        prompts,
         warm,
         spec.timeouts,
         exact_arms,
-        session,
+        dataclasses.replace(session, requests=prompts(Cell(SESSION, 0), 0)),
         warmup_pass_arms={arm_names[0], *(eager_kernel_arms or ())},
+        pass_prompts=warmup_pass(config, reqs, opts, spec.seed),
     )
 
 
@@ -479,6 +490,13 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
             "arm-repetition after warm-up, history fixed by the trace; theoretical "
             f"prefix-hit rate {sess_info['theoretical_prefix_hit_rate']:.1%}"
         )
+        opts = spec.session_spec
+        if opts.think is not None:
+            workload_note += (f"; think time {opts.think.label}: each of the {sess_info['later_turns']} "
+                              "later turns sent that long after its previous turn's last token")
+        if opts.cache_bust != "off":
+            workload_note += (f"; cache busting per {opts.cache_bust} (unique first tokens per repetition "
+                              f"and {opts.cache_bust})")
         if spec.backend == "openai":
             workload_note += "; server prefix caches cannot be reset between arm-repetitions via the API"
     return {

@@ -39,6 +39,7 @@ from rltbench.options import comma_list
 from rltbench.results.rate import (
     DEFAULT_EXCLUDE,
     DEFAULT_SATURATION_MARGIN,
+    completed_rate,
     measured_records,
     rate_figures,
     saturation,
@@ -208,15 +209,6 @@ def sweep_rates(sync: float, saturated: float, n: int) -> tuple[list[float], flo
     top = max(saturated, 2 * sync)
     step = (top - sync) / n
     return list(dict.fromkeys(round_rate(sync + step * k) for k in range(1, n + 1))), step
-
-
-def completed_rate(recs: list[dict[str, Any]]) -> float | None:
-    """Requests finished ok per second from the first send to the last finish (a probe's rate)."""
-    ok = [r for r in recs if r.get("status") == "ok" and r.get("last") is not None]
-    if not ok:
-        return None
-    span = max(r["last"] for r in ok) - min(r["send"] for r in recs)
-    return len(ok) / span if span > 0 else None
 
 
 class RateSweep:

@@ -363,13 +363,19 @@ def table_markdown(a: dict[str, Any]) -> str:
         for c in sess:
             mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
             hit_rows.append([c["arm"], c["rep"], f"{c['theoretical_prefix_hit_rate']:.1%}",
-                             "-" if mh is None else f"{mh:.1%}"])
+                             "n/a" if mh is None else f"{mh:.1%}"])
         L += table(["arm", "rep", "theoretical hit rate", "measured hit rate"], hit_rows)
+        sess_cfg = a["config"].get("session") or {}
         L += [
             "",
             "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
-            "Measured: prompt tokens the engine served from its prefix cache (engine-block granularity).",
+            "Measured: prompt tokens the engine (or the server, in its usage's cached_tokens) served from "
+            "its prefix cache; n/a: not reported (a server without cached_tokens).",
         ]
+        bust = sess_cfg.get("cache_bust")
+        if bust not in (None, "off"):
+            L += ["", f"Cache busting per {bust}: each prompt's first tokens are unique per repetition and "
+                  f"{bust}, so a hit beyond the theoretical rate is unintended."]
     L += _depth_section(a)
     L += _mode_section(a)
     L += _cold_section(cells)

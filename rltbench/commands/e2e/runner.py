@@ -94,6 +94,9 @@ class Plan:
     # False: each cell is replayed once, at its first block whose reference cell finished cleanly
     # (open-loop cells are long; identity is a property of the kernels on one schedule)
     replay_every_rep: bool = True
+    # the requests of the untimed warm-up pass (None: the first cell's, repetition 0); a cache-busted
+    # session passes over requests of its own, so a server's cache keeps nothing a timed cell can hit
+    pass_prompts: list[Request] | None = None
 
     def reference_of(self, arm: str) -> str:
         """The arm whose tokens `arm`'s are compared with (itself for a reference)."""
@@ -132,7 +135,7 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
         display.note(f"warm-up {arm} ({len(plan.warmup_requests)} requests, graphs if any; not measured)")
         backend.warmup(arm, plan.warmup_requests, plan.timeouts)
         if arm in plan.warmup_pass_arms and plan.cells:
-            reqs = plan.prompts(plan.cells[0], 0)
+            reqs = plan.pass_prompts if plan.pass_prompts is not None else plan.prompts(plan.cells[0], 0)
             display.note(f"warm-up {arm}: one untimed pass over the {len(reqs)} requests of the workload")
             backend.run_cell(arm, "warmup-pass", reqs, plan.timeouts, reset_prefix_cache=True, timed=False)
     idents: dict[tuple[str, str], list[int | None]] = {}

@@ -6,11 +6,13 @@
     python -m rltbench.commands.serve.bench soak URL --out DIR    # N bursts, blocks checked after each
     python -m rltbench.commands.serve.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
                                                     [--scrapes DIR] --out table.md
+    python -m rltbench.commands.serve.bench rate-compare --rlt RUN --peer GUIDELLM.json --out rate_check.md
 
 Every number comes from raw files through `rltbench.results.serving.cell_summary`, the one metrics layer:
 rltbench's e2e run directories (requests.jsonl) and guidellm's JSON report, whose per-request
 timestamps are turned into the same records, so the peer's raw timings are also read with rltbench's
-definitions beside the figures guidellm reports itself.
+definitions beside the figures guidellm reports itself. `rate-compare` is the open-loop cross-check
+(rltbench.results.peer_check): an `e2e --workload rate` run and guidellm's constant or Poisson rates.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import burst_prompts
 from rltbench.commands.serve.metrics import parse_text
 from rltbench.models import get_config
+from rltbench.results.guidellm import read_report
+from rltbench.results.peer_check import check_lines, cross_check, run_rate_records, verdict_counts
 from rltbench.results.rundir import read_jsonl
 from rltbench.results.serving import cell_summary
 from rltbench.results.tables import table
@@ -178,48 +182,17 @@ def run_tokens(run_dir: Path) -> dict[tuple[int, int, int], list[int] | None]:
 def peer_cells(report_path: Path) -> dict[int, dict[str, Any]]:
     """guidellm JSON -> {C: {"rlt": cell_summary of its raw timestamps, "own": its reported medians}}.
 
-    A concurrent@C benchmark limited to C requests is one burst of C. guidellm's timestamps per request:
-    request_start (sent), first_token_iteration (first chunk with text), last_token_iteration; the
-    token count is the server's usage.completion_tokens."""
-    data = json.loads(Path(report_path).read_text())
+    A concurrent@C benchmark limited to C requests is one burst of C (rltbench.results.guidellm reads
+    the report); where a C ran twice, the benchmark with more requests is kept."""
     out: dict[int, dict[str, Any]] = {}
-    for b in data["benchmarks"]:
-        c = int(b["config"]["strategy"]["streams"])
-        recs = []
-        for i, r in enumerate(b["requests"]["successful"]):
-            t = r["info"]["timings"]
-            n = int(r["output_metrics"]["text_tokens"] or 0)
-            recs.append(
-                {
-                    "request": i,
-                    "send": t["request_start"],
-                    "first": t["first_token_iteration"],
-                    "last": t["last_token_iteration"],
-                    "token_ids": None,
-                    "n_tokens": n,
-                    "event_times": [],
-                    "event_tokens": [],
-                    "status": "ok",
-                    "expected_len": n,
-                }
-            )
-        m = b["metrics"]
-
-        def med(name: str, m: dict[str, Any] = m) -> float | None:
-            return (m.get(name) or {}).get("successful", {}).get("median")
-
-        own = {
-            "ttft_ms": med("time_to_first_token_ms"),
-            "itl_ms": med("inter_token_latency_ms"),
-            "tpot_ms": med("time_per_output_token_ms"),
-            "output_tok_s": (m.get("output_tokens_per_second") or {}).get("successful", {}).get("mean"),
-            "errored": len(b["requests"].get("errored") or []),
-            "incomplete": len(b["requests"].get("incomplete") or []),
-        }
-        cell = cell_summary(recs) if recs else {}
-        prev = out.get(c)
-        if prev is None or (cell.get("requests", 0) > prev["rlt"].get("requests", 0)):
-            out[c] = {"rlt": cell, "own": own}
+    for b in read_report(report_path):
+        if b.strategy != "concurrent" or b.load is None:
+            continue
+        ok = [r for r in b.records if r["status"] == "ok"]
+        cell = cell_summary(ok) if ok else {}
+        prev = out.get(int(b.load))
+        if prev is None or cell.get("requests", 0) > prev["rlt"].get("requests", 0):
+            out[int(b.load)] = {"rlt": cell, "own": b.own}
     return out
 
 
@@ -357,6 +330,24 @@ def server_view(scrapes: Path, clients: tuple[str, ...] = ("http", "peer")) -> l
                    ["", "r", "r", "r", "r"])]
 
 
+def rate_check(rlt_dir: Path, peer_path: Path) -> tuple[list[str], bool]:
+    """The open-loop cross-check: (markdown lines, every figure agrees)."""
+    ours, cfg = run_rate_records(rlt_dir)
+    rs = cfg.get("rate") or {}
+    head, tail = float(rs.get("exclude_head", 0.1)), float(rs.get("exclude_tail", 0.1))
+    rows = cross_check(ours, read_report(peer_path), head, tail)
+    servers = ", ".join(f"{k}={v}" for k, v in (cfg.get("arm_specs") or {}).items())
+    rates = rs.get("rates")
+    rates = ", ".join(f"{r:g}" for r in rates) if isinstance(rates, list) else rates
+    lines = [f"## Open-loop rates: rltbench's client against guidellm, one server ({servers})", "",
+             f"Load: {rs.get('arrivals', '?')} arrivals at {rates} requests/s, "
+             f"{rs.get('num_prompts')} requests per rate, {(cfg.get('lengths') or {}).get('label', '?')}, "
+             f"model {cfg.get('model', '?')}; the first {head:.0%} and last {tail:.0%} of each rate's "
+             "requests by arrival left out of rltbench's definitions.", "", *check_lines(rows)]
+    agree, judged = verdict_counts(rows)
+    return lines, agree == judged
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m rltbench.commands.serve.bench",
@@ -387,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--peer", type=Path, help="guidellm JSON report, same load")
     c.add_argument("--scrapes", type=Path, help="DIR of metrics_{http,peer}_{before,after}.json")
     c.add_argument("--out", type=Path, required=True)
+    r = sub.add_parser("rate-compare", help="open-loop cross-check: rltbench e2e rate run vs guidellm rates")
+    r.add_argument("--rlt", type=Path, required=True, help="rltbench e2e --workload rate run dir")
+    r.add_argument("--peer", type=Path, required=True, help="guidellm JSON report, constant or poisson rates")
+    r.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "wait":
         wait_ready(args.url.rstrip("/"), args.timeout)
@@ -409,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.out,
         )
+    if args.cmd == "rate-compare":
+        lines, _all_agree = rate_check(args.rlt, args.peer)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     lines = [device_note(args.inproc or args.http), ""]
     if args.inproc is not None:
         lines += overhead_table(args.http, args.inproc) + [""]
