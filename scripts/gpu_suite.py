@@ -168,11 +168,16 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
     "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
                              "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
-    # open-loop arrivals swept from the synchronous rate to saturation, 3 interleaved repetitions with
-    # an A/A arm: each arm's SLO capacity with its interval, its ratio to torch, one replay per rate
-    "e2e-rate": (500, rlt(f"e2e {OURO} --arms torch,exact,torch --workload rate --request-rate sweep "
-                          "--sweep-rates 4 --duration 2 --repeats 3 --input-len 512 --output-len 128 "
-                          "--slo ttft:500,tpot:50 --deadline 470", "e2e-rate")),
+    # open-loop arrivals swept from the synchronous rate past the fastest arm's saturated probe, 3
+    # interleaved repetitions with an A/A arm: each arm's SLO capacity with its interval, its ratio to
+    # torch, one replay per rate. Cells of 3 synchronous request latencies (~4 s of arrivals at
+    # 512 in / 64 out); on an H100 about 45 s of start and warm-up, ~23 s of probes (sync, a saturated
+    # burst each for torch and exact), ~50-60 s per rate for 9 cells and 2 replays, more at the top rate
+    # (~85 s: a saturating queue, a large replay): ~275 s in all, the deadline cutting the top rate
+    # short rather than the stage's limit
+    "e2e-rate": (330, rlt(f"e2e {OURO} --arms torch,exact,torch --workload rate --request-rate sweep "
+                          "--sweep-rates 3 --cell-latencies 3 --repeats 3 --input-len 512 --output-len 64 "
+                          "--slo ttft:500,tpot:25 --deadline 265", "e2e-rate")),
     # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([

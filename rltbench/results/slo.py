@@ -14,12 +14,14 @@ Per cell (over its measured requests, rltbench.results.rate):
   achieved rate (requests per second that met every threshold, vLLM's goodput).
 
 SLO capacity of one repetition of an arm: over its cells in rising rate, the highest rate whose cell
-meets the SLO, moved up to where the slack, interpolated linearly to the next (failing) rate, crosses
-0. Where every measured rate meets it the capacity is that highest rate, a lower bound ("at least"),
-or, where the arm saturated there, the saturation rate ("saturated"); where none does, it is below
-the lowest measured rate (no value). Per arm: the median over repetitions with the order-statistic
-interval of that median (rltbench.results.stats), and the ratio to the reference arm's capacity,
-paired by repetition (the arms ran side by side), beside the A/A arm's ratio.
+meets the SLO without saturating, moved up to where the slack, interpolated linearly to the next
+(failing) rate, crosses 0 ("interpolated"); where that next rate failed only by saturating (its
+slack still >= 0), half-way between the two ("saturated": a building queue breaks any latency target
+given time). Where every measured rate meets it the capacity is the highest rate, a lower bound
+("at least"); where none does, it is below the lowest measured rate (no value). Per arm: the median
+over repetitions with the order-statistic interval of that median (rltbench.results.stats), and the
+ratio to the reference arm's capacity, paired by repetition (the arms ran side by side), beside the
+A/A arm's ratio.
 """
 
 from __future__ import annotations
@@ -141,19 +143,23 @@ class Capacity:
 
 def slo_capacity(points: list[tuple[float, float]], saturated_at: float | None = None) -> Capacity | None:
     """The capacity of one repetition's curve: `points` are (rate, slack) of its cells; `saturated_at`
-    the rate where the arm saturated (its last measured rate). None without points."""
+    the lowest rate where the arm saturated. A saturated cell fails the SLO whatever its slack (a queue
+    that builds breaks any latency target given time); where its slack was still >= 0 the capacity is
+    taken half-way between it and the last meeting rate. None without points."""
     pts = sorted(points)
     if not pts:
         return None
-    passing = [i for i, (_, s) in enumerate(pts) if s >= 0]
+    limit = math.inf if saturated_at is None else saturated_at
+    passing = [i for i, (r, s) in enumerate(pts) if s >= 0 and r < limit]
     if not passing:
         return Capacity(None, BELOW)
     k = passing[-1]
     monotone = all(s >= 0 for _, s in pts[:k])
     if k == len(pts) - 1:
-        bound = SATURATED if saturated_at is not None and pts[k][0] >= saturated_at else AT_LEAST
-        return Capacity(pts[k][0], bound, monotone)
+        return Capacity(pts[k][0], AT_LEAST, monotone)
     (r0, s0), (r1, s1) = pts[k], pts[k + 1]
+    if s1 >= 0:  # failed by saturating, not by its latency shares
+        return Capacity((r0 + r1) / 2, SATURATED, monotone)
     return Capacity(r0 + (r1 - r0) * s0 / (s0 - s1), INTERPOLATED, monotone)
 
 

@@ -15,6 +15,7 @@ from rltbench.bench.arrivals import ArrivalProcess, arrival_times
 from rltbench.bench.lengths import LengthSource
 from rltbench.bench.workload import open_loop_prompts
 from rltbench.cli import main
+from rltbench.commands.e2e.defaults import DEFAULT_CELL_LATENCIES, MIN_CELL_REQUESTS
 from rltbench.commands.e2e.rate import SATURATED, SYNC, RateSweep, rate_cell, rate_spec, sweep_rates
 from rltbench.models import get_config
 from rltbench.results import RunDir
@@ -95,32 +96,56 @@ def _fake_records(rate: float, capacity: float, n: int = 30) -> list[dict]:
     return recs
 
 
-def test_sweep_probes_place_rates_arms_alternate_and_stop_at_saturation():
-    spec = rate_spec("sweep", sweep_rates=3, duration=2.0, slo="ttft:200")
-    capacity = {"torch": 10.0, "exact": 12.0, "torch#2": 10.0}
-    sweep = RateSweep(["torch", "exact", "torch#2"], "torch", 2, spec, limit=8)
+def _drive(sweep, capacity, sync_rate=2.0, saturated=None):
+    """Run `sweep` on synthetic cells; the probes: the synchronous one serves `sync_rate`/s (request
+    latency 1 / that), the saturated ones `saturated[arm]`/s. Returns the (rep, cell, arm) order."""
     order = []
     for rep, cell, arm in sweep:
         order.append((rep, cell.name, arm))
-        if cell.probe:  # the synchronous probe serves 2/s, the saturated one 8/s
-            rate = 2.0 if cell.name == SYNC else 8.0
+        if cell.probe:
+            rate = sync_rate if cell.name == SYNC else saturated[arm]
             sweep.record(arm, cell, rep, [{"request": 0, "send": 0.0, "last": 1 / rate, "status": "ok"}])
         else:
             line = sweep.record(arm, cell, rep, _fake_records(cell.rate, capacity[arm]))
             assert line.startswith("achieved ")
-    assert order[:2] == [(0, SYNC, "torch"), (0, SATURATED, "torch")]
-    assert sweep.rates[:3] == [4.0, 6.0, 8.0] and sweep_rates(2.0, 8.0, 3) == ([4.0, 6.0, 8.0], 2.0)
+    return order
+
+
+def test_sweep_probes_place_rates_arms_alternate_and_stop_at_saturation():
+    spec = rate_spec("sweep", sweep_rates=3, duration=2.0, slo="ttft:200")
+    capacity = {"torch": 10.0, "exact": 16.0, "torch#2": 10.0}
+    sweep = RateSweep(["torch", "exact", "torch#2"], "torch", 2, spec, limit=8)
+    order = _drive(sweep, capacity, saturated={"torch": 6.0, "exact": 8.0})
+    # the synchronous probe by the reference, the saturated one by every arm but the A/A copy
+    assert order[:3] == [(0, SYNC, "torch"), (0, SATURATED, "torch"), (0, SATURATED, "exact")]
+    # even ratios from the synchronous rate (2/s) up to 1.5 x the fastest arm's probe (8/s)
+    first, ratio = sweep_rates(2.0, 1.5 * 8.0, 3)
+    assert first == [3.63, 6.6, 12.0] and ratio == pytest.approx(6 ** (1 / 3))
     # per rate: repetition 0 then 1, the arm order flipping from block to block
-    assert order[2:8] == [(0, "4/s", "torch"), (0, "4/s", "exact"), (0, "4/s", "torch#2"),
-                          (1, "4/s", "torch#2"), (1, "4/s", "exact"), (1, "4/s", "torch")]
-    assert sweep.block_arms(1, rate_cell(4.0, None)) == ["torch#2", "exact", "torch"]
-    # torch and its A/A copy saturate past 10/s and stop; exact runs on past the probe's rate to 14/s
-    assert sweep.rates == [4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+    assert order[3:9] == [(0, "3.63/s", "torch"), (0, "3.63/s", "exact"), (0, "3.63/s", "torch#2"),
+                          (1, "3.63/s", "torch#2"), (1, "3.63/s", "exact"), (1, "3.63/s", "torch")]
+    assert sweep.block_arms(1, rate_cell(3.63, None)) == ["torch#2", "exact", "torch"]
+    # torch and its A/A copy saturate at 12/s and stop; exact runs on past the top to 21.8/s
+    assert sweep.rates == [3.63, 6.6, 12.0, 21.8]
     assert sweep.saturated["torch"]["rate"] == sweep.saturated["torch#2"]["rate"] == 12.0
-    assert sweep.saturated["exact"]["rate"] == 14.0 and sweep.saturated["torch"]["reps"] == "2/2"
-    assert {arm for _, cell, arm in order if cell == "14/s"} == {"exact"}
-    assert sweep.stopped == "every arm saturated by 14/s: no higher rate"
-    assert sweep.summary()["probes"][SYNC]["rate"] == pytest.approx(2.0)
+    assert sweep.saturated["exact"]["rate"] == 21.8 and sweep.saturated["torch"]["reps"] == "2/2"
+    assert {arm for _, cell, arm in order if cell == "21.8/s"} == {"exact"}
+    assert sweep.stopped == "every arm saturated by 21.8/s: no higher rate"
+    summary = sweep.summary()
+    assert summary["probes"][SYNC]["rate"] == pytest.approx(2.0)
+    assert summary["probes"][f"{SATURATED} exact"]["rate"] == pytest.approx(8.0)
+    assert (summary["cell_s"], summary["cell_why"]) == (2.0, "--duration")
+
+
+def test_sweep_sizes_cells_from_the_synchronous_request_latency():
+    spec = rate_spec("sweep", sweep_rates=2, cell_latencies=4)
+    sweep = RateSweep(["torch"], "torch", 1, spec, limit=8)
+    _drive(sweep, {"torch": 100.0}, sync_rate=2.0, saturated={"torch": 8.0})
+    assert sweep.cell_s == pytest.approx(4 * 0.5) and "4 x the synchronous request latency" in sweep.cell_why
+    assert sweep.requests_at(20.0) == 41 and sweep.requests_at(1.0) == MIN_CELL_REQUESTS
+    assert rate_spec("sweep").cell_latencies == DEFAULT_CELL_LATENCIES
+    exact = rate_spec("sweep", duration=2.0)  # --duration: exactly its arrivals, no floor
+    assert exact.requests_at(1.0, exact.cell_seconds(0.5)[0]) == 3
 
 
 def test_listed_rates_run_in_rising_order_without_probes():
@@ -179,7 +204,8 @@ def test_rate_sweep_end_to_end_on_the_tiny_model(tmp_path):
     assert sweep["rates"] == sorted(sweep["rates"]) and len(sweep["rates"]) >= 1
     assert {m["cell"] for m in run.read_jsonl("probe_meta.jsonl")} == {SYNC, SATURATED}
     assert {r["cell"] for r in run.read_jsonl("requests.jsonl")} == {f"{r:g}/s" for r in sweep["rates"]}
-    assert "probes (reference arm, not measurements)" in (out / "table.md").read_text()
+    text = (out / "table.md").read_text()
+    assert "probes (not measurements)" in text and "s of arrivals each (--duration)" in text
 
 
 @pytest.mark.parametrize("args", [
@@ -189,7 +215,8 @@ def test_rate_sweep_end_to_end_on_the_tiny_model(tmp_path):
     ["--exclude-head", "0.6", "--exclude-tail", "0.5"], ["--exclude-head", "-0.1"], ["--slo", "ttft:abc"],
     ["--slo", "ttft:500", "--slo-attainment", "1"], ["--saturation-margin", "nan"], ["--concurrency", "2"],
     ["--request-rate", "2", "--sweep-rates", "3"], ["--random-range-ratio", "1.5"],
-    ["--lengths", "nope"], ["--trace-length-scale", "0.5"],
+    ["--lengths", "nope"], ["--trace-length-scale", "0.5"], ["--cell-latencies", "3", "--duration", "2"],
+    ["--request-rate", "2", "--cell-latencies", "3"], ["--cell-latencies", "0.5"],
     ["--random-range-ratio", "0.9", "--input-len", "300", "--output-len", "200"],
 ])
 def test_bad_rate_flags_exit_2_in_one_line(args, tmp_path, capsys):

@@ -23,12 +23,14 @@ from rltbench.bench.workload_defaults import DEFAULT_TRACE, SMALL_MODEL_TRACE
 from rltbench.commands.e2e.defaults import (
     BURST,
     CPU_CONCURRENCY,
+    DEFAULT_CELL_LATENCIES,
     DEFAULT_DURATION_S,
     DEFAULT_SWEEP_RATES,
     GPU_CONCURRENCY,
     MAX_BURSTINESS,
     MAX_CELL_REQUESTS,
     MAX_DURATION_S,
+    MIN_CELL_REQUESTS,
     RATE,
     SESSION,
 )
@@ -139,8 +141,12 @@ def e2e_command(
     num_prompts: Annotated[int | None, options.number("rate: requests per rate cell.", ge=1,
                                                       le=MAX_CELL_REQUESTS)] = None,
     duration: Annotated[float | None, options.number(
-        f"rate: seconds of arrivals per rate cell (default {DEFAULT_DURATION_S:g}).",
-        gt=0, le=MAX_DURATION_S)] = None,
+        f"rate: seconds of arrivals per rate cell, exactly (default: a sweep sizes cells by "
+        f"--cell-latencies, listed rates take {DEFAULT_DURATION_S:g}).", gt=0, le=MAX_DURATION_S)] = None,
+    cell_latencies: Annotated[float | None, options.number(
+        f"rate sweep: each cell's arrivals last K x the synchronous request latency of the probe "
+        f"(default {DEFAULT_CELL_LATENCIES:g}; at least {MIN_CELL_REQUESTS} requests).", ge=1, le=1000)
+    ] = None,
     lengths: Annotated[str | None, typer.Option(
         help="rate: request lengths drawn from a distribution of workloads/lengths/, a session preset's "
              "trace or a JSONL file (input_length, output_length); default --input-len/--output-len.")
@@ -162,7 +168,8 @@ def e2e_command(
     ] = None,
     saturation_margin: Annotated[float | None, options.number(
         "rate: a cell saturates when its achieved rate falls short of the offered one by more than this "
-        "share, or its TTFT grows by more than this many s per s (default 0.1).", gt=0, lt=1)] = None,
+        "share (default 0.1), or its later half's median TTFT is twice the earlier half's.", gt=0, lt=1)
+    ] = None,
     ignore_eos: Annotated[bool | None, typer.Option(
         help="rate: exactly --output-len tokens per request, EOS ignored (default on).")] = None,
     think_time: Annotated[float | None, options.number(
@@ -189,7 +196,8 @@ def e2e_command(
         raise UsageError(f"--workload must be burst, session or rate, not {workload!r}")
     rate = rate_spec_of(workload, dict(
         request_rate=request_rate, sweep_rates=sweep_rates, arrivals=arrivals, burstiness=burstiness,
-        max_concurrency=max_concurrency, num_prompts=num_prompts, duration=duration, lengths=lengths,
+        max_concurrency=max_concurrency, num_prompts=num_prompts, duration=duration,
+        cell_latencies=cell_latencies, lengths=lengths,
         random_range_ratio=random_range_ratio, exclude_head=exclude_head, exclude_tail=exclude_tail, slo=slo,
         slo_attainment=slo_attainment, saturation_margin=saturation_margin, ignore_eos=ignore_eos,
     ), {"--concurrency": concurrency, "--trace": trace, "--trace-time-scale": trace_time_scale,

@@ -34,7 +34,13 @@ from rltbench.bench.workload import (
     warmup_prompts,
 )
 from rltbench.commands.e2e import report
-from rltbench.commands.e2e.defaults import BURST, CPU_CONCURRENCY, GPU_CONCURRENCY, SESSION
+from rltbench.commands.e2e.defaults import (
+    BURST,
+    CPU_CONCURRENCY,
+    DEFAULT_DURATION_S,
+    GPU_CONCURRENCY,
+    SESSION,
+)
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.rate import RATE, RateSpec, make_rate_plan, rate_lengths
 from rltbench.commands.e2e.runner import SCHEDULE_NOTE, Plan, run_plan
@@ -466,7 +472,10 @@ def _manifest_config(spec: E2ESpec, backend: Any, plan: Plan, arm_specs: dict[st
         assert spec.rate is not None and spec.lengths is not None
         rs = spec.rate
         rates = "sweep" if rs.rates is None else ", ".join(f"{r:g}" for r in rs.rates)
-        size = f"{rs.num_prompts} requests" if rs.num_prompts else f"{rs.duration_s:g} s of arrivals"
+        size = (f"{rs.num_prompts} requests" if rs.num_prompts else
+                f"{rs.duration_s:g} s of arrivals" if rs.duration_s is not None else
+                f"{rs.cell_latencies:g} synchronous request latencies of arrivals" if rs.rates is None else
+                f"{DEFAULT_DURATION_S:g} s of arrivals")
         workload_note = (
             f"open-loop rate: {rs.process.label} arrivals at {rates} requests/s, {size} per cell, "
             f"{spec.lengths.label}, random ids (no special ids), fresh per rate and repetition, same for "

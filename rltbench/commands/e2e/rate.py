@@ -7,10 +7,19 @@ cells saturated the server in more than half of its repetitions (rltbench.result
 runs no higher rate; the run stops when every arm has saturated, and says so.
 
 `--request-rate sweep` places the rates first, as GuideLLM's sweep does: the reference arm serves a
-few requests one at a time (the synchronous rate) and a burst of twice the concurrency limit all at
-once (the saturated throughput); those two probe cells measure nothing of their own. The sweep then
-runs `--sweep-rates` N rates evenly spaced above the synchronous rate up to the saturated one, and,
-while an arm is still unsaturated there, up to N more at the same step (a faster arm saturates later).
+few requests one at a time (the synchronous rate, and the synchronous request latency), and every
+arm that is not an A/A copy serves a burst of twice the concurrency limit all at once (its saturated
+throughput); those probe cells measure nothing of their own. The sweep then runs `--sweep-rates` N
+rates in even ratios above the synchronous rate up to SWEEP_TOP x the saturated throughput of the
+fastest arm (a burst understates what an open loop sustains, and the faster arm saturates later), and,
+while an arm is still unsaturated there, up to N more at the same ratio. Even ratios, not even steps:
+an SLO's capacity can sit far below saturation, and ratios resolve both ends alike.
+
+How long a cell is: `--duration` seconds of arrivals or `--num-prompts` requests where given; in a
+sweep otherwise `--cell-latencies` K x the synchronous request latency (at least MIN_CELL_REQUESTS
+requests), so that a cell outlasts the life of a request K times over and a queue, if the rate
+exceeds what the server holds, has time to build (a cell shorter than one request's life never
+fills the server and every rate looks served).
 """
 
 from __future__ import annotations
@@ -27,10 +36,12 @@ from rltbench.bench.arrivals import CONSTANT, GAMMA, POISSON, ArrivalProcess, ar
 from rltbench.bench.lengths import LengthSource, recorded_lengths
 from rltbench.bench.workload import Cell, fit_burst_lengths, open_loop_prompts, warmup_prompts
 from rltbench.commands.e2e.defaults import (
+    DEFAULT_CELL_LATENCIES,
     DEFAULT_DURATION_S,
     DEFAULT_SWEEP_RATES,
     MAX_CELL_REQUESTS,
     MAX_RATE,
+    MIN_CELL_REQUESTS,
     RATE,
 )
 from rltbench.commands.e2e.runner import Plan
@@ -45,9 +56,10 @@ from rltbench.results.rate import (
     saturation,
 )
 from rltbench.results.slo import DEFAULT_ATTAINMENT, SloTerm, cell_slo, parse_slo
+from rltbench.results.stats import is_aa
 
 SWEEP = "sweep"
-MIN_CELL_REQUESTS = 8  # the fewest requests of a rate cell sized by --duration
+SWEEP_TOP = 1.5  # the sweep's top rate over the fastest arm's saturated (burst) throughput
 SYNC_PROBE_REQUESTS = 4
 SYNC, SATURATED = "sync", "saturated"  # the probe cells of a sweep
 WARMUP_CELL = Cell("warm-up", 0)
@@ -62,7 +74,8 @@ class RateSpec:
     process: ArrivalProcess = ArrivalProcess()
     max_concurrency: int | None = None
     num_prompts: int | None = None
-    duration_s: float = DEFAULT_DURATION_S
+    duration_s: float | None = None  # None: a sweep sizes cells by cell_latencies, listed rates by default
+    cell_latencies: float = DEFAULT_CELL_LATENCIES
     lengths: str | None = None  # --lengths NAME|PATH; None: --input-len / --output-len
     range_ratio: float = 0.0
     exclude_head: float = DEFAULT_EXCLUDE
@@ -72,11 +85,23 @@ class RateSpec:
     saturation_margin: float = DEFAULT_SATURATION_MARGIN
     ignore_eos: bool = True
 
-    def requests_at(self, rate: float) -> int:
-        """Requests of one cell at `rate`: --num-prompts, or --duration seconds of arrivals."""
+    def cell_seconds(self, sync_latency_s: float | None) -> tuple[float, str]:
+        """(seconds of arrivals per cell, why): --duration, or K x the probe's synchronous request
+        latency in a sweep, or the default for listed rates."""
+        if self.duration_s is not None:
+            return self.duration_s, "--duration"
+        if sync_latency_s:
+            return (self.cell_latencies * sync_latency_s,
+                    f"{self.cell_latencies:g} x the synchronous request latency ({sync_latency_s:.3g} s)")
+        return DEFAULT_DURATION_S, "the default for listed rates"
+
+    def requests_at(self, rate: float, seconds: float) -> int:
+        """Requests of one cell at `rate`: --num-prompts, or `seconds` of arrivals (at least
+        MIN_CELL_REQUESTS; with --duration exactly its arrivals)."""
         if self.num_prompts is not None:
             return self.num_prompts
-        return max(MIN_CELL_REQUESTS, math.ceil(rate * self.duration_s) + 1)
+        floor = 2 if self.duration_s is not None else MIN_CELL_REQUESTS
+        return max(floor, math.ceil(rate * seconds) + 1)
 
     def config(self) -> dict[str, Any]:
         """The spec as the manifest keeps it (what the report reads back)."""
@@ -122,14 +147,17 @@ def _process(arrivals: str | None, burstiness: float | None) -> ArrivalProcess:
 
 def rate_spec(request_rate: str | None, *, burstiness: float | None = None, arrivals: str | None = None,
               max_concurrency: int | None = None, num_prompts: int | None = None,
-              duration: float | None = None, sweep_rates: int | None = None, lengths: str | None = None,
+              duration: float | None = None, cell_latencies: float | None = None,
+              sweep_rates: int | None = None, lengths: str | None = None,
               random_range_ratio: float | None = None, exclude_head: float | None = None,
               exclude_tail: float | None = None, slo: str | None = None, slo_attainment: float | None = None,
               saturation_margin: float | None = None, ignore_eos: bool | None = None) -> RateSpec:
     """The rate workload's flags -> RateSpec, every value checked (one line naming the flag); each
     number was checked against its bounds when the command line was parsed (rltbench.options)."""
-    if num_prompts is not None and duration is not None:
-        raise UsageError("--num-prompts and --duration both size a rate cell: give one")
+    sizes = [f for f, v in (("--num-prompts", num_prompts), ("--duration", duration),
+                            ("--cell-latencies", cell_latencies)) if v is not None]
+    if len(sizes) > 1:
+        raise UsageError(f"{sizes[0]} and {sizes[1]} both size a rate cell: give one")
     if lengths is not None and random_range_ratio is not None:
         raise UsageError("--random-range-ratio varies --input-len/--output-len; --lengths draws recorded "
                          "lengths: give one")
@@ -141,6 +169,9 @@ def rate_spec(request_rate: str | None, *, burstiness: float | None = None, arri
     rates = parse_request_rate(request_rate or SWEEP)
     if rates is not None and sweep_rates is not None:
         raise UsageError("--sweep-rates is for --request-rate sweep")
+    if rates is not None and cell_latencies is not None:
+        raise UsageError("--cell-latencies sizes cells from a sweep's probe: give --request-rate sweep "
+                         "(listed rates: --duration or --num-prompts)")
     seconds = duration or DEFAULT_DURATION_S
     if rates is not None and num_prompts is None and max(rates) * seconds > MAX_CELL_REQUESTS:
         raise UsageError(f"--request-rate {max(rates):g} x --duration {seconds:g} s: more than "
@@ -152,7 +183,8 @@ def rate_spec(request_rate: str | None, *, burstiness: float | None = None, arri
         process=_process(arrivals, burstiness),
         max_concurrency=max_concurrency,
         num_prompts=num_prompts,
-        duration_s=seconds,
+        duration_s=duration,
+        cell_latencies=cell_latencies or DEFAULT_CELL_LATENCIES,
         lengths=lengths,
         range_ratio=random_range_ratio or 0.0,
         exclude_head=head,
@@ -203,12 +235,28 @@ def rate_cell(rate: float, max_concurrency: int | None) -> Cell:
     return Cell(f"{rate:g}/s", max_concurrency or 0, rate=rate, max_concurrency=max_concurrency)
 
 
-def sweep_rates(sync: float, saturated: float, n: int) -> tuple[list[float], float]:
-    """(N rates evenly spaced above `sync` up to `saturated`, their step); a saturated probe no faster
-    than twice the synchronous one spans up to twice it (the probes only place the rates)."""
-    top = max(saturated, 2 * sync)
-    step = (top - sync) / n
-    return list(dict.fromkeys(round_rate(sync + step * k) for k in range(1, n + 1))), step
+def sweep_rates(sync: float, top: float, n: int) -> tuple[list[float], float]:
+    """(N rates in even ratios above `sync` up to `top`, that ratio); a top no higher than twice the
+    synchronous rate spans up to twice it (the probes only place the rates)."""
+    ratio = (max(top, 2 * sync) / sync) ** (1 / n)
+    return list(dict.fromkeys(round_rate(sync * ratio ** k) for k in range(1, n + 1))), ratio
+
+
+def request_latency(recs: list[dict[str, Any]]) -> float | None:
+    """Median send-to-last-token seconds of the requests that finished ok (the synchronous probe's
+    request latency, which sizes a sweep's cells)."""
+    done = [r["last"] - r["send"] for r in recs if r.get("status") == "ok" and r.get("last") is not None]
+    return float(np.median(done)) if done else None
+
+
+def probed_arms(arms: list[str], ref: str) -> list[str]:
+    """The arms whose saturated throughput a sweep probes: the reference first, then every arm that
+    is not an A/A copy of one already probed."""
+    out: list[str] = []
+    for arm in [ref, *arms]:
+        if arm not in out and not any(arm == o or is_aa(arm, o) for o in out):
+            out.append(arm)
+    return out
 
 
 class RateSweep:
@@ -221,12 +269,19 @@ class RateSweep:
         self.rates: list[float] = []
         self.saturated: dict[str, dict[str, Any]] = {}
         self.stopped: str | None = None
+        self.cell_s, self.cell_why = spec.cell_seconds(None)
         self._blocks: dict[tuple[int, str], list[str]] = {}
 
-    def probe_cells(self) -> list[Cell]:
-        return [Cell(SYNC, 1, max_concurrency=1, probe=True),
-                Cell(SATURATED, self.spec.max_concurrency or self.limit, probe=True,
-                     max_concurrency=self.spec.max_concurrency)]
+    def probe_cells(self) -> list[tuple[Cell, list[str]]]:
+        """(probe cell, the arms that serve it): the synchronous one by the reference, the saturated
+        one by every probed arm."""
+        return [(Cell(SYNC, 1, max_concurrency=1, probe=True), [self.ref]),
+                (Cell(SATURATED, self.spec.max_concurrency or self.limit, probe=True,
+                      max_concurrency=self.spec.max_concurrency), probed_arms(self.arms, self.ref))]
+
+    def requests_at(self, rate: float) -> int:
+        """Requests of one cell at `rate` (RateSpec.requests_at with this sweep's cell length)."""
+        return self.spec.requests_at(rate, self.cell_s)
 
     def block_arms(self, rep: int, cell: Cell) -> list[str]:
         return self._blocks.get((rep, cell.name), [])
@@ -234,14 +289,17 @@ class RateSweep:
     def __iter__(self) -> Iterator[tuple[int, Cell, str]]:
         rates, step = (list(self.spec.rates), 0.0) if self.spec.rates else (None, 0.0)
         if rates is None:
-            for cell in self.probe_cells():
-                self._blocks[(0, cell.name)] = [self.ref]
-                yield 0, cell, self.ref
-            sync, sat = (self.probes.get(c, {}).get("rate") for c in (SYNC, SATURATED))
-            if not sync or not sat:
+            for cell, probe_arms in self.probe_cells():
+                self._blocks[(0, cell.name)] = probe_arms
+                for arm in probe_arms:
+                    yield 0, cell, arm
+            sync = self.probes.get(SYNC, {})
+            sat = [p["rate"] for name, p in self.probes.items() if name.startswith(SATURATED) and p["rate"]]
+            if not sync.get("rate") or not sat:
                 self.stopped = "the probes finished no request: no rate to sweep"
                 return
-            rates, step = sweep_rates(sync, sat, self.spec.sweep_rates)
+            self.cell_s, self.cell_why = self.spec.cell_seconds(sync.get("latency_s"))
+            rates, step = sweep_rates(sync["rate"], SWEEP_TOP * max(sat), self.spec.sweep_rates)
         active, extra, i = list(self.arms), 0, 0
         while i < len(rates):
             cell = rate_cell(rates[i], self.spec.max_concurrency)
@@ -256,7 +314,7 @@ class RateSweep:
                 self.stopped = f"every arm saturated by {cell.name}: no higher rate"
                 return
             if i == len(rates) - 1 and step and extra < self.spec.sweep_rates:
-                rates.append(round_rate(rates[-1] + step))
+                rates.append(round_rate(rates[-1] * step))
                 extra += 1
             i += 1
         self.stopped = (f"the last rate ({self.rates[-1]:g}/s) left {', '.join(active)} unsaturated"
@@ -277,7 +335,10 @@ class RateSweep:
         """Keep a finished cell's figures; the live view's line for it."""
         if cell.probe:
             rate = completed_rate(records)
-            self.probes[cell.name] = {"rate": rate, "requests": len(records)}
+            name = cell.name if arm == self.ref else f"{cell.name} {arm}"
+            self.probes[name] = {"rate": rate, "requests": len(records), "arm": arm}
+            if cell.name == SYNC:
+                self.probes[name]["latency_s"] = request_latency(records)
             return f"probe {cell.name}: {rate or 0:.3g} req/s"
         s = self.spec
         fig = rate_figures(records, s.exclude_head, s.exclude_tail)
@@ -292,7 +353,8 @@ class RateSweep:
 
     def summary(self) -> dict[str, Any]:
         return {"probes": self.probes, "rates": self.rates, "saturated": self.saturated,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "cell_s": self.cell_s, "cell_why": self.cell_why,
+                "top_factor": SWEEP_TOP}
 
 
 def _rng(seed: int, stream: int, *key: int) -> np.random.Generator:
@@ -315,7 +377,7 @@ def make_rate_plan(config: Any, spec: RateSpec, lengths: LengthSource, *, arms: 
                 times = np.zeros(n)
                 ints = (rep, 1 + [SYNC, SATURATED, WARMUP_CELL.name].index(cell.name))
             else:
-                n = spec.requests_at(cell.rate)
+                n = sweep.requests_at(cell.rate)
                 ints = (rep, 10 + round(cell.rate * 1000))
                 times = arrival_times(n, cell.rate, spec.process, _rng(seed, 0xA441, *ints))
             lens = lengths.draw(n, _rng(seed, 0x1E9, *ints))

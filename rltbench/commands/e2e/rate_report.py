@@ -18,8 +18,8 @@ from rltbench.results.serving import fmt_ms, percentiles, request_metrics
 from rltbench.results.slo import AT_LEAST, BELOW, SATURATED, arm_capacities, cell_slo, headlines, parse_slo
 from rltbench.results.tables import table
 
-POOLED_MEDIANS = ("offered_rate", "sent_rate", "achieved_rate", "queue_delay_p90", "slo_share", "goodput",
-                  "window_tok_s", "tok_s_per_user")
+POOLED_MEDIANS = ("arrival_s", "offered_rate", "sent_rate", "achieved_rate", "queue_delay_p90", "slo_share",
+                  "goodput", "window_tok_s", "tok_s_per_user")
 
 
 def analyse_rate(cfg: dict[str, Any], records: list[dict[str, Any]], meta: list[dict[str, Any]],
@@ -95,17 +95,22 @@ def rate_section(a: dict[str, Any]) -> list[str]:
     rows = []
     for p in pooled:
         sat = f"{p['saturated_reps']}/{p['reps']}" if p["saturated_reps"] else "-"
-        rows.append([p["cell"], p["arm"], p["reps"], _rate(p["offered_rate"]), _rate(p["sent_rate"]),
+        rows.append([p["cell"], p["arm"], p["reps"], _rate(p["arrival_s"]), _rate(p["offered_rate"]),
+                     _rate(p["sent_rate"]),
                      _rate(p["achieved_rate"]), fmt_ms(p["queue_delay_p90"]),
                      " / ".join(fmt_ms(p[f"ttft_{q}"]) for q in ("p50", "p90", "p99")),
                      " / ".join(fmt_ms(p[f"tpot_{q}"]) for q in ("p50", "p90", "p99")),
                      *([_pct(p["slo_share"]), _rate(p["goodput"])] if slo else []),
                      _rate(p["window_tok_s"]), _rate(p["tok_s_per_user"]), sat])
-    head = ["rate (target)", "arm", "reps", "offered/s", "sent/s", "achieved/s", "queue delay p90 ms",
+    head = ["rate (target)", "arm", "reps", "arrivals s", "offered/s", "sent/s", "achieved/s",
+            "queue delay p90 ms",
             "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", *(["SLO share", "goodput/s"] if slo else []),
             "tok/s", "tok/s per user", "saturated reps"]
     L += ["Medians over repetitions; latency quantiles pooled over the measured requests of every "
-          "repetition. The tables above pool every request of a cell.", "", *table(head, rows)]
+          "repetition. The tables above pool every request of a cell. arrivals s: the span of the measured "
+          "requests' arrivals; achieved/s: measured requests finished ok - 1 over the longer of that span "
+          "and the span of their finishes (never above offered/s; below it where the server fell "
+          "behind).", "", *table(head, rows)]
     return L + _capacity_lines(a)
 
 
@@ -118,9 +123,16 @@ def _sweep_lines(sweep: dict[str, Any]) -> list[str]:
     L = []
     probes = sweep.get("probes") or {}
     if probes:
-        L.append("- probes (reference arm, not measurements): " + ", ".join(
-            f"{name} {_rate(p.get('rate'))} requests/s ({p.get('requests')} requests)"
+        L.append("- probes (not measurements): " + ", ".join(
+            f"{name} {_rate(p.get('rate'))} requests/s ({p.get('requests')} requests"
+            + (f", request latency {p['latency_s']:.3g} s" if p.get("latency_s") else "") + ")"
             for name, p in probes.items()))
+        if sweep.get("top_factor"):
+            L.append(f"- rates: in even ratios above the synchronous rate up to {sweep['top_factor']:g}x the "
+                     "fastest arm's saturated probe (a burst understates what an open loop sustains)")
+    if sweep.get("cell_s"):
+        L.append(f"- cells: {sweep['cell_s']:.3g} s of arrivals each ({sweep.get('cell_why')}), so that a "
+                 "queue can build where a rate exceeds what the server holds")
     for arm, s in (sweep.get("saturated") or {}).items():
         L.append(f"- {arm} saturated at {s['rate']:g}/s in {s['reps']} repetitions ({s['reason']}): "
                  "no higher rate")
@@ -145,7 +157,9 @@ def _capacity_lines(a: dict[str, Any]) -> list[str]:
                 f"ratio to {a['ref']} (interval)"], out)
     return L + ["", "Found as: interpolated (between the last rate meeting the SLO and the next); "
                 f"{AT_LEAST} (every measured rate met it: a lower bound); "
-                f"{SATURATED} (met up to the rate where the arm saturated); {BELOW} (no measured rate met "
+                f"{SATURATED} (half-way between the last rate meeting it and the next, which met the latency "
+                f"shares but saturated: a building queue breaks any target given time); {BELOW} (no "
+                "measured rate met "
                 "it). The interval is the order-statistic interval of the median over repetitions (its "
                 "coverage below 95% with few repetitions); the ratio pairs repetitions (the arms ran "
                 "side by side). A ratio whose interval reaches the A/A arm's is within noise."]
