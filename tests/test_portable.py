@@ -54,6 +54,18 @@ def test_files_rewritten_in_place_text_and_gzip_binary_untouched(tmp_path: Path)
     assert make_portable(tmp_path, PREFIXES) == []  # a second pass finds nothing
 
 
+def test_junit_xml_stays_xml(tmp_path: Path) -> None:
+    """A traceback inside junit.xml names the environment: its placeholder must not become a tag."""
+    import xml.etree.ElementTree as ET
+
+    failure = "<failure>/srv/ckout/.venv/lib/x.py:3: Error</failure>"
+    junit = f'<testsuite><testcase name="t">{failure}</testcase></testsuite>'
+    (tmp_path / "junit.xml").write_text(junit)
+    make_portable(tmp_path, PREFIXES)
+    text = ET.parse(tmp_path / "junit.xml").getroot().find("testcase/failure").text
+    assert text == "<env>/lib/x.py:3: Error"
+
+
 def _machine_paths(path: Path) -> list[str]:
     raw = path.read_bytes()
     try:

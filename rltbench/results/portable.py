@@ -47,7 +47,10 @@ def portable_text(text: str, prefixes: Mapping[str, str]) -> str:
 
 def make_portable(root: Path, prefixes: Mapping[str, str]) -> list[Path]:
     """Rewrite every UTF-8 text file under `root` (and the text inside `*.gz` files) in place;
-    the files that changed. Binary files (plots) are left alone."""
+    the files that changed. Binary files (plots) are left alone. In XML (pytest's junit.xml, whose
+    failure texts hold tracebacks) the placeholders are written as character references: a bare
+    `<env>` there would be an unclosed tag and make the file unreadable."""
+    in_xml = {prefix: new.replace("<", "&lt;").replace(">", "&gt;") for prefix, new in prefixes.items()}
     changed = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         raw = path.read_bytes()
@@ -56,7 +59,7 @@ def make_portable(root: Path, prefixes: Mapping[str, str]) -> list[Path]:
             text = (gzip.decompress(raw) if packed else raw).decode("utf-8")
         except (OSError, EOFError, UnicodeDecodeError):
             continue
-        new = portable_text(text, prefixes)
+        new = portable_text(text, in_xml if path.suffix == ".xml" else prefixes)
         if new != text:
             data = new.encode("utf-8")
             path.write_bytes(gzip.compress(data, compresslevel=9, mtime=0) if packed else data)
