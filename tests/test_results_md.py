@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "results_md.py"
 RESULTS = ROOT / "results" / "gpu"
-SIZE_BUDGET = 15 * 1024 * 1024
+SIZE_BUDGET = 16 * 1024 * 1024  # raised from 15 with the open-loop rate run (its per-request records)
 CITING = ("README.md", "docs", "rltbench", "scripts")
 """Where a citation keeps a run in results/gpu (RESULTS.md lists every run, so it does not count)."""
 
