@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rltbench.backends.base import CellProgress
+from rltbench.results.console import fitted
 
 MAX_ROWS = 24
 
@@ -102,4 +103,4 @@ class RunDisplay:
                 "running",
                 style="cyan",
             )
-        return Group(t, Text(self.status, style="dim"))
+        return Group(fitted(t, keys=3), Text(self.status, style="dim"))

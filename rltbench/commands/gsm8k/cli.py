@@ -46,6 +46,7 @@ from rltbench.commands.gsm8k.tasks import (
 from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results.console import fitted
 
 console = Console()
 GSM8K_TEST_SIZE = 1319
@@ -221,7 +222,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     t.add_column("arm", no_wrap=True)
     for col in ("acc %", "drop", "LCB95", "UCB95", "n10/n01", "p", "differ"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("verdict")  # 'inconclusive: random weights' wraps at its space, never cut
+    t.add_column("verdict")  # never cut: a table too wide for the console folds (results.console)
     lines = []
     for arm, a in summary["arms"].items():
         c = next((c for c in summary["comparisons"] if c["arm"] == arm), None)
@@ -242,7 +243,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 f"{c['sequences_differ']}/{c['n']}",
                 f"[{color}]{verdict_label(c['verdict'], c['verdict_reason'])}[/]",
             )
-    console.print(t)
+    console.print(fitted(t, keys=1))
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
 

@@ -306,6 +306,7 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     return "\n".join(lines) + "\n"
 
 
+KEY_COLUMNS = 5   # op, dtype, w, T, arm: what names a row, repeated in every part of a folded table
 SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "e/b", "!=o", "graph us",
          "eager us", "hot us", "k/call", "GB/s", "%copy", "%size", "x torch", "verdict",
          "PDL us", "PDL %copy"]
