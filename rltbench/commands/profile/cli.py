@@ -18,12 +18,12 @@ from rltbench.commands.profile.collect import DEFAULT_CONTEXT, ProfileSpec, fit_
 from rltbench.commands.profile.report import SUMMARY, render, table_markdown
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results.console import print_markdown, wide_console
 
 
 def _console() -> Console:
     """Rich console; in logs and pipes wide enough that the summary table is not folded."""
-    con = Console()
-    return con if con.is_terminal else Console(width=max(con.width, 160))
+    return wide_console()
 
 
 def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
@@ -151,7 +151,7 @@ def profile_command(
     save(out)
     render(run.path)
     run.update_manifest(status="complete")
-    console.print(table_markdown(run.read_json(SUMMARY)).split("## ")[0])
+    print_markdown(console, table_markdown(run.read_json(SUMMARY)).split("## ")[0])
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")
 
 
