@@ -6,12 +6,16 @@ An arm picks, per op family (norm, rope, act), one implementation:
   cuda    the native CUDA C++ kernels (rltbench.native), bitwise like exact
   off     the torch reference ops
 and a scope: `graph` runs the fused kernels only while a CUDA graph is being captured (an eager
-Triton launch costs more host time than it saves), `all` runs them everywhere.
+Triton launch costs more host time than it saves), `all` runs them everywhere. An arm that does not
+state its scope gets `default_scope(graphs)`: `graph` where the run captures CUDA graphs, `all` where
+it captures none (the CPU, --enforce-eager), since there a scope-graph arm runs torch's ops and its
+kernels are never exercised. A scope stated there anyway (`--scope graph`) is kept, and the run's
+verdict for that arm says it was not exercised (`NOT_EXERCISED`).
 
 The grammar of `--arms` (every command; `parse_arms` is its only parser):
   ARMS  := ITEM ("," ITEM)*
   ITEM  := NAME                          a named arm: torch, exact, approx, cuda
-         | NAME "=" FIELD ("/" FIELD)*   a custom arm, starting from torch (all off, scope graph)
+         | NAME "=" FIELD ("/" FIELD)*   a custom arm, starting from torch (all off, default scope)
   FIELD := ("norm" | "rope" | "act") ":" IMPL  |  "scope" ":" ("graph" | "all")
 e.g. `--arms torch,exact,fused=norm:exact/scope:all`. A repeated name becomes NAME#2, NAME#3:
 `--arms torch,torch` is the A/A arm, the run's own noise floor. `--norm/--rope/--act/--scope`
@@ -37,6 +41,7 @@ BITWISE_IMPLS = ("exact", native.NATIVE_IMPL)  # implementations that must repro
 SCOPES = ("graph", "all")
 SETTINGS = (*FAMILIES, "scope")
 REFERENCE = "torch"
+NOT_EXERCISED = "not exercised: scope graph runs torch ops without CUDA graphs; use --scope all"
 
 
 def _check_value(key: str, value: str, where: str) -> str:
@@ -120,7 +125,13 @@ ARMS: dict[str, ArmSpec] = {
 }
 
 
-def _custom(name: str, body: str, item: str) -> ArmSpec:
+def default_scope(graphs: bool) -> str:
+    """The scope of an arm that does not state one: `graph` where the run captures CUDA graphs (the
+    fused kernels run inside them), `all` where it captures none, so the kernels still run."""
+    return "graph" if graphs else "all"
+
+
+def _custom(name: str, body: str, item: str, scope: str) -> ArmSpec:
     fields: dict[str, str] = {}
     for part in body.split("/"):
         key, colon, value = (s.strip() for s in part.partition(":"))
@@ -128,7 +139,7 @@ def _custom(name: str, body: str, item: str) -> ArmSpec:
             raise UsageError(f"--arms {item!r}: expected setting:value pairs joined by '/' "
                              f"(e.g. {name}=norm:exact/scope:all)")
         fields[key] = _check_value(key, value, f"--arms {name}")
-    return ArmSpec.torch().replace(**fields)
+    return ArmSpec.torch(scope).replace(**fields)
 
 
 def _old_grammar(item: str) -> bool:
@@ -138,11 +149,14 @@ def _old_grammar(item: str) -> bool:
 
 
 def parse_arms(text: str, overrides: Mapping[str, str | None] | None = None, *,
-               build_native: bool = True) -> dict[str, ArmSpec]:
+               build_native: bool = True, graphs: bool = True) -> dict[str, ArmSpec]:
     """The arms of `--arms TEXT` in order, {name: ArmSpec}; `overrides` are --norm/--rope/--act/--scope
-    (None: not given). Builds the native kernels when an arm uses them (`build_native`), so an arm that
-    cannot run here fails now with the reason, before any run directory or timed cell."""
+    (None: not given); `graphs`: whether the run captures CUDA graphs, which sets the scope of every
+    arm that does not state one (`default_scope`). Builds the native kernels when an arm uses them
+    (`build_native`), so an arm that cannot run here fails now with the reason, before any run
+    directory or timed cell."""
     given = {k: _check_value(k, v, f"--{k}") for k, v in (overrides or {}).items() if v is not None}
+    scope = default_scope(graphs)
     items = comma_list(text, "--arms", "torch,exact,approx")
     out: dict[str, ArmSpec] = {}
     for item in items:
@@ -155,9 +169,9 @@ def parse_arms(text: str, overrides: Mapping[str, str | None] | None = None, *,
         if not name or "#" in name:
             raise UsageError(f"--arms item {item!r}: bad arm name")
         if eq:
-            spec = _custom(name, body, item)
+            spec = _custom(name, body, item, scope)
         elif name in ARMS:
-            spec = ARMS[name] if name == REFERENCE else ARMS[name].replace(**given)
+            spec = ARMS[name] if name == REFERENCE else ARMS[name].replace(**{"scope": scope, **given})
         else:
             raise UsageError(
                 f"--arms: unknown arm {name!r} (known: {', '.join(ARMS)}; or NAME=norm:exact/...)"
@@ -191,6 +205,33 @@ def eager_reference_arms(specs: Mapping[str, ArmSpec], graphs: bool) -> list[str
     return [n for n, s in specs.items() if s.scope == "graph" and s.fused]
 
 
+def unexercised_arms(settings: Mapping[str, object], graphs: bool) -> list[str]:
+    """The arms of a stored run (name -> its manifest settings, as `ArmSpec.settings()` wrote them;
+    other values, e.g. a server's URL, are not engine arms) whose kernels never ran: `eager_reference_arms`
+    of a run that had (`graphs`) or had no CUDA graphs."""
+    specs = {n: ArmSpec(**{k: str(d[k]) for k in SETTINGS if k in d})
+             for n, d in settings.items() if isinstance(d, Mapping)}
+    return eager_reference_arms(specs, graphs)
+
+
+def scope_notes(specs: Mapping[str, ArmSpec], graphs: bool, why: str = "not on a GPU") -> list[str]:
+    """What a run without CUDA graphs (`why`) says about its fused arms: which run their kernels in
+    every step (scope all, the default there) and which are not exercised (scope graph, stated)."""
+    if graphs:
+        return []
+    notes = []
+    run_all = [n for n, s in specs.items() if s.scope == "all" and s.fused]
+    if run_all:
+        notes.append(f"no CUDA graphs ({why}): scope all, the default without graphs: the arm(s) "
+                     f"{', '.join(run_all)} run their kernels in every step"
+                     + (" (through the Triton interpreter on the CPU)" if why == "not on a GPU" else ""))
+    same = eager_reference_arms(specs, graphs)
+    if same:
+        notes.append(f"no CUDA graphs ({why}): the scope=graph arm(s) {', '.join(same)} run the torch "
+                     f"reference ops: {NOT_EXERCISED}")
+    return notes
+
+
 def eager_kernel_arms(specs: Mapping[str, ArmSpec]) -> set[str]:
     """Arms whose eager (uncaptured) steps run their own fused kernels (scope "all"): the kernel
     specialisations they compile differ from every other arm's, so each needs its own warm-up."""
@@ -205,7 +246,9 @@ ARMS_HELP = ("Comma list of arms: torch, exact, approx, cuda (native CUDA C++) o
 
 def _override_help(key: str) -> str:
     values = "|".join(SCOPES if key == "scope" else IMPLS)
-    return f"Set {key} ({values}) on every named arm except torch."
+    default = " Default: graph where the run has CUDA graphs, all where it has none."
+    default = default if key == "scope" else ""
+    return f"Set {key} ({values}) on every named arm except torch.{default}"
 
 
 ArmsOption = Annotated[str, typer.Option("--arms", help=ARMS_HELP)]
@@ -221,6 +264,6 @@ def override_flags(norm: str | None = None, rope: str | None = None, act: str | 
     return {"norm": norm, "rope": rope, "act": act, "scope": scope}
 
 
-__all__ = ["ARMS", "ArmSpec", "ArmsOption", "ActOption", "NormOption", "RopeOption", "ScopeOption",
-           "eager_kernel_arms", "eager_reference_arms", "is_exact", "override_flags", "parse_arms",
-           "reference_arm"]
+__all__ = ["ARMS", "NOT_EXERCISED", "ArmSpec", "ArmsOption", "ActOption", "NormOption", "RopeOption",
+           "ScopeOption", "default_scope", "eager_kernel_arms", "eager_reference_arms", "is_exact",
+           "override_flags", "parse_arms", "reference_arm", "scope_notes", "unexercised_arms"]

@@ -235,9 +235,15 @@ def row_invariant_identity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def no_verdict_reason(cfg: dict[str, Any]) -> str | None:
     """Why the run's timings cannot carry a speed verdict, or None where they can."""
-    if cfg.get("device") == "cpu":
+    if str(cfg.get("device") or "").startswith("cpu"):
         return "CPU timings (fused arms run torch ops or the Triton interpreter)"
     return None
+
+
+def no_verdict_caption(cfg: dict[str, Any]) -> str | None:
+    """The caption every speed figure of such a run carries, on the console and on its plots."""
+    reason = no_verdict_reason(cfg)
+    return reason and f"no speed verdict: {reason}"
 
 
 def random_weights_line(no_verdict: str | None) -> str:

@@ -169,9 +169,9 @@ def test_ctrl_c_and_deadline_leave_readable_runs(tmp_path, monkeypatch, capsys):
     # typer turns Ctrl-C into a silent exit 130: the command itself must say where the results are
     assert f"interrupted: 1 finished cells kept in {out}" in capsys.readouterr().out
     monkeypatch.setattr(EngineBackend, "run_cell", orig)
-    base[1] = "torch,exact"  # scope graph (the default) on CPU: exact silently runs torch's ops
-    rc, out = _run([*base, "--deadline", "0.001"], tmp_path, "deadline")
-    assert rc == 0
+    base[1] = "torch,exact"  # scope graph on CPU: exact runs torch's ops, said, and no verdict (exit 3)
+    rc, out = _run([*base, "--scope", "graph", "--deadline", "0.001"], tmp_path, "deadline")
+    assert rc == 3
     run = RunDir.open(out)
     assert run.manifest["status"] == "interrupted" and run.manifest["skipped_cells"] == 4
     assert "deadline" in run.manifest["interrupted_by"]

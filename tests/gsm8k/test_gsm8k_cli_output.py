@@ -121,7 +121,8 @@ def test_model_label_never_names_the_default_preset_for_a_checkpoint(model, weig
 
 def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
     """A huginn checkpoint used to be labelled `ouro-1.4b` (the --model default) in table.md; on CPU
-    the scope-graph arms run torch's ops, which the run must say (it compares torch with itself)."""
+    there are no CUDA graphs, so the fused arms default to scope all and run their kernels, which the
+    run must say (scope graph there would compare torch with itself: tests/test_cpu_honesty.py)."""
     from typer.testing import CliRunner
 
     from rltbench.cli import app
@@ -139,10 +140,10 @@ def test_checkpoint_run_names_its_model_and_flags_cpu_arms(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     table = (out / "table.md").read_text()
     assert "model `hug-ckpt (checkpoint)` (family huginn)" in table and "ouro-1.4b" not in table
-    assert "scope=graph arm(s) exact run the torch reference ops" in table
+    assert "scope all, the default without graphs: the arm(s) exact run their kernels" in table
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["model_family"] == "huginn" and manifest["random_weights"] is False
-    assert "torch reference ops" in res.output
+    assert "run their kernels in every step" in res.output
 
 
 def test_ctrl_c_after_the_first_arm_keeps_a_readable_partial_report(tmp_path, monkeypatch) -> None:

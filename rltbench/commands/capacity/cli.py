@@ -78,5 +78,7 @@ def capacity_command(
                             device=dev, dtype=dt, block_size=block_size,
                             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
                             result_dir=result_dir, argv=list(sys.argv)))
-    typer.echo((path / "table.md").read_text())
+    from rltbench.results.console import print_table_md  # rich tables: loaded when a run prints one
+
+    print_table_md(path / "table.md")
     typer.echo(f"results: {path}")

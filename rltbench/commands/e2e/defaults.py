@@ -6,6 +6,10 @@ SESSION = "session"
 RATE = "rate"
 GPU_CONCURRENCY = "1,8,32,128"  # the burst sizes when --concurrency is not given
 CPU_CONCURRENCY = "1,8"  # on CPU, where C=128 of even a tiny model takes many minutes per cell
+# on CPU with an arm's kernels in the Triton interpreter (scope all, the default there), where one
+# decode step of ouro-tiny takes about a second: a burst that still checks batched identity
+INTERPRETER_CONCURRENCY = "1,2"
+INTERPRETER_LENGTHS = (32, 8)  # input, output tokens
 DEFAULT_SWEEP_RATES = 5
 DEFAULT_DURATION_S = 10.0  # seconds of arrivals per rate cell when --num-prompts is not given
 DEFAULT_CELL_LATENCIES = 6.0  # a sweep's cell lasts this many synchronous request latencies

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rltbench.backends.base import CellProgress
+from rltbench.results.console import fitted
 
 MAX_ROWS = 24
 
@@ -104,4 +105,4 @@ class RunDisplay:
                 "running",
                 style="cyan",
             )
-        return Group(t, Text(self.status, style="dim"))
+        return Group(fitted(t, keys=3), Text(self.status, style="dim"))

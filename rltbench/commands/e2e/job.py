@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rltbench import runtime
-from rltbench.arms import ArmSpec, eager_kernel_arms, eager_reference_arms, is_exact, reference_arm
+from rltbench.arms import NOT_EXERCISED, ArmSpec, eager_kernel_arms, is_exact, reference_arm, scope_notes
 from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend, EngineVariant, exit_mode_variants, prefix_cache_variants
 from rltbench.backends.openai import OpenAIBackend
@@ -39,6 +39,8 @@ from rltbench.commands.e2e.defaults import (
     CPU_CONCURRENCY,
     DEFAULT_DURATION_S,
     GPU_CONCURRENCY,
+    INTERPRETER_CONCURRENCY,
+    INTERPRETER_LENGTHS,
     SESSION,
 )
 from rltbench.commands.e2e.display import RunDisplay
@@ -58,6 +60,7 @@ from rltbench.errors import UsageError
 from rltbench.models.configs import OuroConfig, exit_rule
 from rltbench.options import parse_concurrency
 from rltbench.results import RunDir
+from rltbench.results.serving_stats import no_verdict_caption
 
 
 @dataclass
@@ -240,12 +243,32 @@ def make_plan(
     )
 
 
+def interpreter_burst(spec: E2ESpec) -> tuple[list[int] | None, tuple[int | None, int | None], str | None]:
+    """(concurrency, (input_len, output_len), note) of a CPU burst whose arms run their kernels through
+    the Triton interpreter: each value the user left out becomes the small INTERPRETER_* one, and the
+    note says which and why."""
+    chosen = {"concurrency": spec.concurrency is None, "input-len": spec.input_len is None,
+              "output-len": spec.output_len is None}
+    values = {"concurrency": INTERPRETER_CONCURRENCY, "input-len": INTERPRETER_LENGTHS[0],
+              "output-len": INTERPRETER_LENGTHS[1]}
+    concurrency = (parse_concurrency(INTERPRETER_CONCURRENCY) if chosen["concurrency"]
+                   else spec.concurrency)
+    lengths = (INTERPRETER_LENGTHS[0] if chosen["input-len"] else spec.input_len,
+               INTERPRETER_LENGTHS[1] if chosen["output-len"] else spec.output_len)
+    flags = " ".join(f"--{k} {values[k]}" for k, v in chosen.items() if v)
+    note = flags and (f"{flags} on CPU: the arm(s) {', '.join(sorted(eager_kernel_arms(spec.arms)))} run "
+                      "their kernels through the Triton interpreter, tens of times slower than torch's ops "
+                      "(give these flags to run a larger burst)")
+    return concurrency, lengths, note or None
+
+
 def resolve_defaults(spec: E2ESpec) -> E2ESpec:
     """The spec with the defaults that depend on the device and the model filled in, each choice that
     differs from the GPU default noted, so `e2e --model ouro-tiny` works as given: burst lengths that
     fit the model's context (a burst the user sized must fit: UsageError naming the flag), fewer
-    burst sizes on CPU, and the small-model session trace for a model too short for the default one
-    (sessions drop their too-long records, counted). Nothing is built: a bad preset fails here."""
+    burst sizes on CPU (a small burst where arms run the Triton interpreter: `interpreter_burst`),
+    and the small-model session trace for a model too short for the default one (sessions drop
+    their too-long records, counted). Nothing is built: a bad preset fails here."""
     if spec.backend == "engine":
         dev, _dt, config = runtime.check(spec.source, spec.device, spec.dtype)
     else:
@@ -253,6 +276,10 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
     context = int(config.max_position_embeddings)
     notes = list(spec.notes)
     concurrency = spec.concurrency
+    burst_lengths = (spec.input_len, spec.output_len)
+    if dev == "cpu" and spec.workload == BURST and eager_kernel_arms(spec.arms):
+        concurrency, burst_lengths, note = interpreter_burst(spec)
+        notes += [note] if note else []
     if concurrency is None:
         text = CPU_CONCURRENCY if dev == "cpu" else GPU_CONCURRENCY
         concurrency = parse_concurrency(text)
@@ -271,8 +298,7 @@ def resolve_defaults(spec: E2ESpec) -> E2ESpec:
         notes += [note] if note else []
         input_len, output_len = lengths.input_len, lengths.output_len
     elif spec.workload == BURST:
-        input_len, output_len, note = fit_burst_lengths(spec.input_len, spec.output_len, context,
-                                                        spec.source.label)
+        input_len, output_len, note = fit_burst_lengths(*burst_lengths, context, spec.source.label)
         notes += [note] if note else []
     else:  # a session's lengths come from the trace; these only name the unused burst defaults
         input_len, output_len = spec.input_len or BURST_INPUT_LEN, spec.output_len or BURST_OUTPUT_LEN
@@ -338,9 +364,9 @@ def _server_side(spec: E2ESpec) -> tuple[Any, Any, dict[str, Any], SessionTrace 
     return OpenAIBackend(spec.servers, spec.served_model_name), config, facts, session, sess_info
 
 
-def run(spec: E2ESpec) -> tuple[Path, bool]:
-    """Everything after flag parsing: returns the run directory and whether an exact arm mismatched
-    (under schedule replay; the command then exits 1)."""
+def run(spec: E2ESpec) -> tuple[Path, int]:
+    """Everything after flag parsing: returns the run directory and the exit code (report.exit_code:
+    1 an exact arm mismatched under schedule replay, 3 an arm's kernels were not exercised, else 0)."""
     spec = resolve_defaults(spec)
     engine_side = spec.backend == "engine"
     backend, config, facts, session, sess_info = (_engine_side if engine_side else _server_side)(spec)
@@ -362,13 +388,8 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
     notes: list[str] = list(spec.notes)
     if engine_side:
         eng = backend.engine
-        same = eager_reference_arms(spec.arms, bool(eng.use_graphs))
-        if same:
-            notes.append(
-                f"no CUDA graphs ({'not on a GPU' if spec.engine.use_cuda_graph else '--enforce-eager'}): "
-                f"the scope=graph arm(s) {', '.join(same)} run the torch reference ops and measure "
-                "nothing of the fused kernels; use --scope all to run the kernels eagerly"
-            )
+        why = "not on a GPU" if spec.engine.use_cuda_graph else "--enforce-eager"
+        notes += scope_notes(spec.arms, bool(eng.use_graphs), why)
         if isinstance(eng.model.config, OuroConfig):  # which reading of the exit gate ran here
             notes.append(exit_rule(eng.model.config, facts["dtype"]))
         cfg["engine"] = {
@@ -387,6 +408,10 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
         display.note(f"results: {run_dir.path}  ({backend.hosting})")
         for note in notes:
             display.console.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
+        caption = no_verdict_caption(cfg)
+        if caption:  # the cells print timings as they finish: say first what they are worth
+            display.console.print(f"[yellow]note: {caption}; the timings below say nothing of a GPU[/]",
+                                  highlight=False)
         try:
             status = run_plan(plan, backend, run_dir, display)
         except KeyboardInterrupt:
@@ -416,7 +441,7 @@ def run(spec: E2ESpec) -> tuple[Path, bool]:
                 )
     if a is not None:
         _print_summary(display, a, run_dir.path)
-    return run_dir.path, bool(a and a["summary"]["exact_arm_mismatch"])
+    return run_dir.path, a["summary"]["exit_code"] if a else 0
 
 
 def _variant_facts(spec: E2ESpec) -> tuple[dict[str, Any], set[str], set[str]]:
@@ -564,7 +589,8 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
         con.print(
             f"identity ({method}) {r['cell']:>8} {r['arm']:<10} {r['identical']}/{r['compared']} "
             f"identical to {refs.get(r['arm'], replay_ref)}"
-            + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})"),
+            + ("" if not r["skipped"] else f" ({'; '.join(r['skipped'])})")
+            + (f" [yellow]({NOT_EXERCISED})[/]" if r.get("not_exercised") else ""),
             highlight=False,
             soft_wrap=True,
         )
@@ -637,6 +663,9 @@ def _print_summary(display: RunDisplay, a: dict[str, Any], path: Any) -> None:
         con.print(f"[bold]{line}[/]", highlight=False, soft_wrap=True)
     if a["config"].get("random_weights"):
         con.print("[yellow]random weights: text is not meaningful[/]")
+    if s.get("not_exercised"):
+        con.print(f"[yellow]{', '.join(s['not_exercised'])}: {NOT_EXERCISED}; no identity verdict "
+                  "(exit 3)[/]", highlight=False, soft_wrap=True)
     con.print(
         f"{s['cells_total']} cells ({s['cells_invalid']} invalid), status {report.status_text(s)}: "
         f"{path}/table.md",

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from rltbench.arms import NOT_EXERCISED, unexercised_arms
 from rltbench.backends.engine import STOP_SUFFIX
 from rltbench.commands.e2e.rate_report import analyse_rate, make_rate_plots, rate_section
 from rltbench.results import RunDir
@@ -72,12 +73,18 @@ def analyse(run: RunDir) -> dict[str, Any]:
             r["exact_mismatch"] = r["exact_unverified"] = False
     row_inv = row_invariant_identity(run.read_jsonl(ROW_INVARIANT_FILE))
     _demote_cache_off_replays(replays, row_inv, cfg.get("arm_specs") or {})
+    unexercised = not_exercised(cfg)
+    for r in replays:
+        r["not_exercised"] = r["arm"] in unexercised
     no_verdict = no_verdict_reason(cfg)
     comp = (
         paired_deltas(records, cells, ref, seed=int(cfg.get("seed") or 0), no_verdict=no_verdict)
         if ref in arms
         else []
     )
+    for r in comp:  # torch's ops against torch's: whatever the numbers, they say nothing of the kernels
+        if r["arm"] in unexercised:
+            r["verdict"] = NOT_EXERCISED
     modes = _mode_deltas(records, cells, comp, arms, ref, int(cfg.get("seed") or 0), no_verdict)
     pooled = []
     for arm in arms:
@@ -136,6 +143,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "row_invariant_identity": row_inv,
         "cold_cells": cold,
         "no_verdict": no_verdict,
+        "not_exercised": unexercised,
         "interval_method": INTERVAL_METHOD,
         "random_weights": bool(cfg.get("random_weights")),
     }
@@ -143,6 +151,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
     if rate:
         summary.update(slo_capacity=rate["slo_capacity"], slo_headlines=rate["slo_headlines"],
                        sweep=run.manifest.get("sweep"))
+    summary["exit_code"] = exit_code(summary)
     return {
         **rate,
         "sweep": run.manifest.get("sweep"),
@@ -158,6 +167,24 @@ def analyse(run: RunDir) -> dict[str, Any]:
         "arms": arms,
         "ref": ref,
     }
+
+
+def not_exercised(cfg: dict[str, Any]) -> list[str]:
+    """The engine arms whose kernels never ran: scope graph in a run without CUDA graphs (the CPU,
+    --enforce-eager), so they ran torch's ops and their identity compares torch with torch. Runs
+    stored before the manifest said whether graphs ran: none."""
+    graphs = (cfg.get("engine") or {}).get("cuda_graphs")
+    if cfg.get("backend", "engine") != "engine" or graphs is None:
+        return []
+    return unexercised_arms(cfg.get("arm_specs") or {}, bool(graphs))
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """The command's exit code: 1 when an exact arm changed tokens, else 3 when an arm's kernels were
+    not exercised (its identity is no verdict), else 0."""
+    if summary["exact_arm_mismatch"]:
+        return 1
+    return 3 if summary.get("not_exercised") else 0
 
 
 def stop_pairs(arms: list[str]) -> list[tuple[str, str]]:
@@ -247,6 +274,9 @@ def table_markdown(a: dict[str, Any]) -> str:
                      f"{_stop_reference(cfg) or 'the reference'}'s (see 'Exit depths')")
     for note in notes:
         L += [f"**note: {note}**", ""]
+    if summ.get("not_exercised"):
+        L += [f"**{', '.join(summ['not_exercised'])}: {NOT_EXERCISED}. Their identity below compares "
+              "torch's ops with torch's and is no verdict (exit 3)**", ""]
     if summ["exact_arm_mismatch"]:
         L += [
             f"**EXACT ARM MISMATCH ({summ.get('identity_method', 'free-running')}): an exact arm "
@@ -524,6 +554,8 @@ def _replay_section(a: dict[str, Any]) -> list[str]:
                 else ("exact arm" if r["exact_arm"] else "")
             )
         )
+        if r.get("not_exercised"):
+            note = f"**{NOT_EXERCISED}**" + (f"; {note}" if note else "")
         if r["skipped"]:
             note += ("; " if note else "") + "; ".join(r["skipped"])
         replay_rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", r["reps"], fdt,

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 console = Console()
 GSM8K_TEST_SIZE = 1319
 CPU_LIMIT = 8  # questions when --limit is not given and the engine runs on the CPU (the full set: hours)
+GEN_TOKS = 256  # most generated tokens per question when --max-gen-toks is not given
+CPU_INTERPRETER_GEN_TOKS = 16  # ... on CPU where arms run their kernels in the Triton interpreter
 DEFAULT_ARMS = "torch,exact,approx"
 DEFAULT_MODEL = "ouro-1.4b"
 ENGINE_CONTEXT_CAP = 4096  # GSM8K 8-shot prompts are ~1k tokens; caps the decode graphs' block tables
@@ -57,9 +59,11 @@ SERVER_TIMEOUT_S = 600.0  # per request, first token and between tokens: a serve
 
 
 def arm_names(arms: str | None, backend: str, servers: dict[str, str],
-              overrides: dict[str, str | None] | None = None) -> dict[str, ArmSpec | None]:
+              overrides: dict[str, str | None] | None = None,
+              graphs: bool = True) -> dict[str, ArmSpec | None]:
     """The arms to run, the reference `torch` first: {name: ArmSpec} on the engine (`--arms`, the
-    A/A arm `torch#2` allowed once), {name: None} for servers (the `--arm NAME=URL` names)."""
+    A/A arm `torch#2` allowed once; `graphs`: whether the engine captures CUDA graphs, which sets the
+    default scope), {name: None} for servers (the `--arm NAME=URL` names)."""
     from rltbench.commands.gsm8k import report
 
     ref = report.REFERENCE_ARM
@@ -72,7 +76,7 @@ def arm_names(arms: str | None, backend: str, servers: dict[str, str],
     else:
         if servers:
             raise UsageError("--arm NAME=URL is for --backend openai")
-        specs = dict(armspec.parse_arms(arms or DEFAULT_ARMS, overrides))
+        specs = dict(armspec.parse_arms(arms or DEFAULT_ARMS, overrides, graphs=graphs))
         extra = [a for a in specs if "#" in a and a != f"{ref}#2"]
         if extra:
             raise UsageError(f"--arms lists an arm twice: {', '.join(extra)} (only {ref} may repeat, once: "
@@ -179,6 +183,10 @@ def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
     """Why an arm is inconclusive and what would decide it."""
     from rltbench.commands.gsm8k import report
 
+    if c.get("verdict_reason") == armspec.NOT_EXERCISED:
+        same = f"{c['n'] - c['sequences_differ']}/{c['n']}"
+        return (f"{arm}: inconclusive: its kernels never ran ({armspec.NOT_EXERCISED}); its {same} "
+                "sequences equal to the reference's are torch's own")
     if c.get("verdict_reason"):
         return (
             f"{arm}: {verdict_label(c['verdict'], c['verdict_reason'])}: {c['sequences_differ']}/{c['n']} "
@@ -203,6 +211,7 @@ def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
 def _print_summary(summary: dict[str, Any]) -> None:
     """The gate table, narrow enough for an 80-column log: arm names and verdicts are never cut."""
     from rltbench.commands.gsm8k import report
+    from rltbench.results.console import fitted
 
     t = Table(
         title=f"GSM8K gate vs {summary['reference']} ({summary['n']} questions, gate "
@@ -216,7 +225,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     t.add_column("arm", no_wrap=True)
     for col in ("acc %", "drop", "LCB95", "UCB95", "n10/n01", "p", "differ"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("verdict")  # 'inconclusive: random weights' wraps at its space, never cut
+    t.add_column("verdict")  # never cut: a table too wide for the console folds (results.console)
     lines = []
     for arm, a in summary["arms"].items():
         c = next((c for c in summary["comparisons"] if c["arm"] == arm), None)
@@ -235,9 +244,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
                 f"{c['n10']}/{c['n01']}",
                 report._p(c["mcnemar_p"]),
                 f"{c['sequences_differ']}/{c['n']}",
-                f"[{color}]{verdict_label(c['verdict'], c['verdict_reason'])}[/]",
+                # the reason's head ('not exercised'); the line under the table gives all of it
+                f"[{color}]{verdict_label(c['verdict'], (c['verdict_reason'] or '').split(':')[0])}[/]",
             )
-    console.print(t)
+    console.print(fitted(t, keys=1))
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
 
@@ -285,7 +295,9 @@ def gsm8k_command(
     batch_size: Annotated[
         int, options.number("Concurrent sequences (engine max_num_seqs / requests in flight).", ge=1)
     ] = 32,
-    max_gen_toks: Annotated[int, options.number("Most generated tokens per question.", ge=1)] = 256,
+    max_gen_toks: Annotated[int | None, options.number(
+        f"Most generated tokens per question (default {GEN_TOKS}; {CPU_INTERPRETER_GEN_TOKS} on CPU "
+        "where arms run their kernels through the Triton interpreter).", ge=1)] = None,
     gate_mode: Annotated[
         str | None, typer.Option(hidden=True, help="Removed: the gate has one rule (exact bounds).")
     ] = None,
@@ -318,7 +330,10 @@ def gsm8k_command(
         )
     servers = parse_servers(arm or [])
     check_choices(task, backend, gate_filter)
-    specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope))
+    gen_toks_given = max_gen_toks is not None
+    max_gen_toks = max_gen_toks if gen_toks_given else GEN_TOKS
+    specs = arm_names(arms, backend, servers, armspec.override_flags(norm, rope, act, scope),
+                      graphs=backend != "engine" or runtime.resolve_device(device) == "cuda")
     label = model_label(model, weights, backend)
     source = runtime.ModelSource(label if weights == "random" else DEFAULT_MODEL, weights, seed)
     notes: list[str] = []
@@ -328,6 +343,13 @@ def gsm8k_command(
             limit = CPU_LIMIT
             notes.append(f"--limit {CPU_LIMIT} on CPU (all {GSM8K_TEST_SIZE} questions would take hours "
                          f"here; pass --limit {GSM8K_TEST_SIZE} for the full set)")
+            console.print(f"[yellow]note: {notes[-1]}[/]", highlight=False, soft_wrap=True)
+        interpreted = sorted(armspec.eager_kernel_arms({a: s for a, s in specs.items() if s is not None}))
+        if interpreted and runtime.resolve_device(device) == "cpu" and not gen_toks_given:
+            max_gen_toks = CPU_INTERPRETER_GEN_TOKS
+            notes.append(f"--max-gen-toks {max_gen_toks} on CPU: the arm(s) {', '.join(interpreted)} run "
+                         "their kernels through the Triton interpreter, about a second per decode step "
+                         "(give --max-gen-toks to generate more)")
             console.print(f"[yellow]note: {notes[-1]}[/]", highlight=False, soft_wrap=True)
     build_task(task)  # fail fast (lm-eval missing, data missing) before any model work
     config: dict[str, Any] = {
@@ -402,13 +424,11 @@ def _generator(run: Any, config: dict[str, Any], source: runtime.ModelSource, sp
     max_context = min(int(model.config.max_position_embeddings), ENGINE_CONTEXT_CAP)
     config["max_context"] = max_context
     engine = make_engine(model, specs, config["batch_size"], max_context)
-    same = armspec.eager_reference_arms(specs, bool(engine.use_graphs))
-    if same:
-        config["notes"].append(
-            f"no CUDA graphs (not on a GPU): the scope=graph arm(s) {', '.join(same)} run the torch "
-            "reference ops, so this gate compares torch with itself"
-        )
-        console.print(f"[yellow]note: {config['notes'][-1]}[/]", highlight=False, soft_wrap=True)
+    config["cuda_graphs"] = bool(engine.use_graphs)  # with arm_specs: which arms were exercised
+    config["arm_specs"] = {name: spec.settings() for name, spec in specs.items()}
+    for note in armspec.scope_notes(specs, bool(engine.use_graphs)):
+        config["notes"].append(note)
+        console.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
     questions = QuestionCodec(codec, tuple(model.config.eos_token_ids), max_context)
     return InterleavedGenerator(EngineBackend(engine, arms, codec), questions=questions, **common)
 

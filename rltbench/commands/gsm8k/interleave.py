@@ -116,6 +116,13 @@ class InterleavedGenerator:
             row["cold_work"] = dict(self.backend.last_cold_work)
         return gens, row
 
+    def _kernels_in_eager(self) -> bool:
+        """Whether the replay that just ran had the arm's kernels on in its eager steps: on a GPU the
+        replay forces them on; elsewhere the arm's own scope decides (`all`: on)."""
+        engine = self.backend.engine
+        selection = getattr(engine.ops, "selection", None)
+        return engine.device.type == "cuda" or getattr(selection, "scope", None) == "all"
+
     def _replay_chunk(self, c: int, lo: int, runs: dict[str, Any]) -> None:
         """Replay the reference's schedule of chunk `c` on every other arm (untimed) and compare."""
         ref_gens, sched, requests = runs[self.ref]
@@ -142,7 +149,7 @@ class InterleavedGenerator:
                     "compared": len(rid_of),
                     "identical": len(rid_of) - len(divergences),
                     "divergences": divergences,
-                    "kernels_in_eager_steps": self.backend.engine.device.type == "cuda",
+                    "kernels_in_eager_steps": self._kernels_in_eager(),
                 },
             )
 

@@ -1,9 +1,10 @@
 """Gate analysis and rendering from the stored raw files only.
 
-The verdict rule (stats.py says why): an arm whose generated sequences all equal the reference's is
-"identical" (exit 0); otherwise, with random weights, "inconclusive: random weights" (exit 3); else
-pass iff the exact one-sided 95% upper bound of the drop is <= the gate, fail iff the exact 95%
-lower bound is > the gate, inconclusive otherwise. `GATE_CAPTION` states it under every table.md.
+The verdict rule (stats.py says why): an arm whose kernels never ran is "inconclusive: not
+exercised" (exit 3); else an arm whose generated sequences all equal the reference's is "identical"
+(exit 0); otherwise, with random weights, "inconclusive: random weights" (exit 3); else pass iff
+the exact one-sided 95% upper bound of the drop is <= the gate, fail iff the exact 95% lower bound
+is > the gate, inconclusive otherwise. `GATE_CAPTION` states it under every table.md.
 
 Raw files (written by the command): `questions.jsonl` (one row per question: doc id, target and,
 per arm, the answer text, strict/flexible extractions and correctness, generated token count and
@@ -15,9 +16,11 @@ summary.json, table.md and accuracy.png from those files and the manifest's conf
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from rltbench.arms import NOT_EXERCISED, unexercised_arms
 from rltbench.bench.warmth import is_cold
 from rltbench.commands.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
 from rltbench.commands.gsm8k.stats import (
@@ -42,15 +45,16 @@ QUESTIONS_FILE = "questions.jsonl"
 ARMS_FILE = "arms.json"
 GATE_RULE = "exact 95% bounds"
 GATE_CAPTION = (
-    "Verdicts: **identical** when every generated sequence equals the reference's (token ids, or "
-    "text where the backend has no ids); otherwise, with random weights, **inconclusive: random "
-    "weights** whatever the numbers; else **pass** when UCB95 <= gate, **fail** when LCB95 > gate, "
-    "**inconclusive** in between. LCB95 / UCB95 are exact one-sided 95% bounds of the drop "
-    "(Clopper-Pearson bounds on the discordance rate (n10 + n01) / n and on the share n10 / "
-    "(n10 + n01), 2.5% each); they stay valid with no discordant question, where the standard "
-    "error is 0. SE is the normal-approximation standard error, for comparison only: it decides "
-    "nothing. n needed: the questions at which the same bounds would decide the gate if the "
-    "observed rates n10 / n and n01 / n held (unknown: no size decides it, e.g. drop = gate)."
+    "Verdicts: **inconclusive: not exercised** for an arm whose kernels never ran (scope graph without "
+    "CUDA graphs runs torch's ops); else **identical** when every generated sequence equals the "
+    "reference's (token ids, or text where the backend has no ids); otherwise, with random weights, "
+    "**inconclusive: random weights** whatever the numbers; else **pass** when UCB95 <= gate, **fail** "
+    "when LCB95 > gate, **inconclusive** in between. LCB95 / UCB95 are exact one-sided 95% bounds of the "
+    "drop (Clopper-Pearson bounds on the discordance rate (n10 + n01) / n and on the share n10 / (n10 + "
+    "n01), 2.5% each); they stay valid with no discordant question, where the standard error is 0. SE is "
+    "the normal-approximation standard error, for comparison only: it decides nothing. n needed: the "
+    "questions at which the same bounds would decide the gate if the observed rates n10 / n and n01 / n "
+    "held (unknown: no size decides it, e.g. drop = gate)."
 )
 RANDOM_WEIGHTS_BANNER = (
     "RANDOM WEIGHTS: accuracies are meaningless (near zero); this run only checks "
@@ -72,8 +76,10 @@ def analyze(
     gate: float,
     gate_filter: str,
     random_weights: bool,
+    unexercised: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The summary: per-arm accuracy/throughput, per-variant paired stats and verdicts, the overall."""
+    """The summary: per-arm accuracy/throughput, per-variant paired stats and verdicts, the overall.
+    `unexercised`: arms whose kernels never ran (`not_exercised`): inconclusive whatever they output."""
     check_gate(gate)
     key = "strict_correct" if gate_filter == "strict-match" else "flexible_correct"
     n = len(rows)
@@ -104,7 +110,8 @@ def analyze(
         var = [bool(r["arms"][arm].get(key)) for r in rows]
         st = paired_stats(ref, var)
         differ = sum(1 for r in rows if _seq_differs(r["arms"][REFERENCE_ARM], r["arms"][arm]))
-        v, reason = gate_verdict(st, gate, differ, random_weights)
+        v, reason = gate_verdict(st, gate, differ, random_weights,
+                                 NOT_EXERCISED if arm in unexercised else None)
         comparisons.append(
             {
                 "arm": arm,
@@ -387,7 +394,9 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
         float(gate),
         cfg.get("gate_filter", "strict-match"),
         bool(cfg.get("random_weights", False)),
+        not_exercised(cfg),
     )
+    summary["not_exercised"] = [a for a in not_exercised(cfg) if a in arms]
     summary["throughput"] = interleaved_throughput(run.read_jsonl(CHUNKS_FILE), arms, REFERENCE_ARM)
     summary["replay"] = replay_identity(run.read_jsonl(REPLAY_FILE))
     if cfg.get("engine_device", cfg.get("device")) == "cpu":
@@ -406,6 +415,14 @@ def summarize_run(run: RunDir) -> dict[str, Any]:
     if summary["missing_arms"]:  # only an interrupted or failed run lacks arms
         summary["status"] = run.manifest.get("status")
     return summary
+
+
+def not_exercised(cfg: dict[str, Any]) -> list[str]:
+    """The arms of a stored run whose kernels never ran: scope graph on an engine without CUDA graphs
+    (they ran torch's ops). Runs stored before the manifest said whether graphs ran: none."""
+    if cfg.get("backend", "engine") != "engine" or cfg.get("cuda_graphs") is None:
+        return []
+    return unexercised_arms(cfg.get("arm_specs") or {}, bool(cfg["cuda_graphs"]))
 
 
 def render_run(run: RunDir) -> Path:

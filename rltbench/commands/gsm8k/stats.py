@@ -28,6 +28,9 @@ The price of exactness and of the split is width: about 1.5x the normal bound at
 Pure Python (regularized incomplete beta by continued fraction): scipy is not a dependency.
 
 Verdict per variant arm (the gate g >= 0 points):
+- an arm whose kernels never ran (scope graph without CUDA graphs: it ran torch's ops) is
+  "inconclusive: not exercised: ..." (exit 3) whatever its outputs: identical sequences there
+  compare torch with itself.
 - **identical**: every generated sequence equals the reference's (token ids where the backend has
   them, else text). Exit 0, and no statistics are needed: equal outputs score equally.
 - otherwise, with **random weights**: "inconclusive: random weights" (exit 3) whatever the
@@ -252,10 +255,15 @@ def bound_verdict(stats: PairedStats, gate: float) -> str:
 
 
 def gate_verdict(
-    stats: PairedStats, gate: float, sequences_differ: int, random_weights: bool
+    stats: PairedStats, gate: float, sequences_differ: int, random_weights: bool,
+    not_exercised: str | None = None,
 ) -> tuple[str, str | None]:
-    """(verdict, reason) of one variant arm; reason is None unless the numbers were overruled."""
+    """(verdict, reason) of one variant arm; reason is None unless the numbers were overruled.
+    `not_exercised`: why the arm's kernels never ran, if they did not (its outputs are then torch's
+    and decide nothing)."""
     check_gate(gate)
+    if not_exercised:
+        return "inconclusive", not_exercised
     if sequences_differ == 0:
         return "identical", None
     if random_weights:

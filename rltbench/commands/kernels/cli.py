@@ -195,15 +195,13 @@ def kernels_command(
 ) -> None:
     """Check each kernel arm against torch (bitwise for exact) and the fp64 oracle, then time it."""
     import torch
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rltbench.commands.kernels import report
     from rltbench.commands.kernels import sweep as bench
+    from rltbench.results.console import fitted, wide_console
 
-    console = Console()
-    if not console.is_terminal:  # logs and pipes: wide enough for the table, no folding
-        console = Console(width=max(console.width, 160))
+    console = wide_console()  # a log or pipe gets room for the table; a terminal's tables fold to it
     cfg, notes = build_config(tokens, ops, dtypes, widths, arms, repeats, mode, scope, seed, peer,
                               {"norm": norm, "rope": rope, "act": act}, placements)
     on_gpu = torch.cuda.is_available()
@@ -266,10 +264,10 @@ def kernels_command(
     df, verdict_rows = report.load_run(run)
     run.update_manifest(status="complete", result=_result(df, failed, len(plan.cases)))
     report.write_outputs(run, df, summary, verdict_rows)
-    console.print(report.rich_table(df))
+    console.print(fitted(report.rich_table(df), keys=report.KEY_COLUMNS))
     against_exact = report.rich_verdicts(verdict_rows)
     if against_exact is not None:
-        console.print(against_exact)
+        console.print(fitted(against_exact, keys=report.KEY_COLUMNS))
     if not on_gpu:
         console.print("[yellow]timings need a CUDA GPU: timing columns are empty on this machine[/]")
     console.print(f"results: {run.path}")

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
+from rltbench.arms import unexercised_arms
 from rltbench.commands.kernels import verdicts as vd
 from rltbench.commands.kernels.sweep import SIZE_COPY
 from rltbench.results import RunDir
@@ -61,8 +62,11 @@ def load_rows(run: RunDir) -> pd.DataFrame:
 
 
 def load_verdicts(run: RunDir) -> list[dict[str, Any]]:
-    """Every comparison of the run's timed arms (verdicts.py), from samples.jsonl."""
-    return vd.verdicts(run.read_jsonl(SAMPLES), skip=(SIZE_COPY,))   # [] without samples
+    """Every comparison of the run's timed arms (verdicts.py), from samples.jsonl; eager comparisons
+    of scope-graph arms (torch's ops there) are marked not exercised."""
+    rows = vd.verdicts(run.read_jsonl(SAMPLES), skip=(SIZE_COPY,))   # [] without samples
+    selections = (run.manifest.get("config") or {}).get("arm_selections") or {}
+    return vd.mark_unexercised(rows, unexercised_arms(selections, graphs=False))
 
 
 def load_run(run: RunDir) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -306,6 +310,7 @@ def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str
     return "\n".join(lines) + "\n"
 
 
+KEY_COLUMNS = 5   # op, dtype, w, T, arm: what names a row, repeated in every part of a folded table
 SHORT = ["op", "dtype", "w", "T", "arm", "status", "diff", "ulp/t", "ulp/o", "e/b", "!=o", "graph us",
          "eager us", "hot us", "k/call", "GB/s", "%copy", "%size", "x torch", "verdict",
          "PDL us", "PDL %copy"]

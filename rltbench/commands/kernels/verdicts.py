@@ -11,6 +11,9 @@ includes it): two identical computations at two positions of the interleaving. H
 reaches from 1 is this case's noise floor, and a difference whose interval reaches into it is
 "within noise", never "faster" or "slower". Without an A/A arm no comparison gets a direction.
 
+An arm with scope graph runs torch's ops outside a CUDA graph, so its eager comparisons time torch:
+they read NOT_EXERCISED (`mark_unexercised`), never faster or slower.
+
 Pairs compared: every arm against torch (the speedup), and every other kernel arm (cuda, approx, the
 Liger peer, custom arms) against exact, because the open questions are "is the native kernel as fast
 as the Triton one" and "is exact within reach of the peer". The PDL figures are a labelled special
@@ -24,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from rltbench.arms import NOT_EXERCISED
 from rltbench.results.stats import NO_AA, base_arm, is_aa, noise_label, paired_ratio_interval, rep_medians
 
 MODES = ("graph", "hot", "eager")
@@ -102,6 +106,15 @@ def verdicts(samples: Iterable[Mapping[str, Any]], skip: Collection[str] = ()) -
     return out
 
 
+def mark_unexercised(rows: list[dict[str, Any]], arms: Collection[str]) -> list[dict[str, Any]]:
+    """`rows` with every eager comparison that involves one of `arms` (scope graph: eagerly they run
+    torch's ops) labelled NOT_EXERCISED instead of faster / slower / within noise: it timed torch."""
+    for r in rows:
+        if r["mode"] == "eager" and (r["arm"] in arms or r["ref"] in arms):
+            r["verdict"] = NOT_EXERCISED
+    return rows
+
+
 def vs_torch(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], str]:
     """(op, dtype, width, tokens, mode, arm) -> the verdict of the arm against torch (A/A copies of
     torch included), for the main table's column."""
@@ -109,5 +122,5 @@ def vs_torch(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], str]:
             for r in rows if r["ref"] == REFERENCE}
 
 
-__all__ = ["AA", "MODES", "NO_AA", "aa_intervals", "base_arm", "case_verdicts", "compared_pairs",
-           "round_medians", "verdicts", "vs_torch"]
+__all__ = ["AA", "MODES", "NOT_EXERCISED", "NO_AA", "aa_intervals", "base_arm", "case_verdicts",
+           "compared_pairs", "mark_unexercised", "round_medians", "verdicts", "vs_torch"]

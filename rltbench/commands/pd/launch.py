@@ -250,6 +250,9 @@ def run(opts: dict[str, Any]) -> int:
     )
     for note in facts["notes"]:
         con.print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
+    caption = report.no_verdict_caption(config)
+    if caption:  # the ranks print timings cell by cell: say first what they are worth
+        con.print(f"[yellow]note: {caption}; the timings below say nothing of a GPU[/]", highlight=False)
     ranks = [_Rank(r, spec, env) for r in (0, 1)]
     interrupted = False
     try:

@@ -17,12 +17,14 @@ import numpy as np
 import pandas as pd
 
 from rltbench.results import RunDir
+from rltbench.results.plotting import caveat, figure, log_axis
 from rltbench.results.serving import METRIC_DEFINITIONS, compute_cells, fmt_ms, percentiles, request_metrics
 from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
     REPLAY_FILE,
     delta_table,
     identity,
+    no_verdict_caption,
     no_verdict_reason,
     paired_deltas,
     random_weights_line,
@@ -354,8 +356,44 @@ def table_markdown(a: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+MODE_STYLE = {REF: ("#4C72B0", "o-"), f"{REF}#2": ("#4C72B0", "o--"), PD: ("#DD8452", "s-")}
+
+
+def latency_figure(a: dict[str, Any]) -> Any:
+    """pd.png: TTFT p50 and TPOT p50 against C, pd beside the colocated engine (and its A/A run), with
+    pd's transfer p50 under its TTFT; None when no cell finished. CPU runs say on the figure that
+    their times carry no speed verdict."""
+    lat = [r for r in a["latency"] if isinstance(r.get("C"), int) and r["C"] > 0]
+    if not lat:
+        return None
+    cs = sorted({r["C"] for r in lat})
+    fig, (ax1, ax2) = figure(10.0, 4.0, 1, 2)
+    for ax, metric, title in ((ax1, "ttft", "TTFT p50"), (ax2, "tpot", "TPOT p50")):
+        for mode in a["modes"]:
+            pts = sorted((r["C"], r[f"{metric}_p50"]) for r in lat
+                         if r["mode"] == mode and r.get(f"{metric}_p50") is not None)
+            if pts:
+                color, style = MODE_STYLE.get(mode, ("#8172B2", "o-"))
+                ax.plot([c for c, _ in pts], [1e3 * v for _, v in pts], style, color=color, label=mode)
+        if metric == "ttft":
+            pts = sorted((r["C"], r["transfer_p50"]) for r in a["transfer"]
+                         if r.get("transfer_p50") is not None)
+            if pts:
+                ax.plot([c for c, _ in pts], [1e3 * v for _, v in pts], "s:", color=MODE_STYLE[PD][0],
+                        label="pd transfer")
+        log_axis(ax, cs, "concurrency C")
+        ax.set_ylabel(f"{title} (ms)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{a['config'].get('model', '')}: prefill / decode split against the colocated engine",
+                 fontsize=10)
+    caveat(fig, [no_verdict_caption(a["config"])])
+    return fig
+
+
 def render(run_dir: str | Path) -> dict[str, Any]:
-    """Recompute everything from the raw files; write the tables, summary.json and table.md."""
+    """Recompute everything from the raw files; write the tables, summary.json, table.md and pd.png."""
     run = RunDir.open(run_dir)
     a = analyse(run)
     for name in ("cells", "transfer", "latency", "comparison", "identity"):
@@ -363,17 +401,22 @@ def render(run_dir: str | Path) -> dict[str, Any]:
             run.write_table(name, pd.DataFrame(a[name]))
     run.write_json("summary.json", a["summary"])
     run.write_markdown("table.md", table_markdown(a))
+    fig = latency_figure(a)
+    if fig is not None:
+        run.save_plot("pd.png", fig)
     return a
 
 
 def print_summary(con: Any, a: dict[str, Any], path: Path) -> None:
     """The few lines a user reads at the end of a run."""
+    s = a["summary"]
+    caption = f" ({no_verdict_caption(a['config'])})" if s["no_verdict"] else ""
     for r in a["transfer"]:
         share = "-" if r["transfer_share_of_ttft_p50"] is None else f"{r['transfer_share_of_ttft_p50']:.1%}"
         con.print(
             f"{r['cell']:>6}: {_bytes(r['bytes_per_request'])} per request "
             f"({_bytes(r['bytes_per_prompt_token'])} per prompt token), transfer p50 "
-            f"{_ms(r['transfer_p50'])} ms = {share} of TTFT",
+            f"{_ms(r['transfer_p50'])} ms = {share} of TTFT{caption}",
             highlight=False,
         )
     for r in a["replay_identity"]:
@@ -383,7 +426,6 @@ def print_summary(con: Any, a: dict[str, Any], path: Path) -> None:
             highlight=False,
             soft_wrap=True,
         )
-    s = a["summary"]
     if s["exact_arm_mismatch"]:
         con.print("[bold red]TOKEN MISMATCH between pd and the colocated replay: see table.md[/]")
     if s["random_weights"]:

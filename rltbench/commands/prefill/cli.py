@@ -82,5 +82,7 @@ def prefill_command(
                            enforce_eager=enforce_eager, prefill_graphs=prefill_graphs, seed=seed,
                            device=dev, dtype=dt,
                            result_dir=result_dir, argv=list(sys.argv)))
-    typer.echo((path / "table.md").read_text())
+    from rltbench.results.console import print_table_md  # rich tables: loaded when a run prints one
+
+    print_table_md(path / "table.md")
     typer.echo(f"results: {path}")

@@ -13,8 +13,9 @@ import pandas as pd
 
 from rltbench.engine.schedule import first_divergence
 from rltbench.results import RunDir
-from rltbench.results.plotting import figure
+from rltbench.results.plotting import caveat, figure
 from rltbench.results.serving import compute_cells, fmt_ms
+from rltbench.results.serving_stats import no_verdict_caption
 from rltbench.results.stats import format_interval, noise_label, paired_ratio_interval
 from rltbench.results.tables import table
 
@@ -154,10 +155,18 @@ def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str
 
 
 def make_plot(run: RunDir, cells: list[dict[str, Any]]) -> None:
-    """TTFT p50 (median over repetitions) per cell and policy."""
+    """prefill.png: `ttft_figure`, when some cell finished."""
+    fig = ttft_figure(cells, run.manifest.get("config", {}))
+    if fig is not None:
+        run.save_plot("prefill.png", fig)
+
+
+def ttft_figure(cells: list[dict[str, Any]], cfg: dict[str, Any]) -> Any:
+    """TTFT p50 (median over repetitions) per cell and policy; a CPU run's figure says its times carry
+    no speed verdict. None without cells."""
     names = list(dict.fromkeys(c["cell"] for c in cells))
     if not names:
-        return
+        return None
     fig, ax = figure(8.0, 4.0)
     width = 0.27
     for k, (arm, color) in enumerate(((PACKED, "#55A868"), (ONE, "#C44E52"), (PACKED_AA, "#8FD19E"))):
@@ -170,7 +179,8 @@ def make_plot(run: RunDir, cells: list[dict[str, Any]]) -> None:
     ax.set_ylabel("TTFT p50 (ms)")
     ax.legend(fontsize=8)
     ax.set_title("Long-prompt burst: TTFT by prefill policy", fontsize=9)
-    run.save_plot("prefill.png", fig)
+    caveat(fig, [no_verdict_caption(cfg)])
+    return fig
 
 
 def render(run_dir: str | Path) -> dict[str, Any]:

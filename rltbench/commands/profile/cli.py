@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 def _console() -> Console:
     """Rich console; in logs and pipes wide enough that the summary table is not folded."""
-    con = Console()
-    return con if con.is_terminal else Console(width=max(con.width, 160))
+    from rltbench.results.console import wide_console
+
+    return wide_console()
 
 
 def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
@@ -153,7 +154,9 @@ def profile_command(
     save(out)
     render(run.path)
     run.update_manifest(status="complete")
-    console.print(table_markdown(run.read_json(SUMMARY)).split("## ")[0])
+    from rltbench.results.console import print_markdown
+
+    print_markdown(console, table_markdown(run.read_json(SUMMARY)).split("## ")[0])
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")
 
 

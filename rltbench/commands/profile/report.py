@@ -21,6 +21,7 @@ from rltbench.results.tables import table
 SUMMARY = "summary.json"
 CPU_NO_VERDICT = "host timings of eager CPU steps say nothing about GPU kernels"
 GAP = "launch gaps/idle"
+OUTSIDE = "outside aten ops"   # CPU: Python, the Triton interpreter, the engine's own host work
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
@@ -153,6 +154,10 @@ def table_markdown(s: dict[str, Any]) -> str:
         return f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us"
 
     lines += ["## Breakdown per class (count / time per step)", ""]
+    if mode == "cpu":
+        lines += ["Times are aten op times of the profiled steps, which the profiler slows; breakdown.png "
+                  f"splits each arm's host ms/step (the table above) in their shares, the rest '{OUTSIDE}' "
+                  "(Python, the Triton interpreter).", ""]
     lines += table(["class", *arms], [[cls, *(per_class(a, cls) for a in arms.values())] for cls in CLASSES])
     lines += [
         "",
@@ -190,27 +195,47 @@ def _floor_shares(arms: dict[str, Any]) -> list[str]:
             *table(["arm", "GEMM class", "attention class"], rows), ""]
 
 
+def step_segments(a: dict[str, Any], mode: str) -> dict[str, float]:
+    """One arm's bar in breakdown.png: ms per step per class, stacking up to the table's step time.
+
+    GPU: each class's profiler kernel time, plus the launch gaps (step - busy). CPU: the table's host
+    ms/step (median of the unprofiled steps) split in the shares the profiled steps give: each class's
+    aten op time over the profiled step's wall time, the rest outside aten ops (Python, the Triton
+    interpreter). The profiler slows every op, so its own times are not the table's quantity; its
+    shares are. Runs stored before the profiled steps were timed split by the op times alone."""
+    times = {cls: next((r["time_us"] for r in a.get("classes", []) if r["class"] == cls), 0.0) / 1e3
+             for cls in CLASSES}
+    step = _step_ms(a, mode)[0]
+    if mode == "gpu":
+        gap = max(0.0, step - a.get("busy_us", 0.0) / 1e3) if math.isfinite(step) else 0.0
+        return {**times, GAP: gap}
+    ops = sum(times.values())
+    profiled = summarize(a.get("profiled_wall_us") or []).median / 1e3 if a.get("profiled_wall_us") else ops
+    whole = max(profiled, ops)
+    if not (math.isfinite(step) and whole > 0):
+        return {**times, OUTSIDE: 0.0}
+    return {**{c: step * t / whole for c, t in times.items()}, OUTSIDE: step * (whole - ops) / whole}
+
+
 def breakdown_figure(s: dict[str, Any]) -> Any:
-    """Stacked bars: time per class per arm (per step), plus launch gaps on GPU, with floor lines."""
+    """Stacked bars: time per class per arm (per step), plus launch gaps on GPU (the rest outside aten
+    ops on CPU), each bar as tall as the table's step time (`step_segments`), with floor lines."""
     arms: dict[str, Any] = s.get("arms", {})
     mode = s.get("mode", "gpu")
     fig, ax = figure(7.5, 4.5)
     names = list(arms)
     bottoms = [0.0] * len(names)
     cmap = colormap("tab10")
-    series = list(CLASSES) + ([GAP] if mode == "gpu" else [])
+    segments = [step_segments(a, mode) for a in arms.values()]
+    series = list(CLASSES) + [GAP if mode == "gpu" else OUTSIDE]
     for i, cls in enumerate(series):
-        vals = []
-        for _j, a in enumerate(arms.values()):
-            if cls == GAP:
-                step = _step_ms(a, mode)[0] * 1e3
-                v = max(0.0, step - a.get("busy_us", 0.0)) if math.isfinite(step) else 0.0
-            else:
-                v = next((r["time_us"] for r in a.get("classes", []) if r["class"] == cls), 0.0)
-            vals.append(v / 1e3)
+        vals = [seg.get(cls, 0.0) for seg in segments]
         if any(vals):
-            ax.bar(names, vals, bottom=bottoms, label=cls, color="#cccccc" if cls == GAP else cmap(i % 10))
+            grey = cls in (GAP, OUTSIDE)
+            ax.bar(names, vals, bottom=bottoms, label=cls, color="#cccccc" if grey else cmap(i % 10))
             bottoms = [b + v for b, v in zip(bottoms, vals, strict=False)]
+    for x, total in enumerate(bottoms):  # the bar's height is the table's figure: print it
+        ax.annotate(f"{total:.2f}", (x, total), ha="center", va="bottom", fontsize=8)
     if mode == "gpu":
         wf = s.get("weight_floor_ms")
         if wf is not None and math.isfinite(wf):
@@ -218,7 +243,8 @@ def breakdown_figure(s: dict[str, Any]) -> Any:
         gf = [a.get("gemm_floor_us") for a in arms.values() if a.get("gemm_floor_us") is not None]
         if gf:
             ax.axhline(min(gf) / 1e3, color="k", ls=":", lw=1, label="GEMM floor")
-    ax.set_ylabel("ms per step" + (" (CPU op self time)" if mode == "cpu" else " (GPU)"))
+    ax.set_ylabel("host ms per step (table: host ms/step)" if mode == "cpu"
+                  else "GPU ms per step (table: GPU ms/step)")
     ax.set_title(
         f"{s.get('model', '')} batch {s.get('batch')} context {s.get('context')}"
         + (" - CPU mode" if mode == "cpu" else "")
