@@ -100,7 +100,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
+def default_run_path(command: str, root: Path | None = None) -> Path:
+    """A new `<root>/<command>-<UTC time>` (DEFAULT_ROOT, read at the call, where root is None: the
+    test suite points it away from the checkout)."""
+    root = DEFAULT_ROOT if root is None else root
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = root / f"{command}-{stamp}"
     n = 1
