@@ -9,7 +9,7 @@ import typer
 
 from rltbench import arms as armspec
 from rltbench import runtime
-from rltbench.commands.capacity.plan import capacity_rows, check_admits
+from rltbench.commands.capacity.plan import capacity_rows, check_admits, request_lengths
 from rltbench.commands.capacity.run import CapacitySpec, run
 from rltbench.engine.kv_capacity import GIB
 from rltbench.engine.types import EngineConfig
@@ -29,8 +29,8 @@ def capacity_command(
         "ouro-1.4b,huginn-0125"),
     kv_layouts: Annotated[str, typer.Option(help="Huginn KV layouts, comma list (full, compress).")] = (
         "full,compress"),
-    input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 512,
-    output_len: Annotated[int, typer.Option(help="Generated tokens per request.")] = 128,
+    input_len: runtime.BurstInputLenOption = None,
+    output_len: runtime.BurstOutputLenOption = None,
     memory_gib: Annotated[float | None, typer.Option(
         help="KV budget in GiB (default: on a GPU the free memory after each model's weights minus the "
              "engine's headroom; on the CPU a fixed 16 GiB).")] = None,
@@ -49,7 +49,7 @@ def capacity_command(
 ) -> None:
     """KV capacity per model and layout (bytes per token, requests and tokens a budget admits), and a
     measured burst at the largest C each layout admits."""
-    if input_len < 1 or output_len < 1:
+    if (input_len is not None and input_len < 1) or (output_len is not None and output_len < 1):
         raise UsageError("--input-len and --output-len must be >= 1")
     if repeats < 1:
         raise UsageError("--repeats must be >= 1")
@@ -67,11 +67,7 @@ def capacity_command(
     dev = runtime.resolve_device(device)
     dt = runtime.resolve_dtype(dtype, dev)
     names = _names(models, "--models")
-    for name in names:
-        config = runtime.ModelSource(name).config()
-        if input_len + output_len > int(config.max_position_embeddings):
-            raise UsageError(f"--input-len + --output-len = {input_len + output_len} exceeds {name}'s "
-                             f"context {config.max_position_embeddings}")
+    input_len, output_len, note = request_lengths(names, input_len, output_len)
     rows = capacity_rows(names, layouts, seed, dt, dev, memory_gib, block_size, input_len, output_len)
     check_admits(rows)
     do_burst = dev.startswith("cuda") if burst is None else burst
@@ -83,6 +79,6 @@ def capacity_command(
     path = run(CapacitySpec(rows=rows, arm=arm, arm_spec=spec, burst=do_burst, repeats=repeats, seed=seed,
                             device=dev, dtype=dt, block_size=block_size,
                             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-                            result_dir=result_dir, argv=list(sys.argv)))
+                            result_dir=result_dir, argv=list(sys.argv), notes=[note] if note else []))
     typer.echo((path / "table.md").read_text())
     typer.echo(f"results: {path}")
