@@ -144,24 +144,14 @@ def profile_command(
     try:
         out = run_profile(spec, log=lambda m: console.print(f"  {m}"), model=loaded, on_arm=save)
     except BaseException as exc:
-        run.mark_ended(exc)
-        if isinstance(exc, KeyboardInterrupt):
-            _keep_finished_arms(run, console)
+        run.mark_ended(exc)  # removes the run when no arm finished
+        if isinstance(exc, KeyboardInterrupt) and run.kept():
+            render(run.path)  # the finished arms' table and plot; the CLI says where in one line
+            arms_done = ", ".join(run.read_json(SUMMARY).get("arms", {}))
+            run.finished = f"finished arm(s) {arms_done}, table.md rendered"
         raise
     save(out)
     render(run.path)
     run.update_manifest(status="complete")
     console.print(table_markdown(run.read_json(SUMMARY)).split("## ")[0])
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")
-
-
-def _keep_finished_arms(run: RunDir, console: Console) -> None:
-    """After Ctrl-C: table.md and the plot of the arms that finished, and a line saying where."""
-    if not run.file(SUMMARY).is_file():
-        console.print(f"[yellow]interrupted before any arm finished: {run.path} holds the manifest only[/]",
-                      highlight=False, soft_wrap=True)
-        return
-    render(run.path)
-    done = ", ".join(run.read_json(SUMMARY).get("arms", {}))
-    console.print(f"[yellow]interrupted: finished arm(s) {done} kept in {run.path} (table.md rendered)[/]",
-                  highlight=False, soft_wrap=True)
