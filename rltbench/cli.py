@@ -203,7 +203,8 @@ def report_command(
         raise UsageError(f"{run_dir}: a {run.command} run has nothing to re-render (its files are final)")
     if run.command not in RENDERERS:
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")
-    if run.stored_nothing():  # ended (or was killed) before its first result
+    if run.stored_nothing() and [p.name for p in run.path.iterdir()] == ["manifest.json"]:
+        # it ended (or was killed) before its first result
         err_console.print(f"nothing finished: {run.path} ({run.manifest.get('status')}) holds no result, "
                           "only its manifest", highlight=False, soft_wrap=True)
         return
