@@ -124,11 +124,6 @@ def forget_created_runs() -> None:
     _CREATED.clear()
 
 
-def runs_created() -> list[Path]:
-    """The run directories this process created (and did not remove)."""
-    return [r.path for r in _CREATED if (r.path / "manifest.json").exists()]
-
-
 def kept_runs_described() -> list[str]:
     """Each run this process created and kept, as the one line after Ctrl-C names it: its path, and
     what finished where the command said (`RunDir.finished`)."""
