@@ -90,12 +90,14 @@ def _forget_earlier_runs() -> None:
 
 
 def _say_interrupted(exc: BaseException) -> None:
-    """After Ctrl-C: end the runs left `running`, and one line saying where the finished results are."""
+    """After Ctrl-C: end the runs left `running` (one that stored nothing is removed), and one line
+    saying where the finished results are: the only line an interrupt prints (commands say what
+    finished through `RunDir.finished`, not a line of their own)."""
     _end_unfinished_runs(exc)
     rundir = sys.modules.get("rltbench.results.rundir")
-    paths = rundir.runs_created() if rundir is not None else []
-    line = ("interrupted before any result was written" if not paths
-            else f"interrupted: finished results were kept in {', '.join(str(p) for p in paths)}")
+    kept = rundir.kept_runs_described() if rundir is not None else []
+    line = ("interrupted before any result was written" if not kept
+            else f"interrupted: finished results were kept in {', '.join(kept)}")
     err_console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True)
 
 
@@ -277,6 +279,11 @@ def report_command(
         raise UsageError(f"{run_dir}: a {run.command} run has nothing to re-render (its files are final)")
     if run.command not in RENDERERS:
         raise UsageError(f"{run_dir}: unknown command {run.command!r} in manifest.json")
+    if run.stored_nothing() and [p.name for p in run.path.iterdir()] == ["manifest.json"]:
+        # it ended (or was killed) before its first result
+        err_console.print(f"nothing finished: {run.path} ({run.manifest.get('status')}) holds no result, "
+                          "only its manifest", highlight=False, soft_wrap=True)
+        return
     render = _load(*RENDERERS[run.command])
     render(run.path)
     err_console.print(f"re-rendered {run.path} from its raw files", highlight=False)

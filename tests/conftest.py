@@ -79,3 +79,14 @@ def _release_gpu_cache(request: pytest.FixtureRequest):
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runs_without_result_dir_stay_out_of_the_checkout(tmp_path_factory: pytest.TempPathFactory):
+    """A command run without --result-dir writes results/<command>-<UTC time>/ under the working
+    directory, the checkout: the suite must leave nothing there for a later run (or a user) to find."""
+    from rltbench.results import rundir
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rundir, "DEFAULT_ROOT", tmp_path_factory.mktemp("default-results"))
+        yield

@@ -35,7 +35,7 @@ def test_unexpected_errors_are_not_masked(tmp_path, monkeypatch) -> None:
     import rltbench.cli as cli
     from rltbench.results import RunDir
 
-    RunDir.create("kernels", tmp_path / "run")
+    RunDir.create("kernels", tmp_path / "run").write_text("rows.jsonl", "")  # a run with a result file
     monkeypatch.setitem(cli.RENDERERS, "kernels", ("tests.test_cli", "_boom"))
     with pytest.raises(RuntimeError, match="the real error"):
         main(["report", str(tmp_path / "run")])
@@ -53,7 +53,7 @@ def test_ctrl_c_says_results_were_kept_and_exits_130(tmp_path, monkeypatch, caps
     import rltbench.cli as cli
     from rltbench.results import RunDir
 
-    RunDir.create("kernels", tmp_path / "run")
+    RunDir.create("kernels", tmp_path / "run").write_text("rows.jsonl", "")
     monkeypatch.setitem(cli.RENDERERS, "kernels", ("tests.test_cli", "_interrupt"))
     assert main(["report", str(tmp_path / "run")]) == 130
     assert "interrupted" in capsys.readouterr().err

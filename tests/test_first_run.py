@@ -54,8 +54,9 @@ def test_ctrl_c_while_a_command_loads_is_one_line(monkeypatch, capsys) -> None:
 
 
 def _interrupted_after_a_run_started(result_dir: str = "") -> None:
-    """A stand-in command: it made its run directory, then the user pressed Ctrl-C."""
-    RunDir.create("kernels", result_dir)
+    """A stand-in command: it made its run directory and stored a result, then the user pressed
+    Ctrl-C."""
+    RunDir.create("kernels", result_dir).write_text("rows.jsonl", "{}\n")
     raise KeyboardInterrupt
 
 
@@ -66,8 +67,9 @@ def _bad_input_found_late(result_dir: str = "") -> None:
 
 
 def _terminated_after_a_run_started(result_dir: str = "") -> None:
-    """A stand-in command: it made its run directory, then a scheduler sent SIGTERM."""
-    RunDir.create("kernels", result_dir)
+    """A stand-in command: it made its run directory and stored a result, then a scheduler sent
+    SIGTERM."""
+    RunDir.create("kernels", result_dir).write_text("rows.jsonl", "{}\n")
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)  # the handler raises before this ends
 
@@ -304,7 +306,10 @@ def test_gsm8k_on_cpu_defaults_to_a_few_questions(tmp_path: Path, monkeypatch, c
     import rltbench.commands.gsm8k.evaluate as ev
     from rltbench.textcodec import train_fallback_tokenizer
 
-    def stop(*args, **kwargs):  # the questions are chosen by now; evaluating them is not this test
+    limits: list[int | None] = []
+
+    def stop(arm, lm, task, limit, *args, **kwargs):  # the questions are chosen by now; evaluating
+        limits.append(limit)                            # them is not this test
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ev, "run_arm", stop)
@@ -315,7 +320,7 @@ def test_gsm8k_on_cpu_defaults_to_a_few_questions(tmp_path: Path, monkeypatch, c
             "--result-dir", str(out)]
     assert main(argv) == 130
     assert "--limit 8 on CPU" in " ".join(capsys.readouterr().out.split())
-    assert json.loads((out / "manifest.json").read_text())["config"]["limit"] == 8
+    assert limits == [8] and not out.exists()  # interrupted before its first result: nothing kept
 
 
 def test_random_weights_line_calls_cpu_timings_meaningless() -> None:

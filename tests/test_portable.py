@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from rltbench.results.portable import machine_prefixes, make_portable, portable_text
+from tests.git_tracked import tracked_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIXES = {"/srv/ckout": "", "/srv/ckout/.venv": "<env>", "/srv/home": "~", "/srv/tmpdir/": "<tmp>"}
@@ -77,7 +78,8 @@ def _machine_paths(path: Path) -> list[str]:
 
 
 def test_committed_results_name_no_machine_paths() -> None:
-    files = sorted(p for p in (ROOT / "results").rglob("*") if p.is_file())
+    """Only what git tracks: a run the user made here (results/kernels-<time>/) names their paths."""
+    files = tracked_files("results")
     assert files, "no committed results found"
     found = [hit for p in files for hit in _machine_paths(p)]
     why = "machine paths in results (scripts/gpu_suite.py makes new ones portable):"

@@ -120,6 +120,13 @@ def test_default_paths_are_unique(tmp_path: Path) -> None:
     assert a != b and b.name.startswith("kernels-")
 
 
+def test_the_suite_writes_no_run_into_the_checkout() -> None:
+    """A command a test runs without --result-dir writes under a temporary directory (conftest.py),
+    not results/ of the checkout, where a later run or test would find it."""
+    checkout = Path(__file__).resolve().parent.parent
+    assert checkout not in default_run_path("kernels").resolve().parents
+
+
 def test_result_dir_holding_a_run_is_refused(tmp_path: Path) -> None:
     """A second run in the same --result-dir used to append to the first run's rows under a new manifest."""
     run = RunDir.create("kernels", tmp_path / "r")

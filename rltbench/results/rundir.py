@@ -100,7 +100,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def default_run_path(command: str, root: Path = DEFAULT_ROOT) -> Path:
+def default_run_path(command: str, root: Path | None = None) -> Path:
+    """A new `<root>/<command>-<UTC time>` (DEFAULT_ROOT, read at the call, where root is None: the
+    test suite points it away from the checkout)."""
+    root = DEFAULT_ROOT if root is None else root
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = root / f"{command}-{stamp}"
     n = 1
@@ -121,9 +124,10 @@ def forget_created_runs() -> None:
     _CREATED.clear()
 
 
-def runs_created() -> list[Path]:
-    """The run directories this process created (and did not remove)."""
-    return [r.path for r in _CREATED if (r.path / "manifest.json").exists()]
+def kept_runs_described() -> list[str]:
+    """Each run this process created and kept, as the one line after Ctrl-C names it: its path, and
+    what finished where the command said (`RunDir.finished`)."""
+    return [f"{r.path} ({r.finished})" if r.finished else str(r.path) for r in _CREATED if r.kept()]
 
 
 def end_unfinished_runs(exc: BaseException) -> None:
@@ -176,6 +180,7 @@ class RunDir:
         self.manifest = manifest
         self.read_only_manifest = read_only_manifest
         self.made_dir = False  # create() made the directory itself (so discard() may remove it)
+        self.finished = ""  # what finished, in a few words ("2 of 4 cases"): the line after Ctrl-C says it
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -248,12 +253,17 @@ class RunDir:
         self.manifest.update(fields)
         self._write_manifest()
 
+    def stored_nothing(self) -> bool:
+        """No file but the manifest yet: the run has no result to keep."""
+        return not self.manifest.get("files")
+
     def mark_ended(self, exc: BaseException) -> None:
         """The run ended early: `interrupted` for Ctrl-C, else `failed`, with the error's first line
         stored (what is already on disk stays and `rltbench report` can render it). Bad input found
-        only after the directory was made (a corrupt weights file) leaves no directory behind when
-        nothing but the manifest was stored: there is nothing to keep, and it is not a run."""
-        if isinstance(exc, UsageError) and not self.manifest.get("files"):
+        only after the directory was made (a corrupt weights file), or a Ctrl-C before the first
+        result, leaves no directory behind when nothing but the manifest was stored: there is
+        nothing to keep, and it is not a run."""
+        if isinstance(exc, (UsageError, KeyboardInterrupt)) and self.stored_nothing():
             self.discard()
             return
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -272,10 +282,18 @@ class RunDir:
             self.mark_ended(exc)
             raise
         finally:
-            render(self.path)
+            if self.kept():  # not removed by mark_ended (nothing stored): something to render
+                render(self.path)
+
+    def kept(self) -> bool:
+        """The run directory still holds its manifest (discard() was not called)."""
+        return (self.path / "manifest.json").is_file()
 
     def discard(self) -> None:
-        """Remove the manifest and the directory if create() made it and nothing else is in it."""
+        """Remove the files the run listed, its manifest, and the directory if create() made it and
+        nothing else is in it: a run that ended before its first result leaves nothing behind."""
+        for name in self.manifest.get("files") or []:
+            (self.path / name).unlink(missing_ok=True)
         (self.path / "manifest.json").unlink(missing_ok=True)
         if self.made_dir:
             try:

@@ -88,7 +88,9 @@ def test_interrupted_manifest_counts_finished_cases(invoke, tmp_path, monkeypatc
     monkeypatch.setattr(bench, "case_rows", interrupting)
     out = tmp_path / "int"
     res = invoke("--ops", "silu_mul", "--tokens", "1,2,3,4", "--widths", "8", "--result-dir", str(out))
-    assert res.exit_code == 130 and "2 of 4 cases" in res.output
+    said = [ln for ln in res.output.splitlines() if "interrupted" in ln]
+    assert res.exit_code == 130 and said == [
+        f"interrupted: finished results were kept in {out} (2 of 4 cases finished, table.md rendered)"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert manifest["result"] == {"rows": 8, "failing_rows": 0, "cases_done": 2, "cases_planned": 4}

@@ -22,8 +22,8 @@ def capacity_command(
         "ouro-1.4b,huginn-0125"),
     kv_layouts: Annotated[str, typer.Option(help="Huginn KV layouts, comma list (full, compress).")] = (
         "full,compress"),
-    input_len: Annotated[int, options.number("Prompt tokens per request.", ge=1)] = 512,
-    output_len: Annotated[int, options.number("Generated tokens per request.", ge=1)] = 128,
+    input_len: options.BurstInputLenOption = None,
+    output_len: options.BurstOutputLenOption = None,
     memory_gib: Annotated[float | None, options.number(
         "KV budget in GiB (default: on a GPU the free memory after each model's weights minus the "
         "engine's headroom; on the CPU a fixed 16 GiB).", gt=0, le=options.MAX_GIB)] = None,
@@ -44,7 +44,7 @@ def capacity_command(
     measured burst at the largest C each layout admits."""
     # torch and the engine: loaded when the command runs, not for `rltbench capacity --help`
     from rltbench import runtime
-    from rltbench.commands.capacity.plan import capacity_rows, check_admits
+    from rltbench.commands.capacity.plan import capacity_rows, check_admits, request_lengths
     from rltbench.commands.capacity.run import CapacitySpec, run
     from rltbench.engine.kv_capacity import GIB
     from rltbench.models.configs import KV_LAYOUTS
@@ -61,11 +61,7 @@ def capacity_command(
     dev = runtime.resolve_device(device)
     dt = runtime.resolve_dtype(dtype, dev)
     names = _names(models, "--models", "ouro-tiny,huginn-tiny")
-    for name in names:
-        config = runtime.ModelSource(name).config()
-        if input_len + output_len > int(config.max_position_embeddings):
-            raise UsageError(f"--input-len + --output-len = {input_len + output_len} exceeds {name}'s "
-                             f"context {config.max_position_embeddings}")
+    input_len, output_len, note = request_lengths(names, input_len, output_len)
     rows = capacity_rows(names, layouts, seed, dt, dev, memory_gib, block_size, input_len, output_len)
     check_admits(rows)
     do_burst = dev.startswith("cuda") if burst is None else burst
@@ -77,7 +73,7 @@ def capacity_command(
     path = run(CapacitySpec(rows=rows, arm=arm, arm_spec=spec, burst=do_burst, repeats=repeats, seed=seed,
                             device=dev, dtype=dt, block_size=block_size,
                             max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-                            result_dir=result_dir, argv=list(sys.argv)))
+                            result_dir=result_dir, argv=list(sys.argv), notes=[note] if note else []))
     from rltbench.results.console import print_table_md  # rich tables: loaded when a run prints one
 
     print_table_md(path / "table.md")

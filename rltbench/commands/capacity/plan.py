@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rltbench import runtime
+from rltbench.bench.workload import fit_burst_lengths
 from rltbench.engine.kv_capacity import (
     GIB,
     KVLayout,
@@ -63,6 +64,21 @@ def resolve_budget(config: Any, dtype: torch.dtype, device: str, memory_gib: flo
                       f"free GPU memory {free / GIB:.1f} GiB - weights {weights / GIB:.1f} GiB - engine "
                       f"headroom {headroom:g} GiB")
     return Budget(CPU_DEFAULT_GIB * GIB, f"CPU default {CPU_DEFAULT_GIB:g} GiB (no GPU to measure)")
+
+
+def request_lengths(models: list[str], input_len: int | None,
+                    output_len: int | None) -> tuple[int, int, str | None]:
+    """(prompt, generated, note) tokens per request, one pair for every model so that their rows
+    compare at the same request. A length left at its default (None) is the burst default (512 +
+    128) where every model's context holds it, shortened to the shortest context otherwise, which
+    the note says; a length given must fit every model (UsageError naming the flag and a value that
+    works). Why: `capacity --models ouro-tiny` stopped on its own defaults (640 > 512 tokens)."""
+    contexts = {name: int(runtime.ModelSource(name).config().max_position_embeddings) for name in models}
+    shortest = min(contexts, key=contexts.__getitem__)
+    inp, out, note = fit_burst_lengths(input_len, output_len, contexts[shortest], shortest)
+    if note and len(models) > 1:
+        note += " (one request size for every model's rows)"
+    return inp, out, note
 
 
 def _row(model: str, kind: str, kv: KVLayout, budget: Budget, block_size: int, prompt_len: int,

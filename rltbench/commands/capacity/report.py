@@ -92,6 +92,7 @@ def table_markdown(run: RunDir, rows: list[dict[str, Any]], cells: list[dict[str
             lines += ["CPU run: timings mean nothing here (no verdict); the admission figures hold.", ""]
     if cfg.get("random_weights"):
         lines += ["Random weights: capacity does not depend on them; generated text is meaningless.", ""]
+    lines += [line for note in cfg.get("notes") or [] for line in (f"**note: {note}**", "")]
     lines += ["## Metric definitions", "", METRIC_DEFINITIONS, ""]
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from rich.console import Console
 
 from rltbench import runtime
 from rltbench.arms import ArmSpec
@@ -50,6 +51,7 @@ class CapacitySpec:
     enforce_eager: bool
     result_dir: Path | None
     argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # defaults chosen for these models, said aloud
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -116,8 +118,11 @@ def run(spec: CapacitySpec) -> Path:
         "seed": spec.seed, "device": spec.device, "dtype": runtime.dtype_name(spec.dtype),
         "block_size": spec.block_size, "max_num_batched_tokens": spec.max_num_batched_tokens,
         "cuda_graphs": not spec.enforce_eager and spec.device.startswith("cuda"), "random_weights": True,
+        "notes": spec.notes,
     }
     run_dir = RunDir.create("capacity", result_dir=spec.result_dir, argv=spec.argv, config=config)
+    for note in spec.notes:
+        Console().print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
     run_dir.write_table("capacity", pd.DataFrame(spec.rows))
     with run_dir.recording(report.render):
         if spec.burst:

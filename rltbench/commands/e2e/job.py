@@ -425,20 +425,18 @@ def run(spec: E2ESpec) -> tuple[Path, int]:
                 extra["servers"] = backend.notes
             if status == "deadline":  # the results schema knows running/complete/interrupted/failed
                 status, extra["interrupted_by"] = "interrupted", "global deadline (--deadline)"
-            run_dir.update_manifest(status=status, **extra)
-            try:
-                a = report.render(run_dir.path)
-            except Exception as exc:  # a report failure must not hide the measured data
-                display.note(f"[red]report failed: {exc}[/]")
-                a = None
-            if status == "interrupted" and "interrupted_by" not in extra:
-                done = sum(1 for c in (a or {}).get("cells", []) if not c.get("interrupted"))
-                display.console.print(
-                    f"[yellow]interrupted: {done} finished cells kept in {run_dir.path} "
-                    f"(table.md rendered; `rltbench report {run_dir.path}` re-renders)[/]",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+            a = None
+            if status == "interrupted" and "interrupted_by" not in extra and run_dir.stored_nothing():
+                run_dir.discard()  # Ctrl-C before the first result: nothing to keep (the CLI says so)
+            else:
+                run_dir.update_manifest(status=status, **extra)
+                try:
+                    a = report.render(run_dir.path)
+                except Exception as exc:  # a report failure must not hide the measured data
+                    display.note(f"[red]report failed: {exc}[/]")
+                if status == "interrupted" and a is not None:  # said in the CLI's one line
+                    done = sum(1 for c in a.get("cells", []) if not c.get("interrupted"))
+                    run_dir.finished = f"{done} finished cells, table.md rendered"
     if a is not None:
         _print_summary(display, a, run_dir.path)
     return run_dir.path, a["summary"]["exit_code"] if a else 0

@@ -56,6 +56,7 @@ DEFAULT_ARMS = "torch,exact,approx"
 DEFAULT_MODEL = "ouro-1.4b"
 ENGINE_CONTEXT_CAP = 4096  # GSM8K 8-shot prompts are ~1k tokens; caps the decode graphs' block tables
 SERVER_TIMEOUT_S = 600.0  # per request, first token and between tokens: a server that says nothing
+FALLBACK_TOKENIZER = "fallback_tokenizer.json"  # written into the run when no --tokenizer is given
 
 
 def arm_names(arms: str | None, backend: str, servers: dict[str, str],
@@ -141,9 +142,9 @@ def build_engine_side(
         codec = textcodec.wrap(tok, f"checkpoint:{Path(source.weights) / 'tokenizer.json'}")
     else:
         codec = textcodec.fallback_codec(model.config.vocab_size)
-        codec.tok.save(str(run_dir / "fallback_tokenizer.json"))
+        codec.tok.save(str(run_dir / FALLBACK_TOKENIZER))
         console.print(
-            f"[yellow]no tokenizer given: using a {codec.source} (saved as fallback_tokenizer.json)[/]"
+            f"[yellow]no tokenizer given: using a {codec.source} (saved as {FALLBACK_TOKENIZER})[/]"
         )
     _check_vocab(codec.vocab_size(), model.config.vocab_size)
     return model, codec, bool(getattr(model, "random_weights", source.random))
@@ -380,18 +381,16 @@ def gsm8k_command(
     run = RunDir.create("gsm8k", result_dir=result_dir, argv=sys.argv, config=config)
     try:
         summary = _run(run, config, source, specs, servers)
-    except KeyboardInterrupt:
-        run.update_manifest(status="interrupted")
-        done = ""
+    except KeyboardInterrupt as exc:  # the CLI says in one line what was kept
+        if run.stored_nothing():  # before the first result: the tokenizer saved for it goes too
+            run.file(FALLBACK_TOKENIZER).unlink(missing_ok=True)
+        run.mark_ended(exc)  # interrupted; removed when nothing was stored yet
         if (run.path / report.QUESTIONS_FILE).exists():
             try:
                 report.render_run(run)
-                done = " (table.md covers them)"
-            except Exception as exc:  # the raw files are what matters; say why the table is missing
-                done = f" (table.md not written: {exc})"
-        console.print(
-            f"[yellow]interrupted; finished arms are in {run.path}{done}[/]", highlight=False, soft_wrap=True
-        )
+                run.finished = "the finished arms, table.md rendered"
+            except Exception as err:  # the raw files are what matters; say why the table is missing
+                console.print(f"[red]table.md not written: {err}[/]", highlight=False, soft_wrap=True)
         raise
     except BaseException as exc:
         run.mark_ended(exc)  # failed; removed when bad input (a corrupt checkpoint) stored nothing

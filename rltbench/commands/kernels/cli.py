@@ -251,13 +251,15 @@ def kernels_command(
                 run.extend_jsonl(report.ROWS, rows)  # one write: a case's arms are stored together
                 failed += sum(int(bench.failing(r)) for r in rows)
                 progress.advance(task)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the CLI says in one line what was kept (rltbench/cli.py)
         df = report.load_rows(run)
+        if df.empty:  # before the first case: nothing to keep
+            run.discard()
+            raise
         run.update_manifest(status="interrupted", result=_result(df, failed, len(plan.cases)))
         report.write_outputs(run, df, summary)
-        console.print(f"[yellow]interrupted: {_cases_done(df)} of {len(plan.cases)} cases finished, "
-                      f"kept in {run.path}[/]")
-        raise typer.Exit(code=130) from None
+        run.finished = f"{_cases_done(df)} of {len(plan.cases)} cases finished, table.md rendered"
+        raise
     except Exception:
         run.update_manifest(status="failed")
         raise

@@ -266,6 +266,10 @@ def run(opts: dict[str, Any]) -> int:
             r.stop()
     codes = [r.proc.returncode for r in ranks]
     final = RunDir(run_dir.path, json.loads((run_dir.path / "manifest.json").read_text()))
+    if interrupted and final.stored_nothing():  # Ctrl-C before a rank stored a result: nothing to keep
+        run_dir.manifest = final.manifest
+        run_dir.discard()
+        raise KeyboardInterrupt  # the CLI says so in one line
     status = final.manifest.get("status")
     if interrupted:
         status = "interrupted"
@@ -277,7 +281,8 @@ def run(opts: dict[str, Any]) -> int:
     )
     try:
         analysis = report.render(run_dir.path)
-        report.print_summary(con, analysis, run_dir.path)
+        if not interrupted:  # after Ctrl-C the CLI's one line names the run, table.md has the rest
+            report.print_summary(con, analysis, run_dir.path)
     except Exception as exc:  # a report failure must not hide the measured data
         con.print(f"[red]report failed: {type(exc).__name__}: {exc}[/]", highlight=False)
     if interrupted:

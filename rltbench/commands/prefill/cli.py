@@ -1,4 +1,4 @@
-"""`rltbench prefill`: flags -> per model the prompt lengths that fit its context -> run."""
+"""`rltbench prefill`: flags -> per model the prompt lengths that fit its context (plan.py) -> run."""
 
 from __future__ import annotations
 
@@ -13,33 +13,12 @@ from rltbench.engine.types import EngineConfig
 from rltbench.errors import UsageError
 
 
-def _lengths(text: str, models: list[str], output_len: int) -> dict[str, list[int]]:
-    """Per model the asked prompt lengths; `max` is the longest its context allows (context -
-    output_len). A length a model cannot hold is an error, not a silent skip."""
-    from rltbench import runtime  # torch: loaded when the command runs, not for its --help
-
-    out: dict[str, list[int]] = {}
-    for name in models:
-        ctx = int(runtime.ModelSource(name).config().max_position_embeddings)
-        lens: list[int] = []
-        for part in options.comma_list(text, "--input-lens", "2048,max"):
-            n = ctx - output_len if part == "max" else int(part) if part.isdigit() else -1
-            if n < 1:
-                raise UsageError(f"--input-lens: {part!r} is not a positive length or 'max'")
-            if n + output_len > ctx:
-                raise UsageError(f"--input-lens {n} + --output-len {output_len} exceeds {name}'s context "
-                                 f"{ctx} (use 'max' for the longest it allows)")
-            if n not in lens:
-                lens.append(n)
-        out[name] = lens
-    return out
-
-
 def prefill_command(
     models: Annotated[str, typer.Option(help="Model presets, comma list (random weights).")] = (
         "ouro-1.4b,huginn-0125"),
-    input_lens: Annotated[str, typer.Option(
-        help="Prompt lengths, comma list; 'max' = the longest the model's context allows.")] = "2048",
+    input_lens: Annotated[str | None, typer.Option(
+        help="Prompt lengths, comma list; 'max' = the longest the model's context allows (default 2048, "
+             "less where the model's context is shorter).")] = None,
     concurrency: Annotated[int, options.number(
         "Prompts per burst (all sent at once; at least 2: one prompt cannot be packed).", ge=2)] = 8,
     output_len: Annotated[int, options.number("Generated tokens per request (EOS ignored).", ge=1)] = 4,
@@ -61,6 +40,7 @@ def prefill_command(
     step time, their ratio beside the A/A spread, token identity)."""
     # torch and the engine: loaded when the command runs, not for `rltbench prefill --help`
     from rltbench import runtime
+    from rltbench.commands.prefill.plan import prompt_lengths
     from rltbench.commands.prefill.run import PrefillSpec, run
     from rltbench.models.configs import KV_LAYOUTS
 
@@ -69,7 +49,7 @@ def prefill_command(
     runtime.check_engine_flags(EngineConfig(block_size=block_size,
                                             max_num_batched_tokens=max_num_batched_tokens))
     names = list(dict.fromkeys(options.comma_list(models, "--models", "ouro-tiny,huginn-tiny")))
-    lengths = _lengths(input_lens, names, output_len)
+    lengths, note = prompt_lengths(input_lens, names, output_len)
     arm_specs = armspec.parse_arms(arms)
     if len(arm_specs) != 1:
         raise UsageError("--arms: the policies are compared under one arm (e.g. --arms torch)")
@@ -81,7 +61,7 @@ def prefill_command(
                            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                            enforce_eager=enforce_eager, prefill_graphs=prefill_graphs, seed=seed,
                            device=dev, dtype=dt,
-                           result_dir=result_dir, argv=list(sys.argv)))
+                           result_dir=result_dir, argv=list(sys.argv), notes=[note] if note else []))
     from rltbench.results.console import print_table_md  # rich tables: loaded when a run prints one
 
     print_table_md(path / "table.md")

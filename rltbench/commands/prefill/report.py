@@ -118,6 +118,7 @@ def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str
     ]
     if cpu:
         lines += ["CPU run: timings mean nothing here (Triton interpreter, no GPU): no verdict.", ""]
+    lines += [line for note in cfg.get("notes") or [] for line in (f"**note: {note}**", "")]
     header = ["cell", "policy", "steps (max rows)", "prefill step p50 ms", "prefill phase ms", "TTFT p50 ms",
               "TTFT p90 ms", "valid", "warm"]
     body = []

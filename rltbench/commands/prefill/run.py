@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
 from rltbench import runtime
 from rltbench.arms import ArmSpec
@@ -53,6 +54,7 @@ class PrefillSpec:
     dtype: torch.dtype
     result_dir: Path | None
     argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # defaults chosen for these models, said aloud
 
 
 def _step_times(t0: float, ends: list[float], sched: Any) -> tuple[list[float], list[int]] | None:
@@ -123,8 +125,11 @@ def run(spec: PrefillSpec) -> Path:
         "cuda_graphs": not spec.enforce_eager and spec.device.startswith("cuda"),
         "prefill_graphs": spec.prefill_graphs, "seed": spec.seed,
         "device": spec.device, "dtype": runtime.dtype_name(spec.dtype), "random_weights": True,
+        "notes": spec.notes,
     }
     run_dir = RunDir.create("prefill", result_dir=spec.result_dir, argv=spec.argv, config=config)
+    for note in spec.notes:
+        Console().print(f"[yellow]note: {note}[/]", highlight=False, soft_wrap=True)
     with run_dir.recording(report.render):
         for preset in spec.lengths:
             _model_runs(spec, preset, run_dir)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,9 +15,6 @@ from rltbench import arms as armspec
 from rltbench import options
 from rltbench.commands.profile.defaults import DEFAULT_CONTEXT
 from rltbench.errors import UsageError
-
-if TYPE_CHECKING:
-    from rltbench.results import RunDir
 
 
 def _console() -> Console:
@@ -147,9 +144,11 @@ def profile_command(
     try:
         out = run_profile(spec, log=lambda m: console.print(f"  {m}"), model=loaded, on_arm=save)
     except BaseException as exc:
-        run.mark_ended(exc)
-        if isinstance(exc, KeyboardInterrupt):
-            _keep_finished_arms(run, console)
+        run.mark_ended(exc)  # removes the run when no arm finished
+        if isinstance(exc, KeyboardInterrupt) and run.kept():
+            render(run.path)  # the finished arms' table and plot; the CLI says where in one line
+            arms_done = ", ".join(run.read_json(SUMMARY).get("arms", {}))
+            run.finished = f"finished arm(s) {arms_done}, table.md rendered"
         raise
     save(out)
     render(run.path)
@@ -158,17 +157,3 @@ def profile_command(
 
     print_markdown(console, table_markdown(run.read_json(SUMMARY)).split("## ")[0])
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")
-
-
-def _keep_finished_arms(run: RunDir, console: Console) -> None:
-    """After Ctrl-C: table.md and the plot of the arms that finished, and a line saying where."""
-    from rltbench.commands.profile.report import SUMMARY, render
-
-    if not run.file(SUMMARY).is_file():
-        console.print(f"[yellow]interrupted before any arm finished: {run.path} holds the manifest only[/]",
-                      highlight=False, soft_wrap=True)
-        return
-    render(run.path)
-    done = ", ".join(run.read_json(SUMMARY).get("arms", {}))
-    console.print(f"[yellow]interrupted: finished arm(s) {done} kept in {run.path} (table.md rendered)[/]",
-                  highlight=False, soft_wrap=True)
