@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_args(a: argparse.Namespace) -> None:
     """Every bad input as one UsageError before any GPU work."""
-    from rltbench.commands.kernels.sweep import DTYPES
+    from rltbench.bench.kernel_sweep import DTYPES
     from rltbench.kernels.cases import op_case
 
     op_case(a.op)   # UsageError for an unknown op
@@ -125,7 +125,7 @@ def build(a: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], dict[st
     import torch
 
     from rltbench.bench import timing
-    from rltbench.commands.kernels.sweep import (
+    from rltbench.bench.kernel_sweep import (
         BenchConfig,
         Case,
         make_arm_ops,

@@ -53,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as `python scripts/ncu_norm.py`: rltbench from this tree
 
-from rltbench.commands.kernels.sweep import BenchConfig  # noqa: E402
+from rltbench.bench.kernel_sweep import BenchConfig  # noqa: E402
 from rltbench.errors import UsageError  # noqa: E402
 from rltbench.results import RunDir  # noqa: E402
 
@@ -127,7 +127,7 @@ def build_cases(tokens: int, width: int, large_copy_mib: int) -> dict[str, Case]
     import torch
 
     from rltbench.bench import timing
-    from rltbench.commands.kernels.sweep import liger_available, make_arm_ops, size_copy, size_copy_sources
+    from rltbench.bench.kernel_sweep import liger_available, make_arm_ops, size_copy, size_copy_sources
     from rltbench.kernels.cases import op_case
 
     dev = torch.device("cuda")

@@ -40,7 +40,7 @@ OUT=$(cd "$OUT" && pwd)
 failed=()
 step() { echo "=== $1 ($(date +%T))"; }
 has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
-bench() { $PY -m rltbench.commands.serve.bench "$@"; }
+bench() { $PY -m rltbench.server.bench "$@"; }
 
 peer_client() {  # PEER_PY: a python that imports guidellm (installed from .whl/peer once)
   if [ -z "$PEER_PY" ] && ls .whl/peer/*.whl >/dev/null 2>&1; then

@@ -1,6 +1,8 @@
 """The package's import graph, read from the source (an AST walk; nothing is imported): no import
-cycle, whether the imports sit at module level or inside functions, and no command package that
-imports another command package or the CLI module (what two commands share lives in a library module).
+cycle, whether the imports sit at module level or inside functions, no command package that imports
+another command package or the CLI module (what two commands share lives in a library module), and
+nothing outside rltbench/commands (library modules, scripts/*.py) that imports a command: library code
+lives in the library, and a command is reached only through the CLI, which names its modules by string.
 
 `from pkg import sub` depends on the submodule `pkg.sub` (Python imports it even while `pkg` itself is
 still initialising); `from pkg import name` of anything else depends on `pkg`.
@@ -13,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rltbench"
+SCRIPTS = PACKAGE.parent / "scripts"
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
@@ -47,12 +50,14 @@ def _targets(node: ast.Import | ast.ImportFrom, here: str, is_pkg: bool, known: 
             yield base
 
 
-def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the package modules it imports anywhere in its file (module level or in functions)."""
+def import_graph(mods: dict[str, Path], extra: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the package modules it imports anywhere in its file (module level or in functions).
+    `extra` adds files outside the package (scripts, named e.g. `scripts/x.py`) as importers only."""
     known = set(mods)
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
+    graph: dict[str, set[str]] = {}
+    for mod, path in {**mods, **(extra or {})}.items():
         is_pkg = path.name == "__init__.py"
+        graph[mod] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 graph[mod].update(t for t in _targets(node, mod, is_pkg, known) if t != mod)
@@ -114,6 +119,18 @@ def forbidden_command_imports(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def imports_of_commands_from_outside(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every module outside rltbench.commands (or script) importing a command module."""
+    return [f"{src} -> {dst}" for src, targets in sorted(graph.items())
+            if command_of(src) is None and src != "rltbench.commands"
+            for dst in sorted(targets) if command_of(dst) is not None or dst == "rltbench.commands"]
+
+
+def scripts(root: Path = SCRIPTS) -> dict[str, Path]:
+    """`scripts/x.py` -> file, for every Python script."""
+    return {f"{root.name}/{path.name}": path for path in sorted(root.glob("*.py"))}
+
+
 GRAPH = import_graph(modules())
 
 
@@ -127,11 +144,17 @@ def test_no_command_imports_another_command_or_the_cli() -> None:
     assert not bad, "command packages must share through library modules:\n" + "\n".join(bad)
 
 
+def test_nothing_outside_the_commands_imports_a_command() -> None:
+    bad = imports_of_commands_from_outside(import_graph(modules(), scripts()))
+    assert not bad, "library modules and scripts must not import commands:\n" + "\n".join(bad)
+
+
 def test_the_checker_sees_function_level_cycles_and_command_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "rltbench"
     for rel, text in {
         "__init__.py": "",
         "lib.py": "def f():\n    from rltbench import helper\n",
+        "library.py": "def g():\n    from rltbench.commands.b import other\n",
         "helper.py": "from rltbench.lib import f\n",
         "cli.py": "",
         "commands/__init__.py": "",
@@ -148,3 +171,9 @@ def test_the_checker_sees_function_level_cycles_and_command_imports(tmp_path: Pa
     assert forbidden_command_imports(graph) == [
         "rltbench.commands.a.run -> rltbench.cli", "rltbench.commands.a.run -> rltbench.commands.b.run"]
     assert graph["rltbench.commands.b.run"] == {"rltbench.commands.b.other"}
+    (tmp_path / "scripts").mkdir()
+    tool = tmp_path / "scripts" / "tool.py"
+    tool.write_text("import rltbench.commands.a.run\nfrom rltbench import lib\n")
+    graph = import_graph(modules(pkg), scripts(tmp_path / "scripts"))
+    assert imports_of_commands_from_outside(graph) == [
+        "rltbench.library -> rltbench.commands.b.other", "scripts/tool.py -> rltbench.commands.a.run"]

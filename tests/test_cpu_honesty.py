@@ -147,7 +147,7 @@ def test_gsm8k_verdict_of_an_unexercised_arm() -> None:
 
 # ---- kernels -----------------------------------------------------------------------------------------
 def test_kernels_eager_comparisons_of_scope_graph_arms_are_not_exercised() -> None:
-    from rltbench.commands.kernels.verdicts import mark_unexercised
+    from rltbench.results.kernel_verdicts import mark_unexercised
 
     pairs = (("torch", "exact"), ("exact", "approx"), ("torch", "torch#2"))
     rows = [{"mode": m, "ref": ref, "arm": arm, "verdict": "faster"}

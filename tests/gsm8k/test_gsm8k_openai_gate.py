@@ -20,7 +20,7 @@ from rltbench.commands.gsm8k.tasks import DATA_DIR  # noqa: E402
 
 TARGETS = {}
 ORDER = []
-N_QUESTIONS = 8  # 8 of 8 wrong is a fail at 95%; 5 of 5 is not evidence enough (stats.py)
+N_QUESTIONS = 8  # 8 of 8 wrong is a fail at 95%; 5 of 5 is not evidence enough (results/gsm8k_stats.py)
 for _line in (DATA_DIR / "test.jsonl").read_text().splitlines()[:N_QUESTIONS]:
     _doc = json.loads(_line)
     TARGETS[_doc["question"]] = _doc["answer"].split("####")[-1].strip()

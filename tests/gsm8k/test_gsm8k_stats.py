@@ -1,6 +1,6 @@
 """Paired statistics, exact bounds and the verdict table against hand-computed values.
 
-The verdict rule is in rltbench/commands/gsm8k/stats.py's docstring. The old rule passed with SE = 0 (no
+The verdict rule is in rltbench/results/gsm8k_stats.py's docstring. The old rule passed with SE = 0 (no
 discordant question, whatever the sequences) and failed on one question; these tests pin the
 evidence-based rule.
 """
@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from rltbench.commands.gsm8k.stats import (
+from rltbench.results.gsm8k_stats import (
     NEEDED_N_CAP,
     RANDOM_WEIGHTS_REASON,
     VERDICT_EXIT_CODES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.bench import kernel_sweep as bench
 from rltbench.commands.kernels import cli as kcli
-from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
 
 

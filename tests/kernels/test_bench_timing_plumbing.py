@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rltbench.bench import kernel_sweep as bench
 from rltbench.bench import timing, warmth
 from rltbench.commands.kernels import report
-from rltbench.commands.kernels import sweep as bench
 from rltbench.results import RunDir
 
 ARM_MEDIANS = {"torch": 10.0, "exact": 5.0, "approx": 4.0}
@@ -403,7 +403,7 @@ def test_placements_pool_rounds_over_newly_allocated_inputs(fake_cuda, monkeypat
         assert r["graph_placement_pct_copy_min"] <= r["graph_pct_copy"] <= r["graph_placement_pct_copy_max"]
     rec = next(s for s in samples if s["arm"] == "exact")
     assert rec["rounds"] == 3 * 20 and rec["placements"] == 3 and len(rec["samples_us"]) == 3 * 20
-    from rltbench.commands.kernels import verdicts as vd
+    from rltbench.results import kernel_verdicts as vd
     aa = [v for v in vd.verdicts(samples, skip=(bench.SIZE_COPY,)) if v["arm"] == "exact#2"]
     assert aa and aa[0]["rounds"] == 60
     df = report.pd.DataFrame(rows)

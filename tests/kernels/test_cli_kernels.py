@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from rltbench.bench import kernel_sweep as bench
 from rltbench.commands.kernels import report
-from rltbench.commands.kernels import sweep as bench
 
 
 def _app() -> typer.Typer:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from rltbench.bench import kernel_sweep as bench
 from rltbench.commands.kernels import cli as kcli
 from rltbench.commands.kernels import report
-from rltbench.commands.kernels import sweep as bench
 from rltbench.errors import UsageError
 
 from .test_cli_kernels import _app, _rows

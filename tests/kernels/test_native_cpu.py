@@ -257,7 +257,7 @@ def test_cpu_tensors_are_not_cuda_for_the_native_kernels(monkeypatch: pytest.Mon
 
 def test_selection_names_and_bitwise_arms() -> None:
     from rltbench.arms import is_exact, parse_arms
-    from rltbench.commands.kernels import sweep as bench
+    from rltbench.bench import kernel_sweep as bench
 
     assert ARMS["cuda"] == OpSelection("cuda", "cuda", "cuda", "graph") and ARMS["cuda"].name == "cuda"
     assert OpSelection(norm="cuda", act="exact").name == "norm:cuda/rope:off/act:exact"

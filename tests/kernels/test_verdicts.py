@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltbench.commands.kernels import verdicts as vd
+from rltbench.results import kernel_verdicts as vd
 
 
 def test_round_medians_split_the_samples_in_stored_order() -> None:

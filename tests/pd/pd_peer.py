@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from rltbench.bench.workload import burst_prompts
-from rltbench.commands.pd.link import LinkBroken
-from rltbench.commands.pd.sides import DecodeSide, PrefillSide
-from rltbench.commands.pd.worker import connect, exit_on_link_loss
+from rltbench.disagg.link import LinkBroken
+from rltbench.disagg.rank import connect, exit_on_link_loss
+from rltbench.disagg.sides import DecodeSide, PrefillSide
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.kv_transfer import TransferHeader
 from rltbench.models import build_model

@@ -204,7 +204,7 @@ class _LoopLink:
 
 def test_handshake_refuses_ranks_with_different_weights() -> None:
     from rltbench.commands.pd.driver import handshake
-    from rltbench.commands.pd.worker import fingerprint
+    from rltbench.disagg.rank import fingerprint
     from rltbench.errors import UsageError
 
     spec = {"model": "ouro-tiny", "init_timeout": 1.0}

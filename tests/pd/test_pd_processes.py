@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rltbench.cli import main
-from rltbench.commands.pd.link import NO_MULTICAST_ENV
+from rltbench.disagg.link import NO_MULTICAST_ENV
 from rltbench.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]

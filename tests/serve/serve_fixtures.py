@@ -12,8 +12,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from rltbench.commands.serve.metrics import parse_text
-from rltbench.commands.serve.server import Built, ServeOptions, build, serve_forever
+from rltbench.server.metrics import parse_text
+from rltbench.server.server import Built, ServeOptions, build, serve_forever
 
 TINY = dict(model="ouro-tiny", weights="random", dtype="float32", device="cpu", port=0)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from rltbench.commands.serve import bench
 from rltbench.results import RunDir
 from rltbench.results.guidellm import read_report
 from rltbench.results.peer_check import (
@@ -23,6 +22,7 @@ from rltbench.results.peer_check import (
     run_rate_records,
     verdict_counts,
 )
+from rltbench.server import bench
 
 REPORT = Path(__file__).parent / "fixtures" / "guidellm_rates.json"
 OUT = 8

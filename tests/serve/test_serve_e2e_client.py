@@ -1,7 +1,7 @@
 """rltbench's own load client (`rltbench e2e --backend openai`) against `rltbench serve`, and the same
 burst in-process: every request completes with its token count, and at C=1 the served tokens equal the
 in-process engine's (same seeded weights, same prompts, same batch). Also the GPU script's helpers
-(rltbench.commands.serve.bench): the soak of consecutive bursts, /metrics scrapes and the comparison tables,
+(rltbench.server.bench): the soak of consecutive bursts, /metrics scrapes and the comparison tables,
 peer client included."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from serve_fixtures import InProcessServer, all_blocks_free, wait_for
 
 from rltbench.cli import main
-from rltbench.commands.serve import bench
 from rltbench.results import RunDir
+from rltbench.server import bench
 
 LOAD = ["--model", "ouro-tiny", "--concurrency", "1,4", "--input-len", "16", "--output-len", "8",
         "--repeats", "1", "--no-live", "--dtype", "float32", "--device", "cpu"]

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 from serve_fixtures import InProcessServer, request
 
-from rltbench.commands.serve.app import ServerApp
-from rltbench.commands.serve.loop import EngineLoop
-from rltbench.commands.serve.metrics import Histogram, ServerMetrics
-from rltbench.commands.serve.protocol import ApiError, ServedModel, parse_request
-from rltbench.commands.serve.server import Built
-from rltbench.commands.serve.textstream import TextStream
 from rltbench.engine import SamplingParams
 from rltbench.errors import UsageError
+from rltbench.server.app import ServerApp
+from rltbench.server.loop import EngineLoop
+from rltbench.server.metrics import Histogram, ServerMetrics
+from rltbench.server.protocol import ApiError, ServedModel, parse_request
+from rltbench.server.server import Built
+from rltbench.server.textstream import TextStream
 
 
 class CharCodec:

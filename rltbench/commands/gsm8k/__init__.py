@@ -2,6 +2,6 @@
 
 Entry points: `rltbench.commands.gsm8k.cli.gsm8k_command` (the typer command) and
 `rltbench.commands.gsm8k.report.render` (for `rltbench report DIR`).
-Statistics: `rltbench.commands.gsm8k.stats`.
+Statistics: `rltbench.results.gsm8k_stats`.
 Nothing here imports lm-eval at package import time.
 """

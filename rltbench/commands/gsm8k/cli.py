@@ -2,7 +2,7 @@
 
 The same model answers the same questions greedily once per arm (one process, one model, the
 engine switches arms); lm-eval builds the prompts and scores them (see tasks.py); the paired
-statistics and the verdict are ours (stats.py). Exit codes: 0 identical or pass, 1 fail, 3
+statistics and the verdict are ours (results/gsm8k_stats.py). Exit codes: 0 identical or pass, 1 fail, 3
 inconclusive (2 = usage error, from the CLI). With random weights the run still works (pipeline check
 and sequence identity) but accuracies mean nothing: an arm that is not identical to torch is
 "inconclusive: random weights", and that is printed on the console, in table.md and in the manifest.
@@ -31,7 +31,6 @@ from rltbench import options, textcodec
 from rltbench.arms import ArmSpec
 from rltbench.backends.base import Timeouts, parse_servers
 from rltbench.commands.gsm8k.generation import QuestionCodec
-from rltbench.commands.gsm8k.stats import NEEDED_N_CAP, verdict_label
 from rltbench.commands.gsm8k.tasks import (
     DATA_DIR,
     FILTERS,
@@ -183,6 +182,7 @@ CONSOLE_CAPTION = (
 def _inconclusive_line(arm: str, c: dict[str, Any]) -> str:
     """Why an arm is inconclusive and what would decide it."""
     from rltbench.commands.gsm8k import report
+    from rltbench.results.gsm8k_stats import NEEDED_N_CAP, verdict_label
 
     if c.get("verdict_reason") == armspec.NOT_EXERCISED:
         same = f"{c['n'] - c['sequences_differ']}/{c['n']}"
@@ -213,6 +213,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     """The gate table, narrow enough for an 80-column log: arm names and verdicts are never cut."""
     from rltbench.commands.gsm8k import report
     from rltbench.results.console import fitted
+    from rltbench.results.gsm8k_stats import verdict_label
 
     t = Table(
         title=f"GSM8K gate vs {summary['reference']} ({summary['n']} questions, gate "
@@ -438,6 +439,7 @@ def _run(run: Any, config: dict[str, Any], source: runtime.ModelSource, specs: d
     from rltbench.commands.gsm8k import report
     from rltbench.commands.gsm8k.evaluate import RltbenchLM, run_arm
     from rltbench.commands.gsm8k.interleave import CachedArmBackend
+    from rltbench.results.gsm8k_stats import verdict_label
 
     generator = _generator(run, config, source, specs, servers)
     run.update_manifest(config=config, random_weights=config["random_weights"])

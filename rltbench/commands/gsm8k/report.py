@@ -1,6 +1,6 @@
 """Gate analysis and rendering from the stored raw files only.
 
-The verdict rule (stats.py says why): an arm whose kernels never ran is "inconclusive: not
+The verdict rule (results/gsm8k_stats.py says why): an arm whose kernels never ran is "inconclusive: not
 exercised" (exit 3); else an arm whose generated sequences all equal the reference's is "identical"
 (exit 0); otherwise, with random weights, "inconclusive: random weights" (exit 3); else pass iff
 the exact one-sided 95% upper bound of the drop is <= the gate, fail iff the exact 95% lower bound
@@ -23,7 +23,9 @@ from typing import Any
 from rltbench.arms import NOT_EXERCISED, unexercised_arms
 from rltbench.bench.warmth import is_cold
 from rltbench.commands.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
-from rltbench.commands.gsm8k.stats import (
+from rltbench.errors import UsageError
+from rltbench.results import RunDir
+from rltbench.results.gsm8k_stats import (
     check_gate,
     cp_lower,
     cp_upper,
@@ -34,8 +36,6 @@ from rltbench.commands.gsm8k.stats import (
     paired_stats,
     verdict_label,
 )
-from rltbench.errors import UsageError
-from rltbench.results import RunDir
 from rltbench.results.plotting import figure
 from rltbench.results.stats import aa_name, compare_to_reference, format_interval, format_spread
 from rltbench.results.tables import table

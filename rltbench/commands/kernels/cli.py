@@ -17,12 +17,12 @@ import typer
 from rltbench import arms as armspec
 from rltbench import native, options
 from rltbench.arms import ARMS, REFERENCE, ArmSpec
-from rltbench.commands.kernels import defaults
+from rltbench.bench import kernel_defaults as defaults
 from rltbench.errors import UsageError
 from rltbench.kernels.names import OPS
 
 if TYPE_CHECKING:
-    from rltbench.commands.kernels import sweep as bench
+    from rltbench.bench import kernel_sweep as bench
     from rltbench.results import RunDir
 
 # torch, Triton and the kernels load when the command runs (inside the functions), not for its --help.
@@ -101,7 +101,7 @@ def build_config(tokens: str, ops: str, dtypes: str, widths: str, arms: str, rep
     """Parse and validate every flag (UsageError on bad input); returns the config and notes. `scope`
     is the scope of the fused arms while timing (correctness always runs them with scope all); the
     numbers were checked against their bounds when the command line was parsed (rltbench.options)."""
-    from rltbench.commands.kernels import sweep as bench
+    from rltbench.bench import kernel_sweep as bench
 
     mode_key = str(mode).strip().lower()
     if mode_key not in MODE_CHOICES:
@@ -134,7 +134,7 @@ def validate_shapes(cfg: bench.BenchConfig, cases: list[bench.Case]) -> None:
     """Each (op, width) must be buildable (e.g. RoPE widths are multiples of the head dim)."""
     import torch
 
-    from rltbench.commands.kernels import sweep as bench
+    from rltbench.bench import kernel_sweep as bench
     from rltbench.kernels import op_case
 
     seen = set()
@@ -197,8 +197,8 @@ def kernels_command(
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rltbench.bench import kernel_sweep as bench
     from rltbench.commands.kernels import report
-    from rltbench.commands.kernels import sweep as bench
     from rltbench.results.console import fitted, wide_console
 
     console = wide_console()  # a log or pipe gets room for the table; a terminal's tables fold to it

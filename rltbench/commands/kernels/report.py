@@ -17,9 +17,9 @@ import pandas as pd
 from rich.table import Table
 
 from rltbench.arms import unexercised_arms
-from rltbench.commands.kernels import verdicts as vd
-from rltbench.commands.kernels.sweep import SIZE_COPY
+from rltbench.bench.kernel_sweep import SIZE_COPY
 from rltbench.results import RunDir
+from rltbench.results import kernel_verdicts as vd
 from rltbench.results.plotting import arm_color, figure
 from rltbench.results.stats import format_spread
 from rltbench.results.tables import table
@@ -62,8 +62,8 @@ def load_rows(run: RunDir) -> pd.DataFrame:
 
 
 def load_verdicts(run: RunDir) -> list[dict[str, Any]]:
-    """Every comparison of the run's timed arms (verdicts.py), from samples.jsonl; eager comparisons
-    of scope-graph arms (torch's ops there) are marked not exercised."""
+    """Every comparison of the run's timed arms (results/kernel_verdicts.py), from samples.jsonl; eager
+    comparisons of scope-graph arms (torch's ops there) are marked not exercised."""
     rows = vd.verdicts(run.read_jsonl(SAMPLES), skip=(SIZE_COPY,))   # [] without samples
     selections = (run.manifest.get("config") or {}).get("arm_selections") or {}
     return vd.mark_unexercised(rows, unexercised_arms(selections, graphs=False))

@@ -30,8 +30,8 @@ from rltbench.arms import is_exact, parse_arms
 from rltbench.backends.base import Request, Timeouts
 from rltbench.backends.engine import EngineBackend
 from rltbench.bench.workload import Cell, burst_prompts, schedule, warmup_prompts
-from rltbench.commands.pd.link import NO_MULTICAST_ENV, PAYLOAD_TRAILER, Link
-from rltbench.commands.pd.sides import DecodeSide, PrefillCell, PrefillSide
+from rltbench.disagg.link import NO_MULTICAST_ENV, PAYLOAD_TRAILER, Link
+from rltbench.disagg.sides import DecodeSide, PrefillCell, PrefillSide
 from rltbench.engine import Engine, EngineConfig
 from rltbench.engine.kv_transfer import KVGeometry, TransferError, pack_blocks, unpack_blocks
 from rltbench.engine.schedule import Schedule, first_divergence

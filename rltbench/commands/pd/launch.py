@@ -30,7 +30,7 @@ from rltbench import runtime
 from rltbench.arms import is_exact, parse_arms
 from rltbench.bench.workload import fit_burst_lengths
 from rltbench.commands.pd import report
-from rltbench.commands.pd.link import NO_MULTICAST_ENV
+from rltbench.disagg.link import NO_MULTICAST_ENV
 from rltbench.engine.kv_transfer import KVGeometry
 from rltbench.errors import UsageError
 from rltbench.options import comma_list, parse_concurrency

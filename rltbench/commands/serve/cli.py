@@ -77,7 +77,7 @@ def serve_command(
 ) -> None:
     """OpenAI-compatible server (completions, chat, models, health, Prometheus metrics) over the engine."""
     flags = dict(locals())  # the parameters, which are ServeOptions' fields (one of them still a string)
-    from rltbench.commands.serve.server import ServeOptions, run  # torch: loaded when the command runs
+    from rltbench.server.server import ServeOptions, run  # torch: loaded when the command runs
 
     flags["warmup_prefill_lens"] = parse_lengths(flags.pop("warmup_prefill_len"))
     code = run(ServeOptions(**flags))

@@ -1,12 +1,12 @@
 """Measurement helpers around `rltbench serve` (used by scripts/serve_bench.sh on a GPU):
 
-    python -m rltbench.commands.serve.bench wait URL              # until /health answers 200
-    python -m rltbench.commands.serve.bench check URL             # every KV block free, none live
-    python -m rltbench.commands.serve.bench scrape URL FILE.json  # /metrics as JSON (before/after)
-    python -m rltbench.commands.serve.bench soak URL --out DIR    # N bursts, blocks checked after each
-    python -m rltbench.commands.serve.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
-                                                    [--scrapes DIR] --out table.md
-    python -m rltbench.commands.serve.bench rate-compare --rlt RUN --peer GUIDELLM.json --out rate_check.md
+    python -m rltbench.server.bench wait URL              # until /health answers 200
+    python -m rltbench.server.bench check URL             # every KV block free, none live
+    python -m rltbench.server.bench scrape URL FILE.json  # /metrics as JSON (before/after)
+    python -m rltbench.server.bench soak URL --out DIR    # N bursts, blocks checked after each
+    python -m rltbench.server.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
+                                            [--scrapes DIR] --out table.md
+    python -m rltbench.server.bench rate-compare --rlt RUN --peer GUIDELLM.json --out rate_check.md
 
 Every number comes from raw files through `rltbench.results.serving.cell_summary`, the one metrics layer:
 rltbench's e2e run directories (requests.jsonl) and guidellm's JSON report, whose per-request
@@ -31,13 +31,13 @@ from typing import Any
 from rltbench.backends.base import Timeouts
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import burst_prompts
-from rltbench.commands.serve.metrics import parse_text
 from rltbench.models import get_config
 from rltbench.results.guidellm import read_report
 from rltbench.results.peer_check import check_lines, cross_check, run_rate_records, verdict_counts
 from rltbench.results.rundir import read_jsonl
 from rltbench.results.serving import cell_summary
 from rltbench.results.tables import table
+from rltbench.server.metrics import parse_text
 
 SOAK_SETTLE_S = 5.0  # blocks are freed in the step that finishes a request; allow for a slow /metrics
 
@@ -350,7 +350,7 @@ def rate_check(rlt_dir: Path, peer_path: Path) -> tuple[list[str], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m rltbench.commands.serve.bench",
+        prog="python -m rltbench.server.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -20,12 +20,12 @@ from aiohttp import web
 
 from rltbench import runtime
 from rltbench.arms import override_flags, parse_arms
-from rltbench.commands.serve.app import ServerApp
-from rltbench.commands.serve.codecs import SPECIAL, export_hf_tokenizer, make_codec
-from rltbench.commands.serve.loop import EngineLoop, Failure
-from rltbench.commands.serve.protocol import ServedModel
 from rltbench.engine.types import EngineConfig, SamplingParams
 from rltbench.errors import UsageError
+from rltbench.server.app import ServerApp
+from rltbench.server.codecs import SPECIAL, export_hf_tokenizer, make_codec
+from rltbench.server.loop import EngineLoop, Failure
+from rltbench.server.protocol import ServedModel
 
 DEFAULT_MAX_MODEL_LEN = 4096  # decode graphs are captured per context class up to this; raise it for longer
 SHUTDOWN_GRACE_S = 5.0

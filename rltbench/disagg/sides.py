@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rltbench.backends.base import Request, finalize, new_record
 from rltbench.bench.warmth import frozen_window
-from rltbench.commands.pd.link import ACCEPT, PAYLOAD_TRAILER, REASONS, REFUSE, Link, LinkBroken, Pending
+from rltbench.disagg.link import ACCEPT, PAYLOAD_TRAILER, REASONS, REFUSE, Link, LinkBroken, Pending
 from rltbench.engine.kv_transfer import (
     KIND_CANCEL,
     KIND_KV,

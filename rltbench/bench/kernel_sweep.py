@@ -40,8 +40,8 @@ import torch
 
 from rltbench.arms import ARMS, ArmSpec, is_exact
 from rltbench.bench import timing
+from rltbench.bench.kernel_defaults import CPU_MAX_TOKENS, CPU_MAX_WIDTH
 from rltbench.bench.warmth import ColdWork
-from rltbench.commands.kernels.defaults import CPU_MAX_TOKENS, CPU_MAX_WIDTH
 from rltbench.kernels import make_ops, op_case, pdl
 from rltbench.kernels.oracle import bound_ratio
 from rltbench.kernels.oracle import ulp_distance as oracle_ulp
@@ -418,8 +418,8 @@ def time_case(case: Case, arms: list[str], cfg: BenchConfig, ctx: TimingContext,
     # rotated sets keep the data cold, not the cache state: each slot starts from a flushed L2,
     # whichever arm ran before it (timing._timed_rounds)
     slot_start = None if plan.needs_flush else ctx.flusher.flush
-    # rounds are the paired observations of the verdicts (verdicts.py): 20 give the median ratio a
-    # 95% interval from the 6th to the 15th; each round's median is over `reps` samples
+    # rounds are the paired observations of the verdicts (results/kernel_verdicts.py): 20 give the
+    # median ratio a 95% interval from the 6th to the 15th; each round's median is over `reps` samples
     rounds = max(1, min(MAX_ROUNDS, cfg.repeats))
     reps = max(1, math.ceil(cfg.repeats / rounds))
     # with an L2 flush per sample each set must be read once per replay; otherwise cycle the sets

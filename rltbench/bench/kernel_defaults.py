@@ -1,4 +1,4 @@
-"""The kernels command's default token counts and its CPU caps, apart from sweep.py so that
+"""The kernels command's default token counts and its CPU caps, apart from kernel_sweep.py so that
 `rltbench kernels --help` can show them without loading torch and Triton."""
 
 DEFAULT_TOKENS = (1, 8, 128, 4096)

@@ -1,7 +1,7 @@
 """Which differences between kernel arms are evidence: paired per-round ratios against the A/A spread.
 
 A timing mode of one case times every arm interleaved in rounds (ABBA order, `reps` samples per arm
-and round, sweep.time_case); each sample record stores `rounds`. An arm's median within a round is
+and round, kernel_sweep.time_case); each sample record stores `rounds`. An arm's median within a round is
 one observation, and the same round of two arms ran side by side, so their ratio cancels whatever
 drifted between rounds (clocks, temperature, neighbours on the device). The estimate is the median
 of the per-round ratios, with its order-statistic interval (rltbench.results.stats).

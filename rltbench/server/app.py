@@ -21,9 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
-from rltbench.commands.serve.loop import EngineLoop, Failure
-from rltbench.commands.serve.metrics import ServerMetrics
-from rltbench.commands.serve.protocol import (
+from rltbench.server.loop import EngineLoop, Failure
+from rltbench.server.metrics import ServerMetrics
+from rltbench.server.protocol import (
     ApiError,
     GenRequest,
     ResponseShape,
@@ -31,7 +31,7 @@ from rltbench.commands.serve.protocol import (
     parse_request,
     usage,
 )
-from rltbench.commands.serve.textstream import TextStream
+from rltbench.server.textstream import TextStream
 
 log = logging.getLogger(__name__)
 
