@@ -171,6 +171,8 @@ def measure(a: argparse.Namespace, runs: dict[str, Callable[[], None]]
     """Per subject, predecessor and position: the replay's time (us for all of its calls)."""
     import torch
 
+    from rltbench.bench.timing import time_consecutive
+
     def slot(name: str) -> None:
         if name == "idle":
             time.sleep(IDLE_S)
@@ -193,14 +195,8 @@ def measure(a: argparse.Namespace, runs: dict[str, Callable[[], None]]
             for pred in PREDECESSORS if t % 2 == 0 else PREDECESSORS[::-1]:
                 slot(subject)
                 slot(named[pred])
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(a.positions + 1)]
-                ev[0].record()
-                for j in range(a.positions):
-                    runs[subject]()
-                    ev[j + 1].record()
-                torch.cuda.synchronize()
-                for j in range(a.positions):
-                    samples[subject][pred][j].append(ev[j].elapsed_time(ev[j + 1]) * 1000.0)
+                for j, ms in enumerate(time_consecutive(runs[subject], a.positions)):
+                    samples[subject][pred][j].append(ms * 1000.0)
         print(f"{subject}: {a.trials} trials x {len(PREDECESSORS)} predecessors", flush=True)
     return samples
 

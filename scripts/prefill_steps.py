@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from rltbench.bench.timing import time_synced_call
 from rltbench.bench.warmth import ColdWork, cold_cells
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.scheduler import PrefillBatch
@@ -67,13 +68,7 @@ def timed_call(fn: Callable[[], list[int]], cuda: bool) -> tuple[float, float, l
         ids = fn()
         wall = (time.perf_counter() - t0) * 1e3
         return wall, wall, ids
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    a.record()
-    ids = fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b), (time.perf_counter() - t0) * 1e3, ids
+    return time_synced_call(fn)
 
 
 def interleaved_samples(
