@@ -274,9 +274,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "ncu-norm": (300, [PY, str(ROOT / "scripts" / "ncu_norm.py"), "--result-dir", str(RESULTS / "ncu-norm")]),
     # what a slot leaves in L2 for the next one: the exact norm and the same-size copy at 4096 x 2048,
     # each replay timed alone after its twin, torch, the other, an L2 flush or an idle gap
-    # (scripts/carryover.py); why each kernels slot starts from a flushed L2; ~1 minute
-    "carryover": (150, [PY, str(ROOT / "scripts" / "carryover.py"), "--result-dir",
-                        str(RESULTS / "carryover")]),
+    # (kernels --diagnose carryover); why each kernels slot starts from a flushed L2; ~1 minute
+    "carryover": (150, rlt("kernels --diagnose carryover", "carryover")),
     # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
     # many rounds, for a difference of a few hundredths of a microsecond
     "kernels-t1": (150, rlt("kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "

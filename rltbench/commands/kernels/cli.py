@@ -192,8 +192,19 @@ def kernels_command(
     result_dir: options.ResultDirOption = None,
     seed: Annotated[int, options.number("Base seed of the random inputs.", ge=0, le=options.SEED_MAX)] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
+    diagnose: Annotated[str | None, typer.Option(help="Instead of the sweep, one diagnosis (GPU): "
+                                                 "'carryover' (what a slot leaves in L2 for the next "
+                                                 "one) of one op, row count, width and dtype (defaults "
+                                                 "rmsnorm, 4096, 2048, bf16).")] = None,
+    positions: Annotated[int, options.number("--diagnose carryover: replays timed after each "
+                                             "predecessor.", ge=3)] = 8,
+    trials: Annotated[int, options.number("--diagnose carryover: trials per subject and predecessor.",
+                                          ge=2)] = 16,
 ) -> None:
     """Check each kernel arm against torch (bitwise for exact) and the fp64 oracle, then time it."""
+    if diagnose is not None:
+        print(run_diagnosis(diagnose, tokens, ops, dtypes, widths, seed, positions, trials, result_dir))
+        return
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -274,6 +285,38 @@ def kernels_command(
     if failed:
         console.print(f"[bold red]{failed} row(s) failed: exact mismatch or error (see table)[/]")
         raise typer.Exit(code=1)
+
+
+DIAGNOSES = ("carryover",)
+
+
+def _one(text: str, default_text: str, default: str, flag: str) -> str:
+    """The single value a diagnosis takes from a list option (its own default where the sweep's
+    default was left)."""
+    if text == default_text:
+        return default
+    items = _split(text, flag)
+    if len(items) != 1:
+        raise UsageError(f"{flag}: --diagnose takes one value, got {text!r}")
+    return items[0]
+
+
+def run_diagnosis(name: str, tokens: str, ops: str, dtypes: str, widths: str, seed: int, positions: int,
+                  trials: int, result_dir: Path | None) -> str:
+    """`--diagnose NAME`: the diagnosis's run directory and table (UsageError for a bad value first)."""
+    if name not in DIAGNOSES:
+        raise UsageError(f"--diagnose: unknown value {name!r} (known: {', '.join(DIAGNOSES)})")
+    from rltbench.commands.kernels.carryover import CarryoverSpec, run_carryover
+
+    try:
+        rows = int(_one(tokens, DEFAULT_TOKENS, "4096", "--tokens"))
+        width = int(_one(widths, "model", "2048", "--widths"))
+    except ValueError:
+        raise UsageError("--tokens and --widths: --diagnose takes one integer each") from None
+    spec = CarryoverSpec(op=_one(ops, "all", "rmsnorm", "--ops"), tokens=rows, width=width,
+                         dtype=_one(dtypes, "bf16", "bf16", "--dtypes"), positions=positions, trials=trials,
+                         seed=seed)
+    return run_carryover(spec, result_dir)
 
 
 def _cases_done(df) -> int:
