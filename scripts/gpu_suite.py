@@ -270,8 +270,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                     "--placements 5", "kernels-placements")),
     # the norms at 4096 x 2048 beside same-size and large copies: Nsight Compute counters of each
     # launch alone (L2 flushed) and back to back (the kernels command's graph of calls), and kernel
-    # timestamps of that graph (duration, gap, period) (scripts/ncu_norm.py); ~2 minutes
-    "ncu-norm": (300, [PY, str(ROOT / "scripts" / "ncu_norm.py"), "--result-dir", str(RESULTS / "ncu-norm")]),
+    # timestamps of that graph (duration, gap, period) (kernels --diagnose ncu); ~2 minutes
+    "ncu-norm": (300, rlt("kernels --diagnose ncu", "ncu-norm")),
     # what a slot leaves in L2 for the next one: the exact norm and the same-size copy at 4096 x 2048,
     # each replay timed alone after its twin, torch, the other, an L2 flush or an idle gap
     # (kernels --diagnose carryover); why each kernels slot starts from a flushed L2; ~1 minute
