@@ -114,14 +114,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # decode attention knobs per (batch, context), best written to the device's tuned file
     "attention": (150, rlt("tune attention --write-tuned", "attention")),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
-    "prefill": (180, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--reps", "8", "--iters", "3",
-                      "--result-dir", str(RESULTS / "prefill")]),
+    "prefill": (180, rlt("profile --bench prefill --rounds 8 --iters 3", "prefill")),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     # model and engine decode steps ABBA with torch#2; --attribute: batch 1 in four engines (context
     # class x pool size), what moved the engine figure away from the profile's former 11.04 ms
-    "decode": (360, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--reps", "6", "--iters", "20",
-                     "--attribute", "--result-dir", str(RESULTS / "decode")]),
+    "decode": (360, rlt("profile --bench decode --rounds 6 --iters 20 --attribute", "decode")),
     # the GPU tests of the measurement plumbing: ColdWork sees a real compile, the kernels headline is
     # plain with PDL beside it, the decode table and profile on the GPU
     "timing-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
@@ -217,8 +215,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                             "--deadline 220", "exit-modes")),
     # the decode step with every loop against the compute-saving step, interleaved in one process
     # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
-    "exit-stop-steps": (240, [PY, str(ROOT / "scripts" / "exit_stop_steps.py"), "--result-dir",
-                              str(RESULTS / "exit-stop-steps")]),
+    "exit-stop-steps": (240, rlt("profile --bench exit", "exit-stop-steps")),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
     "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
                                   "no:cacheprovider", "-rA", "--junitxml",
