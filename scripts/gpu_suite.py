@@ -182,7 +182,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([
         "set -e; d=" + str(RESULTS / "e2e-session-trace") + "; mkdir -p $d;",
-        PY, str(ROOT / "scripts" / "trace_slice.py"), "workloads/mooncake/conversation_trace.jsonl",
+        PY, "-m", "rltbench.bench.trace_slice", "workloads/mooncake/conversation_trace.jsonl",
         "--start 6000 --count 30 --out $d/trace.jsonl; exec",
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
              "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
