@@ -114,14 +114,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # decode attention knobs per (batch, context), best written to the device's tuned file
     "attention": (150, rlt("tune attention --write-tuned", "attention")),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
-    "prefill": (180, [PY, str(ROOT / "scripts" / "prefill_steps.py"), "--reps", "8", "--iters", "3",
-                      "--result-dir", str(RESULTS / "prefill")]),
+    "prefill": (180, rlt("profile --bench prefill --rounds 8 --iters 3", "prefill")),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     # model and engine decode steps ABBA with torch#2; --attribute: batch 1 in four engines (context
     # class x pool size), what moved the engine figure away from the profile's former 11.04 ms
-    "decode": (360, [PY, str(ROOT / "scripts" / "decode_steps.py"), "--reps", "6", "--iters", "20",
-                     "--attribute", "--result-dir", str(RESULTS / "decode")]),
+    "decode": (360, rlt("profile --bench decode --rounds 6 --iters 20 --attribute", "decode")),
     # the GPU tests of the measurement plumbing: ColdWork sees a real compile, the kernels headline is
     # plain with PDL beside it, the decode table and profile on the GPU
     "timing-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
@@ -184,7 +182,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([
         "set -e; d=" + str(RESULTS / "e2e-session-trace") + "; mkdir -p $d;",
-        PY, str(ROOT / "scripts" / "trace_slice.py"), "workloads/mooncake/conversation_trace.jsonl",
+        PY, "-m", "rltbench.bench.trace_slice", "workloads/mooncake/conversation_trace.jsonl",
         "--start 6000 --count 30 --out $d/trace.jsonl; exec",
         *rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace TRACE --repeats 3 "
              "--trace-length-scale 0.125 --trace-time-scale 0.5 --deadline 200", "e2e-session-trace"),
@@ -217,8 +215,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                             "--deadline 220", "exit-modes")),
     # the decode step with every loop against the compute-saving step, interleaved in one process
     # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
-    "exit-stop-steps": (240, [PY, str(ROOT / "scripts" / "exit_stop_steps.py"), "--result-dir",
-                              str(RESULTS / "exit-stop-steps")]),
+    "exit-stop-steps": (240, rlt("profile --bench exit", "exit-stop-steps")),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
     "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
                                   "no:cacheprovider", "-rA", "--junitxml",
@@ -270,13 +267,12 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                     "--placements 5", "kernels-placements")),
     # the norms at 4096 x 2048 beside same-size and large copies: Nsight Compute counters of each
     # launch alone (L2 flushed) and back to back (the kernels command's graph of calls), and kernel
-    # timestamps of that graph (duration, gap, period) (scripts/ncu_norm.py); ~2 minutes
-    "ncu-norm": (300, [PY, str(ROOT / "scripts" / "ncu_norm.py"), "--result-dir", str(RESULTS / "ncu-norm")]),
+    # timestamps of that graph (duration, gap, period) (kernels --diagnose ncu); ~2 minutes
+    "ncu-norm": (300, rlt("kernels --diagnose ncu", "ncu-norm")),
     # what a slot leaves in L2 for the next one: the exact norm and the same-size copy at 4096 x 2048,
     # each replay timed alone after its twin, torch, the other, an L2 flush or an idle gap
-    # (scripts/carryover.py); why each kernels slot starts from a flushed L2; ~1 minute
-    "carryover": (150, [PY, str(ROOT / "scripts" / "carryover.py"), "--result-dir",
-                        str(RESULTS / "carryover")]),
+    # (kernels --diagnose carryover); why each kernels slot starts from a flushed L2; ~1 minute
+    "carryover": (150, rlt("kernels --diagnose carryover", "carryover")),
     # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
     # many rounds, for a difference of a few hundredths of a microsecond
     "kernels-t1": (150, rlt("kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "

@@ -177,3 +177,19 @@ def test_the_checker_sees_function_level_cycles_and_command_imports(tmp_path: Pa
     graph = import_graph(modules(pkg), scripts(tmp_path / "scripts"))
     assert imports_of_commands_from_outside(graph) == [
         "rltbench.library -> rltbench.commands.b.other", "scripts/tool.py -> rltbench.commands.a.run"]
+
+
+TIMING = PACKAGE / "bench" / "timing.py"
+
+
+def cuda_event_files(roots: Iterable[Path]) -> list[Path]:
+    """Python files under `roots` whose source names `cuda.Event` (creates or types a CUDA event)."""
+    return sorted(p for root in roots for p in root.rglob("*.py") if "cuda.Event" in p.read_text())
+
+
+def test_only_bench_timing_creates_cuda_events() -> None:
+    """Every CUDA-event loop goes through rltbench/bench/timing.py, so what a figure times (the sync,
+    the warm-up, the samples) is decided in one place (docs/measurement.md)."""
+    found = cuda_event_files([PACKAGE, PACKAGE.parent / "scripts"])
+    assert found == [TIMING], "CUDA events outside bench/timing.py: " + ", ".join(
+        str(p.relative_to(PACKAGE.parent)) for p in found if p != TIMING)

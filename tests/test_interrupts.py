@@ -36,7 +36,7 @@ WARMUP = "rltbench.backends.engine.EngineBackend.warmup"
 COMMANDS = {
     "kernels": (["kernels", "--ops", "rmsnorm", "--widths", "8", "--dtypes", "fp32", "--tokens", "1",
                  "--arms", "torch", "--repeats", "1"],
-                [("rltbench.commands.kernels.sweep.case_rows", _ctrl_c)]),
+                [("rltbench.bench.kernel_sweep.case_rows", _ctrl_c)]),
     "e2e": (["e2e", "--model", "ouro-tiny", "--arms", "torch", "--input-len", "4", "--output-len", "1",
              "--concurrency", "1", "--repeats", "1", "--device", "cpu"], [(WARMUP, _ctrl_c)]),
     "prefill": (["prefill", "--models", "huginn-tiny", "--input-lens", "12", "--concurrency", "2",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import runpy
 from pathlib import Path
 
 import pandas as pd
@@ -193,12 +192,13 @@ def test_report_never_rewrites_a_stored_manifest(tmp_path: Path) -> None:
 
 
 def test_read_jsonl_reads_a_packed_raw_file(tmp_path: Path) -> None:
-    """A stored run may keep a bulky raw file gzip-compressed (scripts/compact_results.py): every
+    """A stored run may keep a bulky raw file gzip-compressed (python -m rltbench.results.compact): every
     reader gets the same records from `name.gz` as from `name`, and [] when neither exists."""
     rows = [{"a": 1}, {"b": [2, 3]}]
     (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_jsonl(tmp_path / "requests.jsonl") == rows
-    compact = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "compact_results.py"))["compact"]
+    from rltbench.results.compact import compact
+
     assert compact(tmp_path, 0) and not (tmp_path / "requests.jsonl").exists()
     assert read_jsonl(tmp_path / "requests.jsonl") == rows
     assert read_jsonl(tmp_path / "missing.jsonl") == []

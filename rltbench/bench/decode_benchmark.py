@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rltbench.bench.timing import time_calls
 from rltbench.engine.engine import Engine
 from rltbench.errors import UsageError
 from rltbench.results.quantiles import summarize
@@ -81,16 +82,7 @@ class DecodeBenchmark:
         samples: list[float] = []
         if cuda:
             torch.cuda.synchronize(self.engine.device)
-            ev = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(iters)
-            ]
-            for s, e in ev:
-                s.record()
-                self.replay()
-                e.record()
-            torch.cuda.synchronize(self.engine.device)
-            samples = [s.elapsed_time(e) for s, e in ev]
+            samples = time_calls(self.replay, iters, device=self.engine.device)
         else:
             for _ in range(iters):
                 t0 = time.perf_counter()

@@ -8,15 +8,16 @@ replay is timed with CUDA events (warm-up replays excluded), and median / p10 / 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rltbench.bench.timing import time_calls
 from rltbench.models.base import LoopedModel
 from rltbench.models.dense_kv import DenseKVCache
+from rltbench.results.quantiles import summarize
 
 
 def capture_step(
@@ -70,20 +71,7 @@ def fill_random_kv(cache: DenseKVCache, length: int, seed: int = 0) -> None:
 
 def time_replays(replay: Callable[[], None], iters: int, warmup: int = 10) -> list[float]:
     """Per-call milliseconds of `replay()` measured with CUDA events (after `warmup` untimed calls)."""
-    for _ in range(warmup):
-        replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        replay()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-
-
-def _quantile(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, max(0, round(q * (len(sorted_ms) - 1))))]
+    return time_calls(replay, iters, warmup)
 
 
 def decode_step_ms(
@@ -105,12 +93,12 @@ def decode_step_ms(
     seq_ids = torch.arange(batch, device=device)
     graph, _ = capture_step(model, ops, cache, input_ids, positions, seq_ids, rows_are_seqs=True)
     samples = time_replays(graph.replay, iters)
-    ordered = sorted(samples)
+    q = summarize(samples)
     return {
-        "median_ms": statistics.median(samples),
-        "p10_ms": _quantile(ordered, 0.10),
-        "p90_ms": _quantile(ordered, 0.90),
-        "mean_ms": statistics.fmean(samples),
+        "median_ms": q.median,
+        "p10_ms": q.p10,
+        "p90_ms": q.p90,
+        "mean_ms": q.mean,
         "iters": iters,
         "batch": batch,
         "context": context,

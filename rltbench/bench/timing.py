@@ -11,6 +11,9 @@ Why each piece exists (docs/measurement.md):
 - `interleave_order` / `time_interleaved` time arms as A B C C B A A B C ... so clock drift, thermal
   state and neighbours hit every arm alike; `summarize` (rltbench.results.quantiles) reports median
   and spread (p10/p90, IQR).
+- `time_calls` / `time_consecutive` / `time_windows` / `time_synced_call` are the plain loops (one
+  runner, no interleaving) the step benchmarks, the attention tuner and the diagnostics use, so every
+  CUDA event of the package is created here.
 - `measure_copy_bandwidth` gives the device-to-device copy rate of *this* run, the yardstick for GB/s.
 - `count_graph_kernels` / `count_kernels_profiler` count kernels per call instead of assuming them.
 
@@ -21,10 +24,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.autograd import DeviceType
@@ -34,6 +38,7 @@ from rltbench.results.quantiles import Quantiles, summarize
 from rltbench.results.stats import abba_order
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024  # H100/H200 when the device cannot be asked
+T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,13 +315,74 @@ def _timed_rounds(runners: Mapping[str, Callable[[], Any]],
         for _ in range(reps):
             if before_sample is not None:
                 before_sample()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start, end = _event(), _event()
             start.record()
             run()
             end.record()
             pairs[name].append((start, end))
         torch.cuda.synchronize()  # bounded queue depth; keeps host and device within a round
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
+def time_calls(run: Callable[[], Any], iters: int, warmup: int = 0,
+               device: torch.device | None = None) -> list[float]:
+    """Milliseconds of each of `iters` calls of `run()`, an event pair around each.
+
+    `warmup` untimed calls come first. The device is synchronised once, after the last call, so the
+    host queues the calls ahead of the device the way a serving loop does (`device`: the one to wait
+    for, the current one by default)."""
+    for _ in range(warmup):
+        run()
+    pairs = [(_event(), _event()) for _ in range(iters)]
+    for start, end in pairs:
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize(device)
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def time_consecutive(run: Callable[[], Any], calls: int) -> list[float]:
+    """Milliseconds of each of `calls` back-to-back calls, one event between neighbours (calls + 1 in
+    all): the position of a call in the run is kept, for effects that fade call by call (e.g. what an
+    earlier kernel left in L2)."""
+    events = [_event() for _ in range(calls + 1)]
+    events[0].record()
+    for j in range(calls):
+        run()
+        events[j + 1].record()
+    torch.cuda.synchronize()
+    return [events[j].elapsed_time(events[j + 1]) for j in range(calls)]
+
+
+def time_windows(run: Callable[[], Any], windows: int, calls_per_window: int) -> list[float]:
+    """Milliseconds of each of `windows` windows of `calls_per_window` calls; the host waits for the
+    end of each window before it starts the next."""
+    start, end = _event(), _event()
+    times = []
+    for _ in range(windows):
+        start.record()
+        for _ in range(calls_per_window):
+            run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def time_synced_call(run: Callable[[], T]) -> tuple[float, float, T]:
+    """(device ms by CUDA events, wall ms, result) of one call of `run()` followed by a device sync:
+    the wall time shows the host work the device time does not."""
+    start, end = _event(), _event()
+    t0 = time.perf_counter()
+    start.record()
+    result = run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), (time.perf_counter() - t0) * 1e3, result
 
 
 def measure_copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | None = None,

@@ -148,7 +148,7 @@ def end_unfinished_runs(exc: BaseException) -> None:
 
 def read_jsonl(path: Path) -> list[Any]:
     """The records of a JSONL file, or of `path`.gz where a stored run keeps a bulky raw file
-    compressed (scripts/compact_results.py); [] when neither exists. A line torn by a hard kill is
+    compressed (python -m rltbench.results.compact); [] when neither exists. A line torn by a hard kill is
     skipped, the rest kept."""
     packed = path.with_name(path.name + ".gz")
     if path.exists():

@@ -104,3 +104,21 @@ def test_profiler_counts_eager_and_graph_kernels():
     assert timing.count_kernels_profiler(g.replay, k) == pytest.approx(2.0)  # kernels inside a graph replay
 
 
+
+
+@pytest.mark.gpu
+def test_plain_loops_count_their_samples_and_calls():
+    """The single-runner loops: one sample per call / per window, every call made, results handed back."""
+    calls = []
+    x = torch.randn(256, 256, device="cuda")
+
+    def run():
+        calls.append(1)
+        return x @ x
+
+    assert len(timing.time_calls(run, iters=5, warmup=2)) == 5 and len(calls) == 7
+    assert len(timing.time_consecutive(run, 4)) == 4 and len(calls) == 11
+    windows = timing.time_windows(run, windows=3, calls_per_window=2)
+    assert len(windows) == 3 and len(calls) == 17 and all(t > 0 for t in windows)
+    gpu_ms, wall_ms, out = timing.time_synced_call(run)
+    assert out.shape == (256, 256) and gpu_ms > 0 and wall_ms > 0

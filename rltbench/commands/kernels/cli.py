@@ -192,8 +192,33 @@ def kernels_command(
     result_dir: options.ResultDirOption = None,
     seed: Annotated[int, options.number("Base seed of the random inputs.", ge=0, le=options.SEED_MAX)] = 0,
     peer: Annotated[bool, typer.Option(help="Add Liger-Kernel as a peer column if importable.")] = True,
+    diagnose: Annotated[str | None, typer.Option(help="Instead of the sweep, one diagnosis (GPU) of one "
+                                                 "row count and width (defaults 4096, 2048): "
+                                                 "'carryover' (what a slot leaves in L2 for the next "
+                                                 "one; one op and dtype, defaults rmsnorm, bf16) or "
+                                                 "'ncu' (Nsight Compute counters and kernel timestamps "
+                                                 "of the norms beside streaming copies).")] = None,
+    positions: Annotated[int, options.number("--diagnose carryover: replays timed after each "
+                                             "predecessor.", ge=3)] = 8,
+    trials: Annotated[int, options.number("--diagnose carryover: trials per subject and predecessor.",
+                                          ge=2)] = 16,
+    launches: Annotated[int, options.number("--diagnose ncu: launches of each case per view.", ge=1)] = 8,
+    views: Annotated[str, typer.Option(help="--diagnose ncu: comma-separated kernel (each launch alone), "
+                                       "graph (back to back, Nsight Compute), trace (back to back, "
+                                       "kernel timestamps).")] = "kernel,graph,trace",
+    large_copy_mib: Annotated[int, options.number("--diagnose ncu: MiB moved by the large copy, read + "
+                                                  "write.", ge=1)] = 1024,
+    keep_reports: Annotated[bool, typer.Option(help="--diagnose ncu: keep each Nsight Compute report, "
+                                               "gzipped (about 1 MB each).")] = False,
+    ncu: Annotated[str, typer.Option(help="--diagnose ncu: the Nsight Compute command line tool (default: "
+                                     "ncu on PATH, else $CUDA_HOME/bin or /usr/local/cuda/bin).")] = "ncu",
 ) -> None:
     """Check each kernel arm against torch (bitwise for exact) and the fp64 oracle, then time it."""
+    if diagnose is not None:
+        extra = {"positions": positions, "trials": trials, "reps": launches, "views": views,
+                 "large_copy_mib": large_copy_mib, "keep_reports": keep_reports, "ncu": ncu}
+        print(run_diagnosis(diagnose, tokens, ops, dtypes, widths, seed, result_dir, extra))
+        return
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -276,6 +301,48 @@ def kernels_command(
     if failed:
         console.print(f"[bold red]{failed} row(s) failed: exact mismatch or error (see table)[/]")
         raise typer.Exit(code=1)
+
+
+DIAGNOSES = ("carryover", "ncu")
+
+
+def _one(text: str, default_text: str, default: str, flag: str) -> str:
+    """The single value a diagnosis takes from a list option (its own default where the sweep's
+    default was left)."""
+    if text == default_text:
+        return default
+    items = _split(text, flag)
+    if len(items) != 1:
+        raise UsageError(f"{flag}: --diagnose takes one value, got {text!r}")
+    return items[0]
+
+
+def run_diagnosis(name: str, tokens: str, ops: str, dtypes: str, widths: str, seed: int,
+                  result_dir: Path | None, extra: dict[str, Any]) -> str:
+    """`--diagnose NAME`: the diagnosis's run directory and table (UsageError for a bad value first).
+    `extra` holds the options only the diagnoses read."""
+    if name not in DIAGNOSES:
+        raise UsageError(f"--diagnose: unknown value {name!r} (known: {', '.join(DIAGNOSES)})")
+    try:
+        rows = int(_one(tokens, DEFAULT_TOKENS, "4096", "--tokens"))
+        width = int(_one(widths, "model", "2048", "--widths"))
+    except ValueError:
+        raise UsageError("--tokens and --widths: --diagnose takes one integer each") from None
+    if name == "ncu":
+        from rltbench.commands.kernels.ncu import NcuSpec, parse_views, run_ncu
+
+        if rows < 1 or width < 1:
+            raise UsageError("--tokens and --widths must be positive")
+        spec = NcuSpec(tokens=rows, width=width, reps=extra["reps"], views=parse_views(extra["views"]),
+                       large_copy_mib=extra["large_copy_mib"], keep_reports=extra["keep_reports"],
+                       ncu=extra["ncu"])
+        return run_ncu(spec, result_dir)
+    from rltbench.commands.kernels.carryover import CarryoverSpec, run_carryover
+
+    spec = CarryoverSpec(op=_one(ops, "all", "rmsnorm", "--ops"), tokens=rows, width=width,
+                         dtype=_one(dtypes, "bf16", "bf16", "--dtypes"), positions=extra["positions"],
+                         trials=extra["trials"], seed=seed)
+    return run_carryover(spec, result_dir)
 
 
 def _cases_done(df) -> int:

@@ -51,10 +51,12 @@ def profile_device(device: str, cpu: bool) -> tuple[str, str | None]:
 def profile_command(
     model: options.ModelOption = "ouro-1.4b",
     weights: options.WeightsOption = "random",
-    batch: Annotated[int, options.number("Sequences per decode step.", ge=1)] = 1,
+    batch: Annotated[int | None, options.number("Sequences per decode step (default 1; --bench prefill: "
+                                                "rows of the prefill step, default 4).", ge=1)] = None,
     context: Annotated[
         int | None, options.number(f"Cached tokens per sequence (default {DEFAULT_CONTEXT}, less where the "
-                                   "model's context cannot also hold the profiled steps).", ge=1)
+                                   "model's context cannot also hold the profiled steps; --bench prefill: "
+                                   "prompt length, default 512; --bench exit: default 128).", ge=1)
     ] = None,
     arms: armspec.ArmsOption = "torch,exact,approx",
     norm: armspec.NormOption = None,
@@ -67,10 +69,13 @@ def profile_command(
                           "eager CPU path, CPU op counts and host times, no GPU claims).")
     ] = options.AUTO,
     seed: options.SeedOption = 0,
-    iters: Annotated[int, options.number("Timed replays per arm (events, no profiler).", ge=1)] = 200,
+    iters: Annotated[int | None, options.number("Timed replays per arm (events, no profiler; default 200). "
+                                                "--bench: samples per cell and round (decode 20, prefill "
+                                                "3, exit 10).", ge=1)] = None,
     rounds: Annotated[
-        int, options.number("Interleaving rounds (A B C C B A ...) the iters are split into.", ge=1)
-    ] = 4,
+        int | None, options.number("Interleaving rounds (A B C C B A ...) the iters are split into (default "
+                                   "4; --bench: ABBA repetitions, decode 6, prefill 8, exit 10).", ge=1)
+    ] = None,
     replays: Annotated[
         int, options.number("Graph replays under the profiler (count cross-check).", ge=1)
     ] = 3,
@@ -79,8 +84,29 @@ def profile_command(
     ] = 3,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True, help="The same as --device cpu.")] = False,
     result_dir: options.ResultDirOption = None,
+    bench: Annotated[str | None, typer.Option(help="Instead of the profile, one step benchmark (GPU, random "
+                                              "bf16 weights, arms ABBA with an A/A arm): 'decode' (model "
+                                              "and engine decode steps, a burst), 'prefill' (eager vs "
+                                              "graph prefill step) or 'exit' (every-loop vs the "
+                                              "compute-saving exit step).")] = None,
+    attribute: Annotated[bool, typer.Option(help="--bench decode: also time the batch-1 step in four "
+                                            "engines (context class x pool size).")] = False,
+    skip_burst: Annotated[bool, typer.Option(help="--bench decode: leave out the burst.")] = False,
+    no_aa: Annotated[bool, typer.Option(help="--bench prefill: leave out the A/A arm (torch#2).")] = False,
+    warmup: Annotated[int, options.number("--bench prefill: untimed runs per arm.", ge=0)] = 2,
+    threshold: Annotated[float, options.number("--bench exit: exit threshold Q.", gt=0, lt=1)] = 0.7,
+    batches: Annotated[str, typer.Option(help="--bench exit: comma-separated batch sizes.")] = "1,8",
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
+    if bench is not None:
+        from rltbench.commands.profile.benches import StepBench, run_bench
+
+        print(run_bench(StepBench(bench, model, arms, batch, context, iters, rounds, attribute, skip_burst,
+                                  no_aa, warmup, threshold, batches), result_dir))
+        return
+    batch = 1 if batch is None else batch
+    iters = 200 if iters is None else iters
+    rounds = 4 if rounds is None else rounds
     # torch and the engine: loaded when the command runs, not for `rltbench profile --help`
     from rltbench import runtime
     from rltbench.commands.profile.collect import ProfileSpec, fit_context, run_profile

@@ -28,6 +28,7 @@ import torch
 
 from rltbench import tuned
 from rltbench.bench.decode import serving_len_class
+from rltbench.bench.timing import time_windows
 from rltbench.engine.attention import (
     _decode_torch,
     _decode_triton,
@@ -136,15 +137,8 @@ def _time_graph(fns: Sequence[Callable[[], torch.Tensor]], reps: int, min_calls:
     graph.replay()
     torch.cuda.synchronize()
     replays = max(1, -(-min_calls // len(fns)))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / (replays * len(fns)))
+    windows_ms = time_windows(graph.replay, reps, replays)
+    times = [ms * 1000.0 / (replays * len(fns)) for ms in windows_ms]
     del graph
     return times
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """GPU evidence for prefill CUDA graphs: one engine prefill step of ROWS x LEN tokens (default 4 x 512 =
 2048, the step of a 512-token burst under the default 2048-token budget) per arm, eager vs graph replay,
 arms and modes interleaved ABBA over repetitions, with an A/A arm (torch#2: torch measured twice).
@@ -19,22 +18,24 @@ whether replay and eager sample the same ids (and each arm the torch arm's), and
 pool grew for the capture (the memory that must fit in kv_headroom_gib). Random-weight Ouro-1.4B, bf16;
 about a minute on an H200.
 
-    python scripts/prefill_steps.py --result-dir results/gpu/prefill
+    rltbench profile --bench prefill --result-dir results/gpu/prefill
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from rltbench.bench.timing import time_synced_call
 from rltbench.bench.warmth import ColdWork, cold_cells
 from rltbench.engine import Engine, EngineConfig, SamplingParams
 from rltbench.engine.scheduler import PrefillBatch
+from rltbench.errors import UsageError
 from rltbench.kernels import ARMS
 from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
@@ -67,13 +68,7 @@ def timed_call(fn: Callable[[], list[int]], cuda: bool) -> tuple[float, float, l
         ids = fn()
         wall = (time.perf_counter() - t0) * 1e3
         return wall, wall, ids
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    a.record()
-    ids = fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b), (time.perf_counter() - t0) * 1e3, ids
+    return time_synced_call(fn)
 
 
 def interleaved_samples(
@@ -237,60 +232,48 @@ def _speedup(r: dict[str, Any], digits: int = 3) -> str:
     return f"{format_interval(r['speedup'], digits)} | {format_spread(r['aa_spread'])} | {r['label']}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--result-dir", default=None)
-    ap.add_argument("--model", default="ouro-1.4b")
-    ap.add_argument("--arms", default="torch,exact,approx")
-    ap.add_argument("--no-aa", action="store_true", help="leave out the A/A arm (torch#2)")
-    ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--length", type=int, default=512)
-    ap.add_argument("--reps", type=int, default=8, help="ABBA repetitions (8: the median's min-max "
-                    "interval covers 99%%)")
-    ap.add_argument("--iters", type=int, default=3, help="samples per unit and repetition")
-    ap.add_argument("--warmup", type=int, default=2)
-    args = ap.parse_args()
+def run_prefill_steps(model_name: str, arms_text: str, no_aa: bool, rows: int, length: int, reps: int,
+                      iters: int, warmup: int, result_dir: Path | None) -> str:
+    """`rltbench profile --bench prefill`: the run directory's table (UsageError before any work)."""
     if not torch.cuda.is_available():
-        print("prefill_steps.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    arms = [a for a in args.arms.split(",") if a]
+        raise UsageError("--bench prefill needs a CUDA GPU")
+    arms = [a for a in arms_text.split(",") if a]
     if REF not in arms or any(a not in ARMS for a in arms):
-        print(f"--arms must include {REF} and name arms of {sorted(ARMS)}", file=sys.stderr)
-        return 2
-    if not args.no_aa:
+        raise UsageError(f"--arms must include {REF} and name arms of {sorted(ARMS)}")
+    if not no_aa:
         arms.append(aa_name(REF))
     run = RunDir.create(
         "prefill",
-        args.result_dir,
+        result_dir,
         argv=list(sys.argv),
-        config={"model": args.model, "arms": arms, "rows": args.rows, "length": args.length,
-                "reps": args.reps, "iters": args.iters, "warmup": args.warmup,
+        config={"model": model_name, "arms": arms, "rows": rows, "length": length,
+                "reps": reps, "iters": iters, "warmup": warmup,
                 "selections": {a: ARMS[a.split("#")[0]].to_dict() for a in arms}, "random_weights": True},
     )  # fmt: skip
-    model = build_model(args.model, device="cuda", dtype=torch.bfloat16, seed=0)
+    model = build_model(model_name, device="cuda", dtype=torch.bfloat16, seed=0)
     norm_onelaunch.prevalidate([model.config.hidden_size], [torch.bfloat16])
-    tokens = args.rows * args.length
+    tokens = rows * length
     bs = 16
     cfg = EngineConfig(
         block_size=bs,
-        num_blocks=args.rows * -(-args.length // bs) + 16,
-        max_num_seqs=max(8, args.rows),
+        num_blocks=rows * -(-length // bs) + 16,
+        max_num_seqs=max(8, rows),
         max_num_batched_tokens=tokens,
-        max_model_len=args.length + 16,
+        max_model_len=length + 16,
         enable_prefix_caching=False,
     )
     g = torch.Generator().manual_seed(1234)
-    prompts = torch.randint(3, model.config.vocab_size, (args.rows, args.length), generator=g).tolist()
-    summary: dict[str, Any] = {"model": args.model, "rows": args.rows, "length": args.length,
-                               "reps": args.reps, "iters": args.iters, "arms": arms, "aa": None}  # fmt: skip
+    prompts = torch.randint(3, model.config.vocab_size, (rows, length), generator=g).tolist()
+    summary: dict[str, Any] = {"model": model_name, "rows": rows, "length": length,
+                               "reps": reps, "iters": iters, "arms": arms, "aa": None}  # fmt: skip
     try:
         with torch.inference_mode():
             engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
-            summary["warmup"] = [warm_arm(engine, a, prompts, args.warmup) for a in arms]
+            summary["warmup"] = [warm_arm(engine, a, prompts, warmup) for a in arms]
             run.write_json("summary.json", summary)
             step, ids = schedule_step(engine, "timed", prompts)
             units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
-            timed = interleaved_samples(units, args.reps, args.iters, True, engine, torch.device("cuda"))
+            timed = interleaved_samples(units, reps, iters, True, engine, torch.device("cuda"))
             for rid in ids:
                 engine.abort_request(rid)
     except BaseException as exc:
@@ -303,9 +286,4 @@ def main() -> int:
     ref_ids = timed["ids"][unit_name(REF, "graph")]
     summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
     summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
-    print(run.finish(table(summary), summary=summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run.finish(table(summary), summary=summary)

@@ -2,7 +2,7 @@
 so committed GPU results stay small; `rltbench report` and every reader go through
 rltbench.results.rundir.read_jsonl, which reads `<name>.gz` where `<name>` is gone.
 
-    python scripts/compact_results.py results/gpu [--min-kib 150]
+    python -m rltbench.results.compact results/gpu [--min-kib 150]
 
 Only `*.jsonl` files of at least --min-kib are packed (gzip level 9, mtime 0: the same bytes on
 every run); tables, manifests and plots are left alone.

@@ -1,12 +1,11 @@
-#!/usr/bin/env python3
 """Cut a Mooncake-format trace: records START..START+COUNT of a JSONL trace, arrival times rebased to 0.
 
 A session replay takes any trace in this format (`rltbench e2e --workload session --trace FILE`); a
 slice from the middle of the shipped one-hour trace is a different user load than its first
 records (the `mooncake-*` presets), with the same record shape.
 
-    python scripts/trace_slice.py workloads/mooncake/conversation_trace.jsonl --start 6000 --count 40 \\
-        --out my_trace.jsonl
+    python -m rltbench.bench.trace_slice workloads/mooncake/conversation_trace.jsonl \\
+        --start 6000 --count 40 --out my_trace.jsonl
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Counters and kernel timestamps of the norms at 4096 x 2048 (bf16) beside streaming copies.
 
 Why: `rltbench kernels` times each arm by replaying a CUDA graph of calls back to back (inputs
@@ -23,7 +22,8 @@ Three views, each its own pass over the same cases:
 Clocks are left free (`--clock-control none`). The kernels command's figures stay the headline;
 here a kernel is compared with the copies beside it in the same view.
 
-The script runs Nsight Compute on itself: the child (`--workload`) builds the cases, warms them
+`rltbench kernels --diagnose ncu` runs Nsight Compute on this module: the child (`--workload`)
+builds the cases, warms them
 (compiles, the exact norm's validation, graph captures), then launches each case once per
 repetition (cases in ABBA order) between cudaProfilerStart/Stop (or under torch.profiler) and
 writes the launch plan; the parent reads each report back as CSV and joins its rows to the plan in
@@ -32,7 +32,7 @@ metrics_<view>.csv (every metric collected, per launch), plan_<view>.json, launc
 summary.json and table.md (with --keep-reports also the raw reports, ncu_<view>.ncu-rep.gz); each
 view's rows are kept as soon as it ends.
 
-    python scripts/ncu_norm.py --result-dir results/gpu/ncu-norm
+    rltbench kernels --diagnose ncu --result-dir results/gpu/ncu-norm
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as `python scripts/ncu_norm.py`: rltbench from this tree
+from rltbench.bench.kernel_sweep import BenchConfig
+from rltbench.errors import UsageError
 
-from rltbench.bench.kernel_sweep import BenchConfig  # noqa: E402
-from rltbench.errors import UsageError  # noqa: E402
-from rltbench.results import RunDir  # noqa: E402
+if TYPE_CHECKING:
+    from rltbench.results import RunDir
 
 # what each metric answers (Nsight Compute names; base units: ns, bytes, %); launch__* only alone
 METRICS: dict[str, str] = {
@@ -83,36 +83,39 @@ LARGE_COPY = "large copy"
 Call = Callable[[int], Any]   # one launch on input set i % sets
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--result-dir", type=Path, help="run directory to create (required)")
-    p.add_argument("--tokens", type=int, default=4096, help="rows of the norms (default 4096)")
-    p.add_argument("--width", type=int, default=2048, help="row width (default 2048)")
-    p.add_argument("--reps", type=int, default=8, help="launches of each case per view (default 8)")
-    p.add_argument("--views", default="kernel,graph,trace",
-                   help="comma-separated: kernel (each launch alone, Nsight Compute), graph (back to back, "
-                   "Nsight Compute), trace (back to back, kernel timestamps); default all three")
-    p.add_argument("--large-copy-mib", type=int, default=1024,
-                   help="bytes moved by the large copy, read + write (default 1024 MiB)")
-    p.add_argument("--keep-reports", action="store_true",
-                   help="keep each Nsight Compute report, gzipped (about 1 MB each; metrics_<view>.csv "
-                   "holds every metric collected either way)")
-    p.add_argument("--ncu", default="ncu", help="Nsight Compute command line tool (default: ncu on "
-                   "PATH, else $CUDA_HOME/bin or /usr/local/cuda/bin)")
-    p.add_argument("--workload", type=Path, help=argparse.SUPPRESS)  # the child under ncu: plan path
-    p.add_argument("--workload-mode", choices=list(VIEWS), default="kernel", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    for name in ("tokens", "width", "reps", "large_copy_mib"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    a.views = [v for v in a.views.split(",") if v]
-    unknown = [v for v in a.views if v not in VIEWS]
-    if unknown or not a.views:
-        p.error(f"--views: {','.join(unknown) or 'none given'}; choose from {','.join(VIEWS)}")
-    if a.workload is None and a.result_dir is None:
-        p.error("--result-dir is required")
-    return a
+
+
+@dataclass(frozen=True)
+class NcuSpec:
+    """One diagnosis: the norms' rows and width, launches per case and view, the views, the large
+    copy's size, whether the raw reports are kept, and the Nsight Compute executable."""
+
+    tokens: int = 4096
+    width: int = 2048
+    reps: int = 8
+    views: tuple[str, ...] = tuple(VIEWS)
+    large_copy_mib: int = 1024
+    keep_reports: bool = False
+    ncu: str = "ncu"
+
+
+def parse_views(text: str) -> tuple[str, ...]:
+    """`--views`: a comma list of VIEWS (UsageError naming the option otherwise)."""
+    views = tuple(v for v in text.split(",") if v)
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown or not views:
+        raise UsageError(f"--views: {','.join(unknown) or 'none given'}; choose from {','.join(VIEWS)}")
+    return views
+
+
+def parse_workload_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The child's command line (written by `child_command`, never by a user)."""
+    p = argparse.ArgumentParser(description="the workload of `rltbench kernels --diagnose ncu`")
+    p.add_argument("--workload", type=Path, required=True)
+    p.add_argument("--workload-mode", choices=list(VIEWS), default="kernel")
+    for name in ("--tokens", "--width", "--reps", "--large-copy-mib"):
+        p.add_argument(name, type=int, required=True)
+    return p.parse_args(argv)
 
 
 Case = tuple[Call, int, int, int]   # call, input sets, bytes read once, bytes written once
@@ -477,18 +480,18 @@ def check_environment(ncu: str, needs_ncu: bool = True) -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        raise UsageError("ncu_norm needs a CUDA GPU; none is visible")
+        raise UsageError("--diagnose ncu needs a CUDA GPU; none is visible")
     return path
 
 
-def child_command(view: str, plan_path: Path, a: argparse.Namespace) -> list[str]:
-    """The workload process of one view."""
-    return [sys.executable, str(Path(__file__).resolve()), "--workload", str(plan_path), "--workload-mode",
+def child_command(view: str, plan_path: Path, a: NcuSpec) -> list[str]:
+    """The workload process of one view (this module run by the same Python)."""
+    return [sys.executable, "-m", __name__, "--workload", str(plan_path), "--workload-mode",
             view, "--tokens", str(a.tokens), "--width", str(a.width), "--reps", str(a.reps),
             "--large-copy-mib", str(a.large_copy_mib)]
 
 
-def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+def profile_view(run: RunDir, ncu: str | None, view: str, a: NcuSpec) -> list[dict[str, Any]]:
     """One view's rows: the trace view runs the child alone (it records its own timestamps); the
     Nsight Compute views run it under ncu, keep its metrics as CSV (and with --keep-reports the
     report itself, gzipped), and join the report's rows to the plan."""
@@ -501,7 +504,7 @@ def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace)
         child = [ncu, "--profile-from-start", "off", *options, "--clock-control", "none",
                  "--metrics", ",".join(METRICS), "--export", str(report), "--force-overwrite", *child]
     print(f"[{view}]", " ".join(child), flush=True)
-    subprocess.run(child, check=True)
+    subprocess.run(child, check=True, env=_child_env())
     run.adopt(plan_path.name)
     plan = json.loads(plan_path.read_text())
     if options is None:
@@ -516,20 +519,22 @@ def profile_view(run: RunDir, ncu: str | None, view: str, a: argparse.Namespace)
     return join_plan(plan, parse_raw_csv(csv_text), view)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    if a.workload is not None:
-        run_workload(a)
-        return 0
-    try:
-        ncu = check_environment(a.ncu, needs_ncu=any(VIEWS[v] is not None for v in a.views))
-        config = {"tokens": a.tokens, "width": a.width, "reps": a.reps, "views": a.views,
-                  "large_copy_mib": a.large_copy_mib, "graph_calls_min": GRAPH_CALLS, "metrics": METRICS,
-                  "ncu_options": {v: [*o, "--clock-control", "none"] for v in a.views if (o := VIEWS[v])}}
-        run = RunDir.create("ncu-norm", a.result_dir, argv=sys.argv, config=config)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _child_env() -> dict[str, str]:
+    """The environment of a child: this package importable whatever the working directory."""
+    root = str(Path(__file__).resolve().parents[3])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
+
+
+def run_ncu(a: NcuSpec, result_dir: Path | None) -> str:
+    """Check the environment, then profile each view; returns the table (and where the run lies)."""
+    from rltbench.results import RunDir
+
+    ncu = check_environment(a.ncu, needs_ncu=any(VIEWS[v] is not None for v in a.views))
+    config = {"tokens": a.tokens, "width": a.width, "reps": a.reps, "views": list(a.views),
+              "large_copy_mib": a.large_copy_mib, "graph_calls_min": GRAPH_CALLS, "metrics": METRICS,
+              "ncu_options": {v: [*o, "--clock-control", "none"] for v in a.views if (o := VIEWS[v])}}
+    run = RunDir.create("ncu-norm", result_dir, argv=sys.argv, config=config)
     rows: list[dict[str, Any]] = []
     summary: dict[str, dict[str, dict[str, Any]]] = {}
     try:
@@ -544,9 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             run.write_markdown("table.md", table(summary, config))
         run.mark_ended(exc)
         raise
-    print(run.finish(table(summary, config), summary=summary))
-    return 0
+    return run.finish(table(summary, config), summary=summary)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":   # the child under Nsight Compute (or alone, for the trace view)
+    run_workload(parse_workload_args())

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """GPU evidence for Ouro's compute-saving exit: the engine decode step that runs every loop against
 the same step in the compute-saving mode (`--exit-mode stop`), timed interleaved in one process.
 
-Why a script of its own: the e2e scenario runs the two modes as separate runs (their tokens differ,
+Why a benchmark of its own: the e2e scenario runs the two modes as separate runs (their tokens differ,
 so each mode is its own identity group), and separate runs minutes apart also differ by the GPU's
 own drift. Here both engines hold their decode graphs at once and every runner is timed in the same
 ABBA rounds with an A/A copy of the reference (rltbench.bench.timing.time_interleaved, CUDA events,
@@ -19,13 +18,13 @@ exact arm's graphs, Ouro-1.4B with random bf16 weights and exit threshold Q):
 Random weights: the synthetic rows exit where the random gate sends them, not where a workload's
 tokens would; `stop` shows the step at that depth, `stop-all-loops` the mode's overhead.
 
-    python scripts/exit_stop_steps.py --result-dir results/gpu/exit-stop-steps
+    rltbench profile --bench exit --result-dir results/gpu/exit-stop-steps
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from rltbench.arms import ArmSpec
 from rltbench.bench import timing
 from rltbench.bench.warmth import ColdWork
 from rltbench.engine import Engine, EngineConfig
+from rltbench.errors import UsageError
 from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
 from rltbench.results import RunDir
@@ -112,49 +112,28 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--result-dir", default=None)
-    ap.add_argument("--model", default="ouro-1.4b")
-    ap.add_argument("--threshold", type=float, default=0.7, help="exit threshold Q (0 < Q < 1)")
-    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-    ap.add_argument("--context", type=int, default=128, help="cached tokens per synthetic row")
-    ap.add_argument("--rounds", type=int, default=10, help="ABBA rounds (the intervals are over rounds)")
-    ap.add_argument("--reps", type=int, default=10, help="samples per runner and round")
-    args = ap.parse_args()
+def run_exit_steps(model_name: str, threshold: float, batches: list[int], context: int, rounds: int,
+                   reps: int, result_dir: Path | None) -> str:
+    """`rltbench profile --bench exit`: the run directory's table (UsageError before any work)."""
     if not torch.cuda.is_available():
-        print("exit_stop_steps.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    try:
-        batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    except ValueError:
-        print(f"--batches {args.batches!r}: expected comma-separated integers", file=sys.stderr)
-        return 2
-    if not 0.0 < args.threshold < 1.0 or not batches or min(batches) < 1 or args.context < 1:
-        print("--threshold must lie in (0, 1), --batches and --context must be positive", file=sys.stderr)
-        return 2
-    config = {"model": args.model, "threshold": args.threshold, "batches": batches,
-              "context": args.context, "rounds": args.rounds, "reps": args.reps, "arm": "exact (scope graph)",
+        raise UsageError("--bench exit needs a CUDA GPU")
+    config = {"model": model_name, "threshold": threshold, "batches": batches,
+              "context": context, "rounds": rounds, "reps": reps, "arm": "exact (scope graph)",
               "random_weights": True}
-    run = RunDir.create("exit-stop-steps", args.result_dir, argv=sys.argv, config=config)
-    summary: dict[str, Any] = {"model": args.model, "threshold": args.threshold, "cells": []}
+    run = RunDir.create("exit-stop-steps", result_dir, argv=sys.argv, config=config)
+    summary: dict[str, Any] = {"model": model_name, "threshold": threshold, "cells": []}
     try:
-        models = [build_model(args.model, device="cuda", dtype=torch.bfloat16, seed=0,
-                              early_exit_threshold=args.threshold, stop_at_exit=stop)
+        models = [build_model(model_name, device="cuda", dtype=torch.bfloat16, seed=0,
+                              early_exit_threshold=threshold, stop_at_exit=stop)
                   for stop in (False, True)]
         norm_onelaunch.prevalidate([models[0].config.hidden_size], [torch.bfloat16])
         with torch.inference_mode():
             for rows in batches:
-                summary["cells"].append(cell(*models, rows, args.context, args.rounds, args.reps))
+                summary["cells"].append(cell(*models, rows, context, rounds, reps))
                 run.write_json("summary.json", summary)
                 print(f"batch {rows}: done", flush=True)
     except BaseException as exc:
         run.write_json("summary.json", summary)
         run.mark_ended(exc)
         raise
-    print(run.finish(table(summary), summary=summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run.finish(table(summary), summary=summary)

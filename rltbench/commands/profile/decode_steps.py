@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """GPU evidence for the models and engine decode steps, in one run directory. Every timing: each cell
 warmed first (graph captured, kernels compiled), arms ABBA over repetitions with an A/A arm (torch#2),
 a ColdWork check per timed cell, speedups as paired intervals labelled against the A/A spread.
@@ -14,15 +13,15 @@ a ColdWork check per timed cell, speedups as paired intervals labelled against t
 4. A burst of 128 requests x 512/128 tokens through the engine for every arm in one job:
    completion, every KV block returned, token identity of each arm vs torch.
 
-    python scripts/decode_steps.py --result-dir results/gpu/decode
+    rltbench profile --bench decode --result-dir results/gpu/decode
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from rltbench.bench.decode import (
 from rltbench.bench.model_step import capture_step, fill_random_kv, time_replays
 from rltbench.bench.warmth import ColdWork, cold_cells
 from rltbench.engine import Engine, EngineConfig, SamplingParams
+from rltbench.errors import UsageError
 from rltbench.kernels import ARMS, make_ops
 from rltbench.kernels.norm import onelaunch as norm_onelaunch
 from rltbench.models import build_model
@@ -227,60 +227,47 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--result-dir", default=None)
-    ap.add_argument("--model", default="ouro-1.4b")
-    ap.add_argument("--reps", type=int, default=6, help="ABBA repetitions (6: the median's min-max "
-                    "interval covers 97%%)")
-    ap.add_argument("--iters", type=int, default=20, help="replays per cell and repetition")
-    ap.add_argument("--skip-burst", action="store_true")
-    ap.add_argument("--attribute", action="store_true", help="also time the batch-1 step in four engines "
-                    "(context class x pool size)")
-    args = ap.parse_args()
+def run_decode_steps(model_name: str, reps: int, iters: int, attribute: bool, skip_burst: bool,
+                     result_dir: Path | None) -> str:
+    """`rltbench profile --bench decode`: the run directory's table (UsageError before any work)."""
     if not torch.cuda.is_available():
-        print("decode_steps.py needs a CUDA GPU", file=sys.stderr)
-        return 2
+        raise UsageError("--bench decode needs a CUDA GPU")
     arms = ["torch", "exact", "approx", aa_name(REF)]
     run = RunDir.create(
         "decode",
-        args.result_dir,
-        config={"model": args.model, "arms": arms, "reps": args.reps, "iters": args.iters,
+        result_dir,
+        argv=list(sys.argv),
+        config={"model": model_name, "arms": arms, "reps": reps, "iters": iters,
                 "selections": {a: ARMS[a.split("#")[0]].to_dict() for a in arms}, "random_weights": True},
     )  # fmt: skip
     torch.manual_seed(0)
-    model = build_model(args.model, device="cuda", dtype=torch.bfloat16, seed=0)
+    model = build_model(model_name, device="cuda", dtype=torch.bfloat16, seed=0)
     # validate the one-launch exact norm before any capture (never validated inside a capture)
     norm_onelaunch.prevalidate([model.config.hidden_size], [torch.bfloat16])
-    summary: dict[str, Any] = {"model": args.model, "random_weights": True}
+    summary: dict[str, Any] = {"model": model_name, "random_weights": True}
     try:
         with torch.inference_mode():
-            summary["model_step"] = model_steps(model, arms, args.reps, args.iters)
+            summary["model_step"] = model_steps(model, arms, reps, iters)
             run.write_json("summary.json", summary)
-            if args.attribute:
+            if attribute:
                 attr_arms = [REF, "exact", aa_name(REF)]
-                summary["attribution"] = attribution(model, attr_arms, args.reps, args.iters)
+                summary["attribution"] = attribution(model, attr_arms, reps, iters)
                 run.write_json("summary.json", summary)
             cfg = decode_engine_config(128, CONTEXT, extra_tokens=128,
                                        model_max_len=int(model.config.max_position_embeddings))  # fmt: skip
             engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
             summary["engine_step"] = decode_step_table(
-                engine, arms, batch_sizes=(1, 8, 32), context_len=CONTEXT, iters=args.iters, reps=args.reps
+                engine, arms, batch_sizes=(1, 8, 32), context_len=CONTEXT, iters=iters, reps=reps
             )
             summary["engine_step"]["num_blocks"] = engine.num_blocks
             summary["engine_stats"] = engine.stats()
             run.write_json("summary.json", summary)
             for r in summary["engine_step"]["rows"]:
                 print(f"engine step {r['arm']} b={r['batch']}: {r['median_ms']:.3f} ms", flush=True)
-            if not args.skip_burst:
+            if not skip_burst:
                 summary["burst"] = burst(engine, arms[:3], 128, CONTEXT, 128)
     except BaseException as exc:
         run.write_json("summary.json", summary)
         run.mark_ended(exc)
         raise
-    print(run.finish(table(summary), summary=summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run.finish(table(summary), summary=summary)

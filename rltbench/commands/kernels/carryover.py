@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How long the cache state one timed slot leaves behind lasts, and whom it favours.
 
 Why: `rltbench kernels` times arms in interleaved slots (ABBA rounds, one untimed primer per slot).
@@ -6,7 +5,8 @@ The inputs rotate over more than 3 x L2, so every call reads them from DRAM, but
 *state* (which lines are dirty, which are marked evict-first) is whatever the previous slot left.
 A kernel whose loads are marked evict-first keeps lines of normal priority that another kernel
 left for a long time. If that moves its time, its figure depends on which arms stand next to it
-in the order. This script measures it directly: for a subject (the exact arm's op, or the
+in the order. `rltbench kernels --diagnose carryover` measures it directly: for a subject (the
+exact arm's op, or the
 same-size copy) captured exactly as the kernels command captures it, each trial runs a subject
 slot (a common start), then one predecessor slot, then P replays of the subject, each timed on
 its own. Predecessors: the subject's twin (the same op on other buffers), torch's op, the other
@@ -19,24 +19,20 @@ Writes samples.json (every timed replay), summary.json (median per subject, pred
 position; each predecessor's median at positions 1 and 2, the two samples a kernels slot times
 after its primer, against the twin's), table.md and the manifest.
 
-    python scripts/carryover.py --result-dir results/gpu/carryover
+    rltbench kernels --diagnose carryover --result-dir results/gpu/carryover
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as `python scripts/carryover.py`: rltbench from this tree
-
-from rltbench.errors import UsageError  # noqa: E402
-from rltbench.results import RunDir  # noqa: E402
+from rltbench.errors import UsageError
 
 SUBJECTS = ("exact", "same-size copy")
 PREDECESSORS = ("twin", "torch", "other", "flush", "idle")
@@ -44,30 +40,29 @@ IDLE_S = 0.004          # about one torch slot of the norm at 4096 x 2048 (3 rep
 SLOT_REPLAYS = 3        # a kernels slot: the primer and two timed samples
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--result-dir", required=True, help="where the run directory is written")
-    p.add_argument("--op", default="rmsnorm", help="the kernels command's op (default rmsnorm)")
-    p.add_argument("--tokens", type=int, default=4096, help="rows (default 4096)")
-    p.add_argument("--width", type=int, default=2048, help="row width (default 2048)")
-    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
-    p.add_argument("--positions", type=int, default=8, help="replays timed after each predecessor (>= 3)")
-    p.add_argument("--trials", type=int, default=16, help="trials per subject and predecessor (>= 2)")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class CarryoverSpec:
+    """One diagnosis: the case (op, rows, width, dtype), replays timed per trial, trials, seed."""
+
+    op: str = "rmsnorm"
+    tokens: int = 4096
+    width: int = 2048
+    dtype: str = "bf16"
+    positions: int = 8
+    trials: int = 16
+    seed: int = 0
 
 
-def check_args(a: argparse.Namespace) -> None:
+def check_args(a: CarryoverSpec) -> None:
     """Every bad input as one UsageError before any GPU work."""
     from rltbench.bench.kernel_sweep import DTYPES
     from rltbench.kernels.cases import op_case
 
     op_case(a.op)   # UsageError for an unknown op
     if a.dtype not in DTYPES:
-        raise UsageError(f"--dtype {a.dtype!r}: expected one of {', '.join(DTYPES)}")
+        raise UsageError(f"--dtypes {a.dtype!r}: expected one of {', '.join(DTYPES)}")
     if a.tokens < 1 or a.width < 1:
-        raise UsageError("--tokens and --width must be positive")
+        raise UsageError("--tokens and --widths must be positive")
     if a.positions < 3:
         raise UsageError("--positions must be at least 3 (positions 1 and 2 are a kernels slot's samples)")
     if a.trials < 2:
@@ -118,7 +113,7 @@ def table(summary: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(a: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
+def build(a: CarryoverSpec) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
     """Runners (graph replays and the L2 flush) for each subject and its twin and torch's op, the
     graphs captured as the kernels command captures a case whose sets rotate past L2; and the
     case's facts."""
@@ -166,10 +161,12 @@ def build(a: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], dict[st
     return runs, facts
 
 
-def measure(a: argparse.Namespace, runs: dict[str, Callable[[], None]]
+def measure(a: CarryoverSpec, runs: dict[str, Callable[[], None]]
             ) -> dict[str, dict[str, list[list[float]]]]:
     """Per subject, predecessor and position: the replay's time (us for all of its calls)."""
     import torch
+
+    from rltbench.bench.timing import time_consecutive
 
     def slot(name: str) -> None:
         if name == "idle":
@@ -193,30 +190,20 @@ def measure(a: argparse.Namespace, runs: dict[str, Callable[[], None]]
             for pred in PREDECESSORS if t % 2 == 0 else PREDECESSORS[::-1]:
                 slot(subject)
                 slot(named[pred])
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(a.positions + 1)]
-                ev[0].record()
-                for j in range(a.positions):
-                    runs[subject]()
-                    ev[j + 1].record()
-                torch.cuda.synchronize()
-                for j in range(a.positions):
-                    samples[subject][pred][j].append(ev[j].elapsed_time(ev[j + 1]) * 1000.0)
+                for j, ms in enumerate(time_consecutive(runs[subject], a.positions)):
+                    samples[subject][pred][j].append(ms * 1000.0)
         print(f"{subject}: {a.trials} trials x {len(PREDECESSORS)} predecessors", flush=True)
     return samples
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    try:
-        check_args(a)
-        config = {"op": a.op, "tokens": a.tokens, "width": a.width, "dtype": a.dtype,
-                  "positions": a.positions,
-                  "trials": a.trials, "seed": a.seed, "subjects": list(SUBJECTS),
-                  "predecessors": list(PREDECESSORS), "slot_replays": SLOT_REPLAYS, "idle_s": IDLE_S}
-        run = RunDir.create("carryover", a.result_dir, argv=sys.argv, config=config)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def run_carryover(a: CarryoverSpec, result_dir: Path | None) -> str:
+    """Check, build, measure and write the run directory; returns the table (and where it lies)."""
+    from rltbench.results import RunDir
+
+    check_args(a)
+    config = {**asdict(a), "subjects": list(SUBJECTS), "predecessors": list(PREDECESSORS),
+              "slot_replays": SLOT_REPLAYS, "idle_s": IDLE_S}
+    run = RunDir.create("carryover", result_dir, argv=sys.argv, config=config)
     try:
         runs, facts = build(a)
         config |= facts
@@ -230,9 +217,4 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         run.mark_ended(exc)
         raise
-    print(run.finish(table(summary, config), summary=summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run.finish(table(summary, config), summary=summary)

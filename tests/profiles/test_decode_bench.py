@@ -1,27 +1,24 @@
-"""scripts/decode_steps.py without a GPU (ouro-tiny, eager CPU engine): the engine decode table with
+"""`rltbench profile --bench decode` without a GPU (ouro-tiny, eager CPU engine): the engine decode table with
 its A/A arm and labels, the four-engine attribution (context class x pool size), and the table that
 reports them, including a cold timed cell."""
 
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import pytest
 import torch
 
 from rltbench.bench.decode import decode_engine_config, decode_step_table
+from rltbench.commands.profile import decode_steps
 from rltbench.engine import Engine
 from rltbench.kernels import ARMS
 from rltbench.models import build_model
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "decode_steps.py"
 ARMS4 = ["torch", "exact", "approx", "torch#2"]
 
 
 @pytest.fixture(scope="module")
 def ds() -> dict:
-    return runpy.run_path(str(SCRIPT))
+    return vars(decode_steps)
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,13 @@
-"""scripts/prefill_steps.py without a GPU: units (arm/mode) timed ABBA over repetitions with an A/A
+"""`rltbench profile --bench prefill` without a GPU: units (arm/mode) timed ABBA over repetitions with an A/A
 arm, each repetition inside a ColdWork check (a capture there flags the cell), paired speedups labelled
 against the A/A spread, and the table that says so."""
 
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "prefill_steps.py"
+from rltbench.commands.profile import prefill_steps
+
 ARMS = ["torch", "exact", "torch#2"]
 # eager: the same torch ops in every arm (scope graph); graph: exact's fused kernels are faster
 BASE_MS = {"torch/eager": 150.0, "torch/graph": 70.0, "exact/eager": 150.0, "exact/graph": 50.0,
@@ -18,7 +16,7 @@ BASE_MS = {"torch/eager": 150.0, "torch/graph": 70.0, "exact/eager": 150.0, "exa
 
 @pytest.fixture(scope="module")
 def ps() -> dict:
-    return runpy.run_path(str(SCRIPT))
+    return vars(prefill_steps)
 
 
 def _units(calls: list[str]) -> dict:
@@ -102,3 +100,20 @@ def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
     assert "**1 timed cells were not warm**: exact/graph rep 0" in text
     assert "| eager: arm vs torch |" in text and "| graph: arm vs torch |" in text
     assert "| torch#2 | " in text and "A/A" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bench", "nope"], "--bench: unknown value 'nope'"),
+    (["--bench", "exit", "--batches", "0"], "--batches: 0 must be >= 1"),
+    (["--bench", "exit", "--threshold", "1"], "--threshold"),
+    (["--bench", "prefill", "--warmup", "-1"], "--warmup"),
+])
+def test_bad_bench_input_exits_2_before_any_work(tmp_path, monkeypatch, args, message) -> None:
+    from typer.testing import CliRunner
+
+    from rltbench.cli import app
+
+    monkeypatch.setenv("COLUMNS", "250")
+    res = CliRunner().invoke(app, ["profile", *args, "--result-dir", str(tmp_path / "run")])
+    assert res.exit_code == 2 and message in res.output
+    assert not (tmp_path / "run").exists()

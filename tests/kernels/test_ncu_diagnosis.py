@@ -1,23 +1,22 @@
-"""scripts/ncu_norm.py without a GPU: Nsight Compute's raw CSV read back (units row, thousands
+"""`rltbench kernels --diagnose ncu` without a GPU: Nsight Compute's raw CSV read back (units row, thousands
 separators, notes, n/a), rows joined to the launch plan one to one (a count mismatch is an error, not
 a silent shift), figures per call in the back-to-back view, ratios against the copies beside a
 kernel, and bad input refused with exit 2 before any work."""
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from rltbench.commands.kernels import ncu as ncu_module
 from rltbench.errors import UsageError
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ncu_norm.py"
 
 
 @pytest.fixture(scope="module")
 def ncu() -> dict:
-    return runpy.run_path(str(SCRIPT))
+    return vars(ncu_module)
 
 
 def _csv(rows: list[tuple[str, float, float, float]]) -> str:
@@ -103,18 +102,29 @@ def test_trace_view(ncu) -> None:
     assert "| exact rmsnorm | 10.50 (10.50-10.50) | 1.050 | 9.90 | 1.031 | 0.60 | +0.200 | 32 |" in md
 
 
-def test_bad_input_exits_2(ncu, capsys) -> None:
-    for argv in (["--result-dir", "x", "--views", "warp"], ["--result-dir", "x", "--reps", "0"], []):
-        with pytest.raises(SystemExit) as exc:
-            ncu["parse_args"](argv)
-        assert exc.value.code == 2
+def _kernels(*args: str):
+    from rltbench.cli import app
+
+    return CliRunner().invoke(app, ["kernels", "--diagnose", "ncu", *args])
+
+
+def test_bad_input_exits_2(ncu, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    for args, message in ((["--views", "warp"], "--views: warp"), (["--launches", "0"], "--launches"),
+                          (["--tokens", "1,8"], "--tokens: --diagnose takes one value")):
+        res = _kernels("--result-dir", "x", *args)
+        assert res.exit_code == 2 and message in res.output
+    with pytest.raises(SystemExit) as exc:
+        ncu["parse_workload_args"](["--workload", "plan.json"])   # the child needs every size
+    assert exc.value.code == 2
     with pytest.raises(UsageError, match="Nsight Compute not found"):
         ncu["check_environment"]("/nonexistent/ncu")
     with pytest.raises(UsageError, match="needs a CUDA GPU"):   # the trace view needs no ncu
         ncu["check_environment"]("/nonexistent/ncu", needs_ncu=False)
 
 
-def test_missing_ncu_leaves_no_run_directory(ncu, tmp_path: Path, capsys) -> None:
+def test_missing_ncu_leaves_no_run_directory(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
     out = tmp_path / "run"
-    assert ncu["main"](["--result-dir", str(out), "--ncu", "/nonexistent/ncu"]) == 2
-    assert not out.exists() and "Nsight Compute not found" in capsys.readouterr().err
+    res = _kernels("--result-dir", str(out), "--ncu", "/nonexistent/ncu")
+    assert res.exit_code == 2 and not out.exists() and "Nsight Compute not found" in res.output
