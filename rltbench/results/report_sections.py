@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from rltbench.results.serving import METRIC_DEFINITIONS
 from rltbench.results.serving_stats import random_weights_line
 
 Section = Callable[[Any], list[str]]
@@ -49,3 +50,8 @@ def bullets(items: Iterable[str]) -> list[str]:
 def heading(text: str, level: int = 2) -> list[str]:
     """A section heading with blank lines on both sides, for sections that follow a table."""
     return ["", f"{'#' * level} {text}", ""]
+
+
+def metric_definitions() -> list[str]:
+    """The serving reports' closing section: what TTFT, TPOT, ITL, E2E and tok/s mean."""
+    return ["## Metric definitions", "", METRIC_DEFINITIONS, ""]

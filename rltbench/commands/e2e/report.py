@@ -22,7 +22,6 @@ from rltbench.results import report_sections as rs
 from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
     CELL_KEYS,
-    METRIC_DEFINITIONS,
     compute_cells,
     fmt_ms,
     percentiles,
@@ -481,7 +480,7 @@ def _deltas(a: dict[str, Any]) -> list[str]:
 
 
 def _definitions(a: dict[str, Any]) -> list[str]:
-    return [*rs.heading("Metric definitions"), METRIC_DEFINITIONS, ""]
+    return ["", *rs.metric_definitions()]
 
 
 def table_markdown(a: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import pandas as pd
 from rltbench.results import RunDir
 from rltbench.results import report_sections as rs
 from rltbench.results.plotting import caveat, figure, log_axis
-from rltbench.results.serving import METRIC_DEFINITIONS, compute_cells, fmt_ms, percentiles, request_metrics
+from rltbench.results.serving import compute_cells, fmt_ms, percentiles, request_metrics
 from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
     REPLAY_FILE,
@@ -382,7 +382,7 @@ def _failures(a: dict[str, Any]) -> list[str]:
 
 
 def _definitions(a: dict[str, Any]) -> list[str]:
-    return [*rs.heading("Metric definitions"), METRIC_DEFINITIONS, ""]
+    return ["", *rs.metric_definitions()]
 
 
 SECTIONS: list[rs.Section] = [
