@@ -4,13 +4,14 @@ requests.jsonl, cell_meta.jsonl, manifest), so `rltbench report DIR` re-renders 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import figure
-from rltbench.results.serving import METRIC_DEFINITIONS, compute_cells, fmt_ms
+from rltbench.results.serving import compute_cells, fmt_ms
 from rltbench.results.tables import table
 
 STUDY_FIGURE = "1.88x Huginn KV capacity from packing the recurrent depth planes, bitwise"
@@ -42,12 +43,18 @@ def _burst_text(cells: list[dict[str, Any]], row: dict[str, Any]) -> list[str]:
     ]
 
 
-def table_markdown(run: RunDir, rows: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
-    cfg = run.manifest.get("config", {})
-    first = rows[0] if rows else {}
-    lines = [
-        "# KV capacity per model and layout",
-        "",
+class CapacityReport(NamedTuple):
+    """What table.md is rendered from: the run's configuration, the capacity rows, the burst cells."""
+
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    cells: list[dict[str, Any]]
+
+
+def _intro(r: CapacityReport) -> list[str]:
+    cfg, first = r.config, (r.rows[0] if r.rows else {})
+    return [
+        *rs.title("KV capacity per model and layout"),
         f"Requests of {first.get('input_len')} prompt + {first.get('output_len')} generated tokens, KV "
         f"blocks of {cfg.get('block_size')} tokens, dtype {first.get('dtype')}. Every request reserves all "
         "of its blocks at admission (the engine never preempts), so 'max C' is whole requests. "
@@ -61,40 +68,67 @@ def table_markdown(run: RunDir, rows: list[dict[str, Any]], cells: list[dict[str
         "(decode reads the last iteration's K/V of earlier tokens).",
         "",
     ]
+
+
+def _capacity(r: CapacityReport) -> list[str]:
+    """One row per model and layout: planes, bytes per token, pool, max C, and the measured burst."""
     header = ["model", "layout", "kind", "planes", "KiB/token (per plane)", "budget GiB", "pool tokens",
               "blocks/request", "max C", "C vs baseline", "burst C", "requests", "max decode batch",
               "output tok/s", "TTFT p50 ms", "timed window"]
     body = []
-    for r in rows:
-        measured = _burst_text(cells, r) if r["kind"] == "engine" else ["(derived)"] + ["-"] * 5
+    for row in r.rows:
+        measured = _burst_text(r.cells, row) if row["kind"] == "engine" else ["(derived)"] + ["-"] * 5
         body.append([
-            r["model"], r["layout"], r["kind"], r["planes"],
-            f"{r['bytes_per_token'] / KIB:,.1f} ({r['bytes_per_token_plane'] / KIB:,.2f})",
-            f"{r['budget_gib']:,.4g}", _fmt(r["pool_tokens"]), r["blocks_per_seq"], _fmt(r["max_seqs"]),
-            "-" if r.get("seqs_vs_baseline") is None else f"{r['seqs_vs_baseline']:.2f}x",
+            row["model"], row["layout"], row["kind"], row["planes"],
+            f"{row['bytes_per_token'] / KIB:,.1f} ({row['bytes_per_token_plane'] / KIB:,.2f})",
+            f"{row['budget_gib']:,.4g}", _fmt(row["pool_tokens"]), row["blocks_per_seq"],
+            _fmt(row["max_seqs"]),
+            "-" if row.get("seqs_vs_baseline") is None else f"{row['seqs_vs_baseline']:.2f}x",
             *measured,
         ])
-    lines += table(header, body, ["", "", "", "r", "r", "r", "r", "r", "r", "r", "r", "", "r", "r", "r", ""])
-    lines += ["", "Budget per model: " + "; ".join(
-        dict.fromkeys(f"{r['model']}: {r['budget_source']}" for r in rows)), ""]
+    return [*table(header, body, ["", "", "", "r", "r", "r", "r", "r", "r", "r", "r", "", "r", "r", "r", ""]),
+            "", "Budget per model: " + "; ".join(
+                dict.fromkeys(f"{row['model']}: {row['budget_source']}" for row in r.rows)), ""]
+
+
+def _burst(r: CapacityReport) -> list[str]:
+    cfg = r.config
     if not cfg.get("burst"):
-        lines += ["No burst was run (pass --burst): the rows are predictions only.", ""]
-    else:
-        lines += [
-            "Burst: C = the row's max C requests at once, random token ids, arm "
-            f"{cfg.get('arm')}, {cfg.get('repeats')} timed repetition(s) after a warm-up; 'max decode batch' "
-            "is the largest decode step of the timed cell (C when the engine held every request at "
-            "once). Layouts compute different things (compress is not bitwise), so throughput across "
-            "layouts is information, not a verdict.",
-            "",
-        ]
-        if str(cfg.get("device", "")).startswith("cpu"):
-            lines += ["CPU run: timings mean nothing here (no verdict); the admission figures hold.", ""]
-    if cfg.get("random_weights"):
-        lines += ["Random weights: capacity does not depend on them; generated text is meaningless.", ""]
-    lines += [line for note in cfg.get("notes") or [] for line in (f"**note: {note}**", "")]
-    lines += ["## Metric definitions", "", METRIC_DEFINITIONS, ""]
-    return "\n".join(lines)
+        return ["No burst was run (pass --burst): the rows are predictions only.", ""]
+    lines = [
+        "Burst: C = the row's max C requests at once, random token ids, arm "
+        f"{cfg.get('arm')}, {cfg.get('repeats')} timed repetition(s) after a warm-up; 'max decode batch' "
+        "is the largest decode step of the timed cell (C when the engine held every request at "
+        "once). Layouts compute different things (compress is not bitwise), so throughput across "
+        "layouts is information, not a verdict.",
+        "",
+    ]
+    if str(cfg.get("device", "")).startswith("cpu"):
+        lines += ["CPU run: timings mean nothing here (no verdict); the admission figures hold.", ""]
+    return lines
+
+
+def _random_weights(r: CapacityReport) -> list[str]:
+    if not r.config.get("random_weights"):
+        return []
+    return ["Random weights: capacity does not depend on them; generated text is meaningless.", ""]
+
+
+def _notes(r: CapacityReport) -> list[str]:
+    """What the command chose for the user (e.g. request lengths shrunk to a tiny preset's context)."""
+    return rs.notes(r.config.get("notes") or [])
+
+
+def _definitions(r: CapacityReport) -> list[str]:
+    return rs.metric_definitions()
+
+
+SECTIONS: list[rs.Section] = [_intro, _capacity, _burst, _random_weights, _notes, _definitions]
+"""The capacity report, top to bottom."""
+
+
+def table_markdown(run: RunDir, rows: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
+    return rs.render_sections(SECTIONS, CapacityReport(run.manifest.get("config", {}), rows, cells))
 
 
 def make_plot(run: RunDir, rows: list[dict[str, Any]]) -> None:

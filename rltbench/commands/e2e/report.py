@@ -18,10 +18,10 @@ from rltbench.arms import NOT_EXERCISED, unexercised_arms
 from rltbench.backends.engine import STOP_SUFFIX
 from rltbench.commands.e2e.rate_report import analyse_rate, make_rate_plots, rate_section
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
     CELL_KEYS,
-    METRIC_DEFINITIONS,
     compute_cells,
     fmt_ms,
     percentiles,
@@ -38,7 +38,6 @@ from rltbench.results.serving_stats import (
     mismatch_text,
     no_verdict_reason,
     paired_deltas,
-    random_weights_line,
     replay_identity,
     row_invariant_identity,
 )
@@ -249,19 +248,21 @@ def _speed(v: float | None) -> str:
     return "-" if v is None else f"{1 + v:.3f}x"
 
 
-def table_markdown(a: dict[str, Any]) -> str:
-    """The human summary: configuration, speedup, latency, identity, statistics, definitions."""
-    cfg, ref, arms = a["config"], a["ref"], a["arms"]
-    L: list[str] = [f"# rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})", ""]
-    if cfg.get("random_weights"):
-        L += [random_weights_line(a["summary"].get("no_verdict")), ""]
+def _header(a: dict[str, Any]) -> list[str]:
+    cfg = a["config"]
+    return [*rs.title(f"rltbench e2e: {cfg.get('model', '?')} ({cfg.get('workload', '?')})"),
+            *rs.random_weights(bool(cfg.get("random_weights")), a["summary"].get("no_verdict"))]
+
+
+def _notes(a: dict[str, Any]) -> list[str]:
+    """The manifest's notes and what this run cannot say (no A/A arm, no speed verdicts, exit modes)."""
+    cfg, ref, arms, summ = a["config"], a["ref"], a["arms"], a["summary"]
     notes = list(cfg.get("notes") or [])
     if len(arms) > 1 and not any(is_aa(arm, ref) for arm in arms):
         notes.append(
             f"no A/A arm ({ref} run twice, e.g. --arms {','.join(arms)},{ref}): identity has no "
             "batch-invariance baseline and the verdicts no noise floor"
         )
-    summ = a["summary"]
     if summ.get("no_verdict"):
         notes.append(f"no speed verdicts: {summ['no_verdict']} cannot say which arm is faster")
     if cfg.get("exit_mode") == "stop":
@@ -272,11 +273,15 @@ def table_markdown(a: dict[str, Any]) -> str:
                      "exit (decode steps stop their loops once every row has exited), a special mode with "
                      "other semantics than the reference; their tokens are compared with "
                      f"{_stop_reference(cfg) or 'the reference'}'s (see 'Exit depths')")
-    for note in notes:
-        L += [f"**note: {note}**", ""]
+    return rs.notes(notes)
+
+
+def _warnings(a: dict[str, Any]) -> list[str]:
+    """Arms whose kernels did not run, exact-arm mismatches and timed cold work, in bold."""
+    summ, L = a["summary"], []
     if summ.get("not_exercised"):
-        L += [f"**{', '.join(summ['not_exercised'])}: {NOT_EXERCISED}. Their identity below compares "
-              "torch's ops with torch's and is no verdict (exit 3)**", ""]
+        L += rs.bold(f"{', '.join(summ['not_exercised'])}: {NOT_EXERCISED}. Their identity below compares "
+                     "torch's ops with torch's and is no verdict (exit 3)")
     if summ["exact_arm_mismatch"]:
         L += [
             f"**EXACT ARM MISMATCH ({summ.get('identity_method', 'free-running')}): an exact arm "
@@ -286,67 +291,116 @@ def table_markdown(a: dict[str, Any]) -> str:
             "",
         ]
     if summ.get("cold_cells"):
-        L += [
-            f"**{len(summ['cold_cells'])} timed cell(s) did cold work (graph capture, compile or device "
-            "malloc inside the timed window): their timings include it; see 'Cold work' below**",
-            "",
-        ]
-    L += [
-        f"- backend: {cfg.get('backend')}; hosting: {cfg.get('hosting', '-')}",
-        "- arms: " + "; ".join(f"{n} ({_spec(s)})" for n, s in (cfg.get("arm_specs") or {}).items()),
-        f"- reference: {ref}; repetitions: {cfg.get('repeats')}; schedule: {cfg.get('schedule_note', '-')}",
-        f"- device: {cfg.get('device')}, dtype: {cfg.get('dtype')}, weights: {cfg.get('weights')}",
-        f"- workload: {cfg.get('workload_note', '-')}",
-        f"- status: {status_text(a['summary'])}",
-        "",
-    ]
-    if cfg.get("workload") == "rate":
-        L += [*rate_section(a), ""]
-    cells = a["cells"]
+        L += rs.bold(f"{len(summ['cold_cells'])} timed cell(s) did cold work (graph capture, compile or "
+                     "device malloc inside the timed window): their timings include it; "
+                     "see 'Cold work' below")
+    return L
+
+
+def _run_header(a: dict[str, Any]) -> list[str]:
+    cfg, ref = a["config"], a["ref"]
+    return rs.bullets([
+        f"backend: {cfg.get('backend')}; hosting: {cfg.get('hosting', '-')}",
+        "arms: " + "; ".join(f"{n} ({_spec(s)})" for n, s in (cfg.get("arm_specs") or {}).items()),
+        f"reference: {ref}; repetitions: {cfg.get('repeats')}; schedule: {cfg.get('schedule_note', '-')}",
+        f"device: {cfg.get('device')}, dtype: {cfg.get('dtype')}, weights: {cfg.get('weights')}",
+        f"workload: {cfg.get('workload_note', '-')}",
+        f"status: {status_text(a['summary'])}",
+    ])
+
+
+def _rate(a: dict[str, Any]) -> list[str]:
+    return [*rate_section(a), ""] if a["config"].get("workload") == "rate" else []
+
+
+def _cell_names(a: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(c["cell"] for c in a["cells"]))
+
+
+def _pooled(a: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(p["arm"], p["cell"]): p for p in a["pooled"]}
+
+
+def _ci(row: dict[str, Any]) -> str:
+    """'1.023x [0.998x, 1.050x]': a speedup and its interval, '-' without a delta."""
+    if not row or row.get("delta") is None:
+        return "-"
+    s = _speed(row["delta"])
+    if row.get("ci_lo") is not None:
+        s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
+    return s
+
+
+def speed_rows(a: dict[str, Any]) -> list[list[str]]:
+    """One row per cell and arm: median tok/s, steady tok/s, their speedups vs the reference, verdict."""
+    ref, pooled = a["ref"], _pooled(a)
     comp = {(r["arm"], r["cell"], r["metric"]): r for r in a["comparison"]}
-    cell_names = list(dict.fromkeys(c["cell"] for c in cells))
-    pooled = {(p["arm"], p["cell"]): p for p in a["pooled"]}
-
-    def ci(row: dict[str, Any]) -> str:
-        if not row or row.get("delta") is None:
-            return "-"
-        s = _speed(row["delta"])
-        if row.get("ci_lo") is not None:
-            s += f" [{_speed(row['ci_lo'])}, {_speed(row['ci_hi'])}]"
-        return s
-
-    speed_rows = []
-    for cell in cell_names:
-        for arm in arms:
+    rows = []
+    for cell in _cell_names(a):
+        for arm in a["arms"]:
             p = pooled.get((arm, cell), {})
-            r, rs = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
-            speed_rows.append([
+            r, steady = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
+            rows.append([
                 cell, arm, _num(p.get("output_tok_s_median")), _num(p.get("steady_tok_s_median")),
-                "(ref)" if arm == ref else ci(r), "(ref)" if arm == ref else ci(rs),
+                "(ref)" if arm == ref else _ci(r), "(ref)" if arm == ref else _ci(steady),
                 fmt_pct(r.get("aa_spread")),
                 r.get("verdict") or "-",
             ])
-    L += ["## Output throughput (median over valid repetitions) and speedup vs " + ref, ""]
-    L += table(["cell", "arm", "tok/s", "steady tok/s", "speedup (95% CI)", "steady speedup (95% CI)",
-                "A/A spread", "verdict"], speed_rows)
-    L += [
-        "",
-        "## Latency (ms, pooled over valid repetitions: p50 / p90 / p99, n = samples; * = p99 from < 100 "
-        "samples)",
-        "",
+    return rows
+
+
+def _throughput(a: dict[str, Any]) -> list[str]:
+    return [
+        "## Output throughput (median over valid repetitions) and speedup vs " + a["ref"], "",
+        *table(["cell", "arm", "tok/s", "steady tok/s", "speedup (95% CI)", "steady speedup (95% CI)",
+                "A/A spread", "verdict"], speed_rows(a)),
     ]
-    latency = [
+
+
+def _latency(a: dict[str, Any]) -> list[str]:
+    pooled = _pooled(a)
+    rows = [
         [cell, arm, *(v for m in ("ttft", "tpot", "itl", "e2e") for v in (_p3(p, m), p[m + "_n"]))]
-        for cell in cell_names for arm in arms if (p := pooled.get((arm, cell)))
+        for cell in _cell_names(a) for arm in a["arms"] if (p := pooled.get((arm, cell)))
     ]
-    L += table(["cell", "arm", "TTFT", "n", "TPOT", "n", "ITL", "n", "E2E", "n"], latency)
-    L += _replay_section(a)
+    return [
+        *rs.heading("Latency (ms, pooled over valid repetitions: p50 / p90 / p99, n = samples; * = p99 "
+                    "from < 100 samples)"),
+        *table(["cell", "arm", "TTFT", "n", "TPOT", "n", "ITL", "n", "E2E", "n"], rows),
+    ]
+
+
+def _identity_note(r: dict[str, Any]) -> str:
+    """What a free-running identity row means: A/A, an exact arm's bug or its timing-bound divergence."""
+    if r["aa"]:
+        note = "A/A"
+    elif r["exact_mismatch"]:
+        note = "**MISMATCH: exact arm must match (bug)**"
+    elif r.get("exact_unverified"):
+        note = "exact arm: unverified (session batches depend on timing; add an A/A arm)"
+    elif r["exact_arm"] and r["identical"] < r["compared"]:
+        note = "exact arm (divergence within A/A: timing-dependent batches)"
+    else:
+        note = "exact arm" if r["exact_arm"] else ""
+    if r["not_compared"]:
+        note += f" ({r['not_compared']} not compared: unfinished or without token ids)"
+    return note
+
+
+def _free_identity(a: dict[str, Any]) -> list[str]:
+    ref = a["ref"]
     replayed = a["summary"].get("identity_method") == "schedule replay"
-    L += [
-        "",
-        f"## Free-running token identity vs {ref} ({'information' if replayed else 'the verdict'}; "
-        f"A/A = {ref} run twice)",
-        "",
+    rows = []
+    for r in a["identity"]:
+        fd = (
+            "-"
+            if r["first_divergence_min"] is None
+            else f"{r['first_divergence_min']}, {r['first_divergence_median']:.0f}"
+        )
+        rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", fd, _identity_note(r)])
+    return [
+        *rs.heading(f"Free-running token identity vs {ref} ({'information' if replayed else 'the verdict'}; "
+                    f"A/A = {ref} run twice)"),
         "The tokens of the timed cells. Bursts give every arm the same batches; session loads admit "
         "requests on the wall clock, so batch composition depends on each arm's speed and greedy "
         "outputs are not batch-invariant: free-running divergences there mix kernels and timing. "
@@ -355,95 +409,83 @@ def table_markdown(a: dict[str, Any]) -> str:
             if replayed
             else "Without replay an exact-arm divergence is flagged only when it exceeds the A/A one."
         )
-        + _stop_reference_sentence(cfg, "are compared with the tokens of"),
+        + _stop_reference_sentence(a["config"], "are compared with the tokens of"),
         "",
+        *table(["cell", "arm", "identical / compared", "first divergence (min, median)", "note"], rows),
     ]
-    free_rows = []
-    for r in a["identity"]:
-        note = (
-            "A/A"
-            if r["aa"]
-            else (
-                "**MISMATCH: exact arm must match (bug)**"
-                if r["exact_mismatch"]
-                else (
-                    "exact arm: unverified (session batches depend on timing; add an A/A arm)"
-                    if r.get("exact_unverified")
-                    else (
-                        "exact arm (divergence within A/A: timing-dependent batches)"
-                        if r["exact_arm"] and r["identical"] < r["compared"]
-                        else ("exact arm" if r["exact_arm"] else "")
-                    )
-                )
-            )
+
+
+def _session_cache(a: dict[str, Any]) -> list[str]:
+    sess = [c for c in a["cells"] if c.get("theoretical_prefix_hit_rate") is not None]
+    if not sess:
+        return []
+    hit_rows = []
+    for c in sess:
+        mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
+        hit_rows.append([c["arm"], c["rep"], f"{c['theoretical_prefix_hit_rate']:.1%}",
+                         "n/a" if mh is None else f"{mh:.1%}"])
+    L = [*rs.heading("Session prefix cache"),
+         *table(["arm", "rep", "theoretical hit rate", "measured hit rate"], hit_rows)]
+    L += [
+        "",
+        "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
+        "Measured: prompt tokens the engine (or the server, in its usage's cached_tokens) served from "
+        "its prefix cache; n/a: not reported (a server without cached_tokens).",
+    ]
+    bust = (a["config"].get("session") or {}).get("cache_bust")
+    if bust not in (None, "off"):
+        L += ["", f"Cache busting per {bust}: each prompt's first tokens are unique per repetition and "
+              f"{bust}, so a hit beyond the theoretical rate is unintended."]
+    return L
+
+
+def _invalid(a: dict[str, Any]) -> list[str]:
+    bad = [c for c in a["cells"] if not c["valid"]]
+    if not bad:
+        return []
+    return [*rs.heading("Invalid cells (excluded from paired statistics)"),
+            *table(["cell", "arm", "rep", "ok", "error", "timeout", "length_mismatch", "note"], [
+                [c["cell"], c["arm"], c["rep"], c["n_ok"], c["n_error"], c["n_timeout"],
+                 c["n_length_mismatch"], "interrupted" if c.get("interrupted") else c.get("note", "")]
+                for c in bad])]
+
+
+def _deltas(a: dict[str, Any]) -> list[str]:
+    if not a["comparison"]:
+        return []
+    ref = a["ref"]
+    L = [
+        *rs.heading(f"Paired deltas vs {ref} (arm / {ref} - 1; {INTERVAL_METHOD}; "
+                    "cell throughput: bootstrap over repetitions)"),
+        *delta_table(a["comparison"]),
+        "",
+        "Verdict: `within noise` when the 95% interval reaches into the A/A spread (largest |bound| "
+        "of the A/A arm's delta); `tie` when it contains 0 and there is no A/A spread; `n/a` when "
+        "there is no interval (cell throughput from one repetition); `no verdict` where timings "
+        "cannot mean "
+        "anything (CPU); latency: lower is better, throughput: higher.",
+    ]
+    reps = int(a["config"].get("repeats") or 0)
+    if reps == 1:
+        L.append(
+            "With 1 repetition there is no interval over repetitions: request-metric intervals "
+            "resample requests only, and cell throughput has none (use --repeats 5+ for intervals)."
         )
-        if r["not_compared"]:
-            note += f" ({r['not_compared']} not compared: unfinished or without token ids)"
-        fd = (
-            "-"
-            if r["first_divergence_min"] is None
-            else f"{r['first_divergence_min']}, {r['first_divergence_median']:.0f}"
+    elif reps < 5:
+        L.append(
+            f"With {reps} repetitions the interval over repetitions is little more than their "
+            "range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
         )
-        free_rows.append([r["cell"], r["arm"], f"{r['identical']} / {r['compared']}", fd, note])
-    L += table(["cell", "arm", "identical / compared", "first divergence (min, median)", "note"], free_rows)
-    sess = [c for c in cells if c.get("theoretical_prefix_hit_rate") is not None]
-    if sess:
-        L += ["", "## Session prefix cache", ""]
-        hit_rows = []
-        for c in sess:
-            mh = c.get("measured_prefix_hit_rate", c.get("engine_prefix_hit_rate"))
-            hit_rows.append([c["arm"], c["rep"], f"{c['theoretical_prefix_hit_rate']:.1%}",
-                             "n/a" if mh is None else f"{mh:.1%}"])
-        L += table(["arm", "rep", "theoretical hit rate", "measured hit rate"], hit_rows)
-        sess_cfg = a["config"].get("session") or {}
-        L += [
-            "",
-            "Theoretical: infinite cache at trace-block granularity (leading hash ids seen before). "
-            "Measured: prompt tokens the engine (or the server, in its usage's cached_tokens) served from "
-            "its prefix cache; n/a: not reported (a server without cached_tokens).",
-        ]
-        bust = sess_cfg.get("cache_bust")
-        if bust not in (None, "off"):
-            L += ["", f"Cache busting per {bust}: each prompt's first tokens are unique per repetition and "
-                  f"{bust}, so a hit beyond the theoretical rate is unintended."]
-    L += _depth_section(a)
-    L += _mode_section(a)
-    L += _cold_section(cells)
-    bad = [c for c in cells if not c["valid"]]
-    if bad:
-        L += ["", "## Invalid cells (excluded from paired statistics)", ""]
-        L += table(["cell", "arm", "rep", "ok", "error", "timeout", "length_mismatch", "note"], [
-            [c["cell"], c["arm"], c["rep"], c["n_ok"], c["n_error"], c["n_timeout"], c["n_length_mismatch"],
-             "interrupted" if c.get("interrupted") else c.get("note", "")] for c in bad])
-    if a["comparison"]:
-        L += [
-            "",
-            f"## Paired deltas vs {ref} (arm / {ref} - 1; {INTERVAL_METHOD}; "
-            "cell throughput: bootstrap over repetitions)",
-            "",
-            *delta_table(a["comparison"]),
-        ]
-        L += [
-            "",
-            "Verdict: `within noise` when the 95% interval reaches into the A/A spread (largest |bound| "
-            "of the A/A arm's delta); `tie` when it contains 0 and there is no A/A spread; `n/a` when "
-            "there is no interval (cell throughput from one repetition); `no verdict` where timings "
-            "cannot mean "
-            "anything (CPU); latency: lower is better, throughput: higher.",
-        ]
-        reps = int(cfg.get("repeats") or 0)
-        if reps == 1:
-            L.append(
-                "With 1 repetition there is no interval over repetitions: request-metric intervals "
-                "resample requests only, and cell throughput has none (use --repeats 5+ for intervals)."
-            )
-        elif reps < 5:
-            L.append(
-                f"With {reps} repetitions the interval over repetitions is little more than their "
-                "range: read it as a spread, not a calibrated 95% interval (use --repeats 5+ for that)."
-            )
-    L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
-    return "\n".join(L)
+    return L
+
+
+def _definitions(a: dict[str, Any]) -> list[str]:
+    return ["", *rs.metric_definitions()]
+
+
+def table_markdown(a: dict[str, Any]) -> str:
+    """The human summary: configuration, speedup, latency, identity, statistics, definitions."""
+    return rs.render_sections(SECTIONS, a)
 
 
 def _stop_reference(cfg: dict[str, Any]) -> str | None:
@@ -605,6 +647,10 @@ def _row_invariant_section(a: dict[str, Any]) -> list[str]:
                       "first divergence (request, step, token)", "seconds (both replays)", "note"], out)
 
 
+def _cold(a: dict[str, Any]) -> list[str]:
+    return _cold_section(a["cells"])
+
+
 def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
     """Cold work per timed cell: graph captures, compiles and device mallocs inside the window."""
     counted = [c for c in cells if c.get("cold_work")]
@@ -627,6 +673,14 @@ def _cold_section(cells: list[dict[str, Any]]) -> list[str]:
 
     rows = [[c["cell"], c["arm"], c["rep"], *(count(c["cold_work"].get(k)) for k in keys)] for c in cold]
     return L + table(["cell", "arm", "rep", *keys], rows)
+
+
+SECTIONS: list[rs.Section] = [
+    _header, _notes, _warnings, _run_header, _rate, _throughput, _latency, _replay_section,
+    _free_identity, _session_cache, _depth_section, _mode_section, _cold,
+    _invalid, _deltas, _definitions,
+]
+"""The e2e report, top to bottom."""
 
 
 def _arm_lines(ax: Any, df: pd.DataFrame, arms: list[str], ycol: str, scale: float = 1.0) -> None:

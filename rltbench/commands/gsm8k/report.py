@@ -18,13 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rltbench.arms import NOT_EXERCISED, unexercised_arms
 from rltbench.bench.warmth import is_cold
 from rltbench.commands.gsm8k.interleave import CHUNKS_FILE, REPLAY_FILE
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.gsm8k_stats import (
     check_gate,
     cp_lower,
@@ -242,37 +243,50 @@ def _replay_lines(summary: dict[str, Any]) -> list[str]:
     return lines + table(["arm", "identical / compared", "first divergence (question, token, step)"], rows)
 
 
-def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
-    lines = [
-        f"# GSM8K gate: {config.get('task', '?')} ({config.get('num_fewshot_used', '?')}-shot), "
+class GateReport(NamedTuple):
+    """What table.md is rendered from: the gate summary and the run's configuration."""
+
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+
+def _header(r: GateReport) -> list[str]:
+    summary, config = r
+    lines = rs.title(
+        f"GSM8K gate: {config.get('task', '?')} ({config.get('num_fewshot_used', '?')}-shot), "
         f"{summary['n']} questions, gate {summary['gate']:g} points ({summary['gate_rule']}, "
-        f"{summary['gate_filter']})",
-        "",
-    ]
+        f"{summary['gate_filter']})"
+    )
     if summary.get("random_weights"):
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
-    lines += [
+    return lines + [
         f"model `{config.get('model')}`"
         + (f" (family {config['model_family']})" if config.get("model_family") else "")
         + f" weights `{config.get('weights')}` backend `{config.get('backend')}` "
         f"tokenizer: {config.get('tokenizer_source', '-')}",
         "",
     ]
-    for note in config.get("notes") or []:
-        lines += [f"**note: {note}**", ""]
+
+
+def _notes(r: GateReport) -> list[str]:
+    summary, config = r
+    lines = rs.notes(config.get("notes") or [])
     if summary.get("missing_arms"):
-        lines += [
-            f"**run {summary.get('status') or 'incomplete'}: no results for arm(s) "
-            f"{', '.join(summary['missing_arms'])}; the verdict covers only the arms below**",
-            "",
-        ]
-    lines += ["## Arms", ""]
+        lines += rs.bold(f"run {summary.get('status') or 'incomplete'}: no results for arm(s) "
+                         f"{', '.join(summary['missing_arms'])}; the verdict covers only the arms below")
+    return lines
+
+
+def _arms(r: GateReport) -> list[str]:
     header = ["arm", "strict acc %", "flexible acc %", "gen tokens", "seconds", "questions/s", "tokens/s"]
-    lines += table(header, [
+    return ["## Arms", "", *table(header, [
         [arm, _fmt(a["strict_acc"]), _fmt(a["flexible_acc"]), a["generated_tokens"], _fmt(a["seconds"], 1),
-         _fmt(a["questions_per_s"], 3), _fmt(a["tokens_per_s"], 1)] for arm, a in summary["arms"].items()
-    ], ["", *"rrrrrr"])
-    lines += ["", f"## Paired comparison vs {summary['reference']} (points; drop = ref - variant)", ""]
+         _fmt(a["questions_per_s"], 3), _fmt(a["tokens_per_s"], 1)] for arm, a in r.summary["arms"].items()
+    ], ["", *"rrrrrr"])]
+
+
+def _comparisons(r: GateReport) -> list[str]:
+    summary = r.summary
     header = ["arm", "ref acc", "arm acc", "drop", "LCB95", "UCB95", "SE", "n10", "n01", "McNemar p",
               "seqs differ", "verdict", "n needed"]
     rows = [
@@ -282,16 +296,38 @@ def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
          f"**{verdict_label(c['verdict'], c['verdict_reason'])}**", needed_cell(c)]
         for c in summary["comparisons"]
     ] or [["(no variant arm)", *[""] * 12]]
-    lines += table(header, rows, ["", *"r" * 10, "", "r"])
+    return [*rs.heading(f"Paired comparison vs {summary['reference']} (points; drop = ref - variant)"),
+            *table(header, rows, ["", *"r" * 10, "", "r"])]
+
+
+def _throughput(r: GateReport) -> list[str]:
+    return _throughput_lines(r.summary)
+
+
+def _replay(r: GateReport) -> list[str]:
+    return _replay_lines(r.summary)
+
+
+def _overall(r: GateReport) -> list[str]:
+    summary = r.summary
     overall = (
         f"**Overall: {verdict_label(summary['overall'], summary['overall_reason'])}** (exit code "
         f"{summary['exit_code']}: 0 identical or pass, 1 fail, 3 inconclusive, 2 usage error)"
         if summary["comparisons"]
         else "**Overall: n/a** (no variant arm has results: nothing was gated)"
     )
-    lines += _throughput_lines(summary) + _replay_lines(summary)
-    lines += ["", overall, "", GATE_CAPTION]
-    return "\n".join(lines) + "\n"
+    return ["", overall, "", GATE_CAPTION, ""]
+
+
+SECTIONS: list[rs.Section] = [
+    _header, _notes, _arms, _comparisons,
+    _throughput, _replay, _overall,
+]
+"""The gate report, top to bottom."""
+
+
+def table_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
+    return rs.render_sections(SECTIONS, GateReport(summary, config))
 
 
 def needed_cell(c: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from rich.table import Table
@@ -20,6 +20,7 @@ from rltbench.arms import unexercised_arms
 from rltbench.bench.kernel_sweep import SIZE_COPY
 from rltbench.results import RunDir
 from rltbench.results import kernel_verdicts as vd
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import arm_color, figure
 from rltbench.results.stats import format_spread
 from rltbench.results.tables import table
@@ -251,63 +252,125 @@ def placement_lines(df: pd.DataFrame) -> list[str]:
                     "% copy per placement", "% copy pooled", "% same-size copy per placement"], body)]
 
 
-def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any],
-                   verdict_rows: list[dict[str, Any]] | None = None) -> str:
-    """The human summary: contract, device facts, notes, one line per case x arm, then the verdicts."""
-    lines = ["# rltbench kernels", ""]
-    status = manifest.get("status", "?")
-    lines.append(f"Status: **{status}**. Device: {summary.get('device_name') or summary.get('device', '?')}.")
+CONTRACT = (
+    "Contract: the `exact` and `cuda` (native CUDA C++) arms must differ from `torch` in 0 "
+    "elements (bitwise); `approx` "
+    "may differ. Max ULP vs torch counts representable steps between arm and torch; max ULP vs "
+    "oracle is in ulps of the dtype at the fp64 oracle value (0.5 = correctly rounded); err / "
+    "bound is the largest error over the approx arm's stated bound, 0.6 ulp (fp32: 8) + 2^-20 x "
+    "the magnitude of the output's summed terms (fp32 slack, large only where an output cancels: "
+    "rltbench/kernels/oracle.py), <= 1 within it; share != "
+    "oracle = elements not equal to the oracle rounded to the dtype. Correctness inputs are fresh "
+    "random values; the fused arms run with scope all. Times are us per call (median, p10-p90), "
+    "CUDA-graph replay over rotated input sets (cold L2; each slot of the interleaving starts "
+    "from a flushed L2, or, where the sets are too small to rotate past L2, each sample does), "
+    "eager, and hot (graph replay of one input set: L2-hot, as a decode step); GB/s, % copy and "
+    "speedup are of the graph (else eager) time; GB/s counts each input read once and each "
+    "output written once; speedup is over the torch arm in the same mode; kernels/call is "
+    "counted. % same-size copy: the case's bytes (half "
+    "read, half written) streamed by torch's elementwise kernel (a bitwise not of int32), "
+    "graph-captured over rotated buffers and timed in the same interleaving, over the arm's graph "
+    "time; the device copy behind % copy is a memcpy of a buffer far larger than L2, where the "
+    "launch and ramp costs that a kernel of a few MB pays vanish."
+)
+"""What the columns mean and what each arm must meet."""
+
+
+class KernelsReport(NamedTuple):
+    """What table.md is rendered from: the case rows, the run summary, the manifest, the verdicts."""
+
+    df: pd.DataFrame
+    summary: dict[str, Any]
+    manifest: dict[str, Any]
+    verdict_rows: list[dict[str, Any]]
+
+
+def _header(r: KernelsReport) -> list[str]:
+    summary = r.summary
+    lines = [*rs.title("rltbench kernels"),
+             f"Status: **{r.manifest.get('status', '?')}**. "
+             f"Device: {summary.get('device_name') or summary.get('device', '?')}."]
     copy = summary.get("copy") or {}
     if math.isfinite(_num(copy.get("gbps"))):
         lines.append(f"Measured device-to-device copy: {_fmt(copy.get('gbps'), 0)} GB/s "
                      f"({_fmt_int(copy.get('bytes'))} bytes read+written); "
                      f"L2 {_fmt_int(summary.get('l2_bytes'))} B.")
-    lines += ["", "Contract: the `exact` and `cuda` (native CUDA C++) arms must differ from `torch` in 0 "
-              "elements (bitwise); `approx` "
-              "may differ. Max ULP vs torch counts representable steps between arm and torch; max ULP vs "
-              "oracle is in ulps of the dtype at the fp64 oracle value (0.5 = correctly rounded); err / "
-              "bound is the largest error over the approx arm's stated bound, 0.6 ulp (fp32: 8) + 2^-20 x "
-              "the magnitude of the output's summed terms (fp32 slack, large only where an output cancels: "
-              "rltbench/kernels/oracle.py), <= 1 within it; share != "
-              "oracle = elements not equal to the oracle rounded to the dtype. Correctness inputs are fresh "
-              "random values; the fused arms run with scope all. Times are us per call (median, p10-p90), "
-              "CUDA-graph replay over rotated input sets (cold L2; each slot of the interleaving starts "
-              "from a flushed L2, or, where the sets are too small to rotate past L2, each sample does), "
-              "eager, and hot (graph replay of one input set: L2-hot, as a decode step); GB/s, % copy and "
-              "speedup are of the graph (else eager) time; GB/s counts each input read once and each "
-              "output written once; speedup is over the torch arm in the same mode; kernels/call is "
-              "counted. % same-size copy: the case's bytes (half "
-              "read, half written) streamed by torch's elementwise kernel (a bitwise not of int32), "
-              "graph-captured over rotated buffers and timed in the same interleaving, over the arm's graph "
-              "time; the device copy behind % copy is a memcpy of a buffer far larger than L2, where the "
-              "launch and ramp costs that a kernel of a few MB pays vanish.",
-              ""]
-    if has_timings(df, "graph_pdl"):
-        lines += [PDL_NOTE, ""]
-    notes = list(summary.get("notes") or [])
-    if notes:
-        lines += ["Notes:", *[f"- {n}" for n in notes], ""]
-    if df.empty:
-        lines.append("No case finished.")
-        return "\n".join(lines) + "\n"
+    return lines
+
+
+def _contract(r: KernelsReport) -> list[str]:
+    return ["", CONTRACT, "", *([PDL_NOTE, ""] if has_timings(r.df, "graph_pdl") else [])]
+
+
+def _notes(r: KernelsReport) -> list[str]:
+    notes = list(r.summary.get("notes") or [])
+    return ["Notes:", *rs.bullets(notes)] if notes else []
+
+
+def _no_case(r: KernelsReport) -> list[str]:
+    return ["No case finished."] if r.df.empty else []
+
+
+def _warnings(r: KernelsReport) -> list[str]:
+    """Bitwise arms that differ from torch and rows timed with cold work, in bold."""
+    df, lines = r.df, []
     bad = df[df["arm"].isin(BITWISE_ARMS) & (df["status"] == "MISMATCH")] if "status" in df else df.iloc[:0]
     if len(bad):
-        lines += [f"**FAIL: {len(bad)} bitwise-arm case(s) differ from torch.**", ""]
+        lines += rs.bold(f"FAIL: {len(bad)} bitwise-arm case(s) differ from torch.")
     cold = cold_rows(df)
     if cold:
-        lines += [f"**{cold} row(s) timed with cold work among the timed samples (a Triton compile, graph "
-                  "capture or device malloc: `cold_work` in samples.jsonl); their times include it.**", ""]
-    keep = _shown(df, len(COLUMNS))
-    rows = [_cells(row, markdown=True) for _, row in _sorted(df).iterrows()]
-    lines += table([COLUMNS[i] for i in keep], [[cells[i] for i in keep] for cells in rows])
-    notes_rows = [(r["op"], r["dtype"], r["width"], r["tokens"], r["arm"], r.get("note"))
-                  for _, r in _sorted(df).iterrows() if isinstance(r.get("note"), str) and r.get("note")]
+        lines += rs.bold(f"{cold} row(s) timed with cold work among the timed samples (a Triton compile, "
+                         "graph capture or device malloc: `cold_work` in samples.jsonl); their times "
+                         "include it.")
+    return lines
+
+
+def _cases(r: KernelsReport) -> list[str]:
+    """One line per case x arm (the rows the console's rich_table prints, with markdown cells)."""
+    keep = _shown(r.df, len(COLUMNS))
+    rows = [_cells(row, markdown=True) for _, row in _sorted(r.df).iterrows()]
+    lines = table([COLUMNS[i] for i in keep], [[cells[i] for i in keep] for cells in rows])
+    notes_rows = [(row["op"], row["dtype"], row["width"], row["tokens"], row["arm"], row.get("note"))
+                  for _, row in _sorted(r.df).iterrows()
+                  if isinstance(row.get("note"), str) and row.get("note")]
     if notes_rows:
         lines += ["", "Row notes:"]
         lines += [f"- {op} {dt} w={w} T={t} {arm}: {note}" for op, dt, w, t, arm, note in notes_rows]
-    lines += placement_lines(df)
-    lines += verdict_lines(verdict_rows or [])
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _placements(r: KernelsReport) -> list[str]:
+    return placement_lines(r.df)
+
+
+def _verdicts(r: KernelsReport) -> list[str]:
+    return verdict_lines(r.verdict_rows)
+
+
+def _only_with_cases(section: rs.Section) -> rs.Section:
+    """`section`, silent when no case finished."""
+    def shown(r: KernelsReport) -> list[str]:
+        return [] if r.df.empty else section(r)
+    shown.__doc__ = section.__doc__
+    return shown
+
+
+def _end(r: KernelsReport) -> list[str]:
+    return [""]
+
+
+SECTIONS: list[rs.Section] = [
+    _header, _contract, _notes, _no_case,
+    *map(_only_with_cases, (_warnings, _cases, _placements, _verdicts)),
+    _end,
+]
+"""The kernels report, top to bottom."""
+
+
+def markdown_table(df: pd.DataFrame, summary: dict[str, Any], manifest: dict[str, Any],
+                   verdict_rows: list[dict[str, Any]] | None = None) -> str:
+    """The human summary: contract, device facts, notes, one line per case x arm, then the verdicts."""
+    return rs.render_sections(SECTIONS, KernelsReport(df, summary, manifest, verdict_rows or []))
 
 
 KEY_COLUMNS = 5   # op, dtype, w, T, arm: what names a row, repeated in every part of a folded table

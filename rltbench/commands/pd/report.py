@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import caveat, figure, log_axis
-from rltbench.results.serving import METRIC_DEFINITIONS, compute_cells, fmt_ms, percentiles, request_metrics
+from rltbench.results.serving import compute_cells, fmt_ms, percentiles, request_metrics
 from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
     REPLAY_FILE,
@@ -27,7 +28,6 @@ from rltbench.results.serving_stats import (
     no_verdict_caption,
     no_verdict_reason,
     paired_deltas,
-    random_weights_line,
     replay_identity,
 )
 
@@ -219,44 +219,60 @@ def _probe_lines(probe: dict[str, Any] | None, latency: list[dict[str, Any]]) ->
     return L
 
 
-def table_markdown(a: dict[str, Any]) -> str:
+def _header(a: dict[str, Any]) -> list[str]:
     cfg, s = a["config"], a["summary"]
     layout = f", KV layout {cfg['kv_layout']}" if cfg.get("kv_layout") else ""
-    L = [f"# rltbench pd: {cfg.get('model')}{layout}, {cfg.get('num_kv_planes')} KV planes", ""]
-    if s["random_weights"]:
-        L += [random_weights_line(s["no_verdict"]), ""]
-    for note in cfg.get("notes") or []:
-        L += [f"**note: {note}**", ""]
+    return [*rs.title(f"rltbench pd: {cfg.get('model')}{layout}, {cfg.get('num_kv_planes')} KV planes"),
+            *rs.random_weights(s["random_weights"], s["no_verdict"])]
+
+
+def _notes(a: dict[str, Any]) -> list[str]:
+    s = a["summary"]
+    notes = list(a["config"].get("notes") or [])
     if s["no_verdict"]:
-        L += [f"**note: no speed verdicts: {s['no_verdict']} cannot say whether pd is faster**", ""]
+        notes.append(f"no speed verdicts: {s['no_verdict']} cannot say whether pd is faster")
+    return rs.notes(notes)
+
+
+def _warnings(a: dict[str, Any]) -> list[str]:
+    """Token mismatches, failed requests and timed cold work, in bold."""
+    s, L = a["summary"], []
     if s["exact_arm_mismatch"]:
-        L += [
-            "**TOKEN MISMATCH: the pd tokens differ from the colocated engine on the same batches (a "
-            "transfer or engine bug); see the identity table**",
-            "",
-        ]
+        L += rs.bold("TOKEN MISMATCH: the pd tokens differ from the colocated engine on the same batches (a "
+                     "transfer or engine bug); see the identity table")
     if s["failed_requests"]:
-        L += [f"**{s['failed_requests']} request(s) failed; see 'Failed requests'**", ""]
+        L += rs.bold(f"{s['failed_requests']} request(s) failed; see 'Failed requests'")
     if s["cold_cells"]:
-        L += [
-            f"**{len(s['cold_cells'])} timed cell(s) did cold work (capture, compile or device malloc "
-            "inside the timed window); see 'Cold work'**",
-            "",
-        ]
+        L += rs.bold(f"{len(s['cold_cells'])} timed cell(s) did cold work (capture, compile or device malloc "
+                     "inside the timed window); see 'Cold work'")
+    return L
+
+
+def _run_header(a: dict[str, Any]) -> list[str]:
+    cfg, s = a["config"], a["summary"]
     devices = cfg.get("devices") or ["?", "?"]
     arm_spec = ", ".join(f"{k}={v}" for k, v in (cfg.get("arm_spec") or {}).items())
-    L += [
-        f"- prefill rank on {devices[0]}, decode rank on {devices[1]}, payloads over {cfg.get('backend')}; "
+    return rs.bullets([
+        f"prefill rank on {devices[0]}, decode rank on {devices[1]}, payloads over {cfg.get('backend')}; "
         f"colocated engine (prefill and decode in one engine) on {devices[0]}",
-        f"- arm: {cfg.get('kernel_arm')} ({arm_spec}) on both engines",
-        f"- KV: {cfg.get('num_kv_planes')} planes, {_bytes(cfg.get('kv_bytes_per_token'))} per token, "
+        f"arm: {cfg.get('kernel_arm')} ({arm_spec}) on both engines",
+        f"KV: {cfg.get('num_kv_planes')} planes, {_bytes(cfg.get('kv_bytes_per_token'))} per token, "
         f"{_bytes(cfg.get('kv_bytes_per_block'))} per block of {cfg.get('block_size')} tokens; dtype "
         f"{cfg.get('dtype')}; transfer budget {_bytes(cfg.get('budget_bytes'))} in flight",
-        f"- burst: C in {cfg.get('concurrency')}, {cfg.get('input_len')} in / {cfg.get('output_len')} out, "
+        f"burst: C in {cfg.get('concurrency')}, {cfg.get('input_len')} in / {cfg.get('output_len')} out, "
         f"{cfg.get('repeats')} repetitions, modes {', '.join(a['modes'])} interleaved A B C, C B A",
-        f"- status: {s['status']}" + (f" ({s['interrupted_by']})" if s.get("interrupted_by") else ""),
-        f"- every KV block returned at the end: {s.get('all_blocks_free')}",
-        "",
+        f"status: {s['status']}" + (f" ({s['interrupted_by']})" if s.get("interrupted_by") else ""),
+        f"every KV block returned at the end: {s.get('all_blocks_free')}",
+    ])
+
+
+def _share(r: dict[str, Any]) -> str:
+    """The transfer's share of the TTFT p50 of a transfer row, '-' when unknown."""
+    return "-" if r["transfer_share_of_ttft_p50"] is None else f"{r['transfer_share_of_ttft_p50']:.1%}"
+
+
+def _transfer(a: dict[str, Any]) -> list[str]:
+    L = [
         "## KV transfer per request (pd cells, pooled over valid repetitions; ms p50 / p90)",
         "",
         "| cell | bytes / request | bytes / prompt token | payload messages / request | prefill | link wait "
@@ -268,42 +284,44 @@ def table_markdown(a: dict[str, Any]) -> str:
             f"{_ms(r[n + '_p50'])} / {_ms(r[n + '_p90'])}"
             for n in ("prefill", "link_wait", "handshake", "payload", "transfer", "ttft")
         )
-        share = "-" if r["transfer_share_of_ttft_p50"] is None else f"{r['transfer_share_of_ttft_p50']:.1%}"
         L.append(
             f"| {r['cell']} | {_bytes(r['bytes_per_request'])} | {_bytes(r['bytes_per_prompt_token'])} | "
-            f"{r['payload_messages_per_request']} | {parts} | {share} |"
+            f"{r['payload_messages_per_request']} | {parts} | {_share(r)} |"
         )
-    L += ["", TRANSFER_NOTES]
-    L += _probe_lines(a["probe"], a["latency"])
-    L += [
-        "",
-        "## TTFT and TPOT (ms p50 / p90, n requests)",
-        "",
-        "| cell | mode | TTFT | TPOT | E2E | n |",
-        "|---|---|---|---|---|---|",
-    ]
+    return [*L, "", TRANSFER_NOTES]
+
+
+def _probe(a: dict[str, Any]) -> list[str]:
+    return _probe_lines(a["probe"], a["latency"])
+
+
+def _latency(a: dict[str, Any]) -> list[str]:
+    L = [*rs.heading("TTFT and TPOT (ms p50 / p90, n requests)"),
+         "| cell | mode | TTFT | TPOT | E2E | n |", "|---|---|---|---|---|---|"]
     for r in a["latency"]:
         L.append(
             f"| {r['cell']} | {r['mode']} | {_ms(r['ttft_p50'])} / {_ms(r['ttft_p90'])} | "
             f"{_ms(r['tpot_p50'])} / {_ms(r['tpot_p90'])} | {_ms(r['e2e_p50'])} / {_ms(r['e2e_p90'])} | "
             f"{r['ttft_n']} |"
         )
-    if a["comparison"]:
-        L += [
-            "",
-            f"## pd against colocated (mode / colocated - 1; {INTERVAL_METHOD}; arm = mode)",
-            "",
-            *delta_table(a["comparison"]),
-        ]
-        L += [
-            "",
-            "A difference whose interval reaches into the A/A spread (the colocated engine measured "
-            "twice) is `within noise`; lower is better.",
-        ]
-    L += [
+    return L
+
+
+def _comparison(a: dict[str, Any]) -> list[str]:
+    if not a["comparison"]:
+        return []
+    return [
+        *rs.heading(f"pd against colocated (mode / colocated - 1; {INTERVAL_METHOD}; arm = mode)"),
+        *delta_table(a["comparison"]),
         "",
-        "## Token identity (the verdict: the colocated engine replays each pd cell's batches)",
-        "",
+        "A difference whose interval reaches into the A/A spread (the colocated engine measured "
+        "twice) is `within noise`; lower is better.",
+    ]
+
+
+def _replay_identity(a: dict[str, Any]) -> list[str]:
+    L = [
+        *rs.heading("Token identity (the verdict: the colocated engine replays each pd cell's batches)"),
         "After every pd cell the colocated engine ran, untimed, exactly the batches of that cell (the "
         "prefill engine's prefill steps, then the decode engine's decode steps). Its tokens must equal "
         "the pd tokens for every request: any difference is KV that changed on the way or an engine bug.",
@@ -320,10 +338,12 @@ def table_markdown(a: dict[str, Any]) -> str:
         L.append(f"| {r['cell']} | {r['identical']} / {r['compared']} | {r['reps']} | {fdt} | {note} |")
     if not a["replay_identity"]:
         L.append("| - | no pd cell finished | - | - | - |")
-    L += [
-        "",
-        "## Free-running tokens against the colocated cells (information)",
-        "",
+    return L
+
+
+def _free_identity(a: dict[str, Any]) -> list[str]:
+    L = [
+        *rs.heading("Free-running tokens against the colocated cells (information)"),
         "The colocated engine decodes a burst in batches formed as prefills finish there; the decode "
         "engine forms its batches as KV arrives. Greedy outputs are not batch-invariant, so these may "
         "differ without any error; the A/A row is the colocated engine against itself.",
@@ -334,26 +354,46 @@ def table_markdown(a: dict[str, Any]) -> str:
     for r in a["identity"]:
         fd = "-" if r["first_divergence_min"] is None else str(r["first_divergence_min"])
         L.append(f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {fd} |")
-    if s["cold_cells"]:
-        L += ["", "## Cold work", "", "| cell | mode | rep | counts |", "|---|---|---|---|"]
-        for c in s["cold_cells"]:
-            counts = ", ".join(f"{k} {v}" for k, v in (c["cold_work"] or {}).items() if v)
-            L.append(f"| {c['cell']} | {c['arm']} | {c['rep']} | {counts} |")
-    if a["failures"]:
-        L += [
-            "",
-            "## Failed requests",
-            "",
-            "| cell | mode | rep | request | status | error |",
-            "|---|---|---|---|---|---|",
-        ]
-        for f in a["failures"][:50]:
-            L.append(
-                f"| {f['cell']} | {f['arm']} | {f['rep']} | {f['request']} | {f['status']} | "
-                f"{(f['error'] or '').replace('|', '/')[:200]} |"
-            )
-    L += ["", "## Metric definitions", "", METRIC_DEFINITIONS, ""]
-    return "\n".join(L)
+    return L
+
+
+def _cold(a: dict[str, Any]) -> list[str]:
+    cold = a["summary"]["cold_cells"]
+    if not cold:
+        return []
+    L = [*rs.heading("Cold work"), "| cell | mode | rep | counts |", "|---|---|---|---|"]
+    for c in cold:
+        counts = ", ".join(f"{k} {v}" for k, v in (c["cold_work"] or {}).items() if v)
+        L.append(f"| {c['cell']} | {c['arm']} | {c['rep']} | {counts} |")
+    return L
+
+
+def _failures(a: dict[str, Any]) -> list[str]:
+    if not a["failures"]:
+        return []
+    L = [*rs.heading("Failed requests"),
+         "| cell | mode | rep | request | status | error |", "|---|---|---|---|---|---|"]
+    for f in a["failures"][:50]:
+        L.append(
+            f"| {f['cell']} | {f['arm']} | {f['rep']} | {f['request']} | {f['status']} | "
+            f"{(f['error'] or '').replace('|', '/')[:200]} |"
+        )
+    return L
+
+
+def _definitions(a: dict[str, Any]) -> list[str]:
+    return ["", *rs.metric_definitions()]
+
+
+SECTIONS: list[rs.Section] = [
+    _header, _notes, _warnings, _run_header, _transfer, _probe, _latency, _comparison, _replay_identity,
+    _free_identity, _cold, _failures, _definitions,
+]
+"""The pd report, top to bottom."""
+
+
+def table_markdown(a: dict[str, Any]) -> str:
+    return rs.render_sections(SECTIONS, a)
 
 
 MODE_STYLE = {REF: ("#4C72B0", "o-"), f"{REF}#2": ("#4C72B0", "o--"), PD: ("#DD8452", "s-")}
@@ -412,7 +452,7 @@ def print_summary(con: Any, a: dict[str, Any], path: Path) -> None:
     s = a["summary"]
     caption = f" ({no_verdict_caption(a['config'])})" if s["no_verdict"] else ""
     for r in a["transfer"]:
-        share = "-" if r["transfer_share_of_ttft_p50"] is None else f"{r['transfer_share_of_ttft_p50']:.1%}"
+        share = _share(r)
         con.print(
             f"{r['cell']:>6}: {_bytes(r['bytes_per_request'])} per request "
             f"({_bytes(r['bytes_per_prompt_token'])} per prompt token), transfer p50 "

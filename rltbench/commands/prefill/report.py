@@ -7,12 +7,13 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from rltbench.engine.schedule import first_divergence
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import caveat, figure
 from rltbench.results.serving import compute_cells, fmt_ms
 from rltbench.results.serving_stats import no_verdict_caption
@@ -98,13 +99,19 @@ def comparison(cells: list[dict[str, Any]], cpu: bool) -> list[dict[str, Any]]:
     return out
 
 
-def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str, Any]],
-                   ident: list[dict[str, Any]]) -> str:
-    cfg = run.manifest.get("config", {})
-    cpu = str(cfg.get("device", "")).startswith("cpu")
+class PrefillReport(NamedTuple):
+    """What table.md is rendered from: configuration, cells, the paired comparison, token identity."""
+
+    config: dict[str, Any]
+    cells: list[dict[str, Any]]
+    comparison: list[dict[str, Any]]
+    identity: list[dict[str, Any]]
+
+
+def _intro(r: PrefillReport) -> list[str]:
+    cfg = r.config
     lines = [
-        "# Long-prompt prefill: packed against one request per step",
-        "",
+        *rs.title("Long-prompt prefill: packed against one request per step"),
         f"Bursts of C={cfg.get('concurrency')} prompts (random ids) per length, {cfg.get('output_len')} "
         f"generated tokens each, arm {cfg.get('arm')}, Huginn KV layout {cfg.get('kv_layout')}, token budget "
         f"{cfg.get('max_num_batched_tokens')} per step, {cfg.get('repeats')} repetitions. Policies: packed "
@@ -116,15 +123,19 @@ def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str
         f"Study's figure (reference, not measured here): {STUDY_FIGURE}.",
         "",
     ]
-    if cpu:
+    if str(cfg.get("device", "")).startswith("cpu"):
         lines += ["CPU run: timings mean nothing here (Triton interpreter, no GPU): no verdict.", ""]
-    lines += [line for note in cfg.get("notes") or [] for line in (f"**note: {note}**", "")]
+    return lines + rs.notes(cfg.get("notes") or [])
+
+
+def _policies(r: PrefillReport) -> list[str]:
+    """One row per cell and policy: steps, prefill step and phase, TTFT, medians over repetitions."""
     header = ["cell", "policy", "steps (max rows)", "prefill step p50 ms", "prefill phase ms", "TTFT p50 ms",
               "TTFT p90 ms", "valid", "warm"]
     body = []
-    for cell in dict.fromkeys(c["cell"] for c in cells):
+    for cell in dict.fromkeys(c["cell"] for c in r.cells):
         for arm in (PACKED, ONE, PACKED_AA):
-            mine = [c for c in cells if c["cell"] == cell and c["arm"] == arm]
+            mine = [c for c in r.cells if c["cell"] == cell and c["arm"] == arm]
             if not mine:
                 continue
             body.append([
@@ -138,21 +149,35 @@ def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str
                 "warm" if not any(c.get("cold") for c in mine) else "COLD",
             ])
     align = ["", "", "r", "r", "r", "r", "r", "", ""]
-    lines += ["Medians over repetitions.", "", *table(header, body, align), ""]
-    lines += ["## Speedup of packed prefill (one-per-step / packed, paired by repetition)", ""]
-    rows = [[r["cell"], r["metric"],
-             "-" if r["speedup_of_packed"] is None else f"{r['speedup_of_packed']:.2f}x",
-             format_interval(r["interval"]), format_interval(r["aa"]), r["verdict"]] for r in comp]
-    lines += table(["cell", "metric", "speedup", "interval", "A/A (packed#2 / packed)", "verdict"], rows,
-                   ["", "", "r", "", "", ""])
-    lines += ["", "## Token identity against the packed policy (same arm, same prompts)", ""]
-    rows = [[r["cell"], r["policy"], f"{r['identical']}/{r['compared']}",
-             ", ".join(str(d) for d in sorted(set(r["first_divergences"]))[:8]) or "-"] for r in ident]
-    lines += table(["cell", "policy", "identical", "first divergent token index"], rows)
-    lines += ["", "A packed step runs the GEMMs over more rows than a one-request step; where a kernel picks "
-              "another tiling for that shape the bits may differ, so a difference here is reported, not "
-              "hidden; the A/A row shows whether the packed policy repeats itself.", ""]
-    return "\n".join(lines)
+    return ["Medians over repetitions.", "", *table(header, body, align), ""]
+
+
+def _speedup(r: PrefillReport) -> list[str]:
+    rows = [[c["cell"], c["metric"],
+             "-" if c["speedup_of_packed"] is None else f"{c['speedup_of_packed']:.2f}x",
+             format_interval(c["interval"]), format_interval(c["aa"]), c["verdict"]] for c in r.comparison]
+    return ["## Speedup of packed prefill (one-per-step / packed, paired by repetition)", "",
+            *table(["cell", "metric", "speedup", "interval", "A/A (packed#2 / packed)", "verdict"], rows,
+                   ["", "", "r", "", "", ""])]
+
+
+def _identity_table(r: PrefillReport) -> list[str]:
+    rows = [[i["cell"], i["policy"], f"{i['identical']}/{i['compared']}",
+             ", ".join(str(d) for d in sorted(set(i["first_divergences"]))[:8]) or "-"] for i in r.identity]
+    return [*rs.heading("Token identity against the packed policy (same arm, same prompts)"),
+            *table(["cell", "policy", "identical", "first divergent token index"], rows),
+            "", "A packed step runs the GEMMs over more rows than a one-request step; where a kernel picks "
+            "another tiling for that shape the bits may differ, so a difference here is reported, not "
+            "hidden; the A/A row shows whether the packed policy repeats itself.", ""]
+
+
+SECTIONS: list[rs.Section] = [_intro, _policies, _speedup, _identity_table]
+"""The prefill report, top to bottom."""
+
+
+def table_markdown(run: RunDir, cells: list[dict[str, Any]], comp: list[dict[str, Any]],
+                   ident: list[dict[str, Any]]) -> str:
+    return rs.render_sections(SECTIONS, PrefillReport(run.manifest.get("config", {}), cells, comp, ident))
 
 
 def make_plot(run: RunDir, cells: list[dict[str, Any]]) -> None:

@@ -110,7 +110,7 @@ def profile_command(
     # torch and the engine: loaded when the command runs, not for `rltbench profile --help`
     from rltbench import runtime
     from rltbench.commands.profile.collect import ProfileSpec, fit_context, run_profile
-    from rltbench.commands.profile.report import SUMMARY, render, table_markdown
+    from rltbench.commands.profile.report import SUMMARY, render, summary_markdown
     from rltbench.results import RunDir
 
     dev, device_note = profile_device(device, cpu)
@@ -181,5 +181,5 @@ def profile_command(
     run.update_manifest(status="complete")
     from rltbench.results.console import print_markdown
 
-    print_markdown(console, table_markdown(run.read_json(SUMMARY)).split("## ")[0])
+    print_markdown(console, summary_markdown(run.read_json(SUMMARY)))
     console.print(f"table: {run.file('table.md')}  plot: {run.file('breakdown.png')}")

@@ -14,6 +14,7 @@ from typing import Any
 from rltbench.commands.profile.classify import ATTN, CLASSES, GEMM
 from rltbench.errors import UsageError
 from rltbench.results import RunDir
+from rltbench.results import report_sections as rs
 from rltbench.results.plotting import caveat, colormap, figure
 from rltbench.results.quantiles import summarize
 from rltbench.results.tables import table
@@ -59,33 +60,52 @@ def _decode_step_facts(facts: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def table_markdown(s: dict[str, Any]) -> str:
-    mode, batch = s.get("mode", "gpu"), int(s.get("batch", 1))
-    arms: dict[str, Any] = s.get("arms", {})
-    lines = [f"# rltbench profile: {s.get('model', '?')} batch {batch} context {s.get('context', '?')}", ""]
-    missing = [a for a in s.get("arms_planned", []) if a not in arms]
+def _is_cpu(s: dict[str, Any]) -> bool:
+    return s.get("mode", "gpu") == "cpu"
+
+
+def _batch(s: dict[str, Any]) -> int:
+    return int(s.get("batch", 1))
+
+
+def _arms(s: dict[str, Any]) -> dict[str, Any]:
+    return s.get("arms", {})
+
+
+def _header(s: dict[str, Any]) -> list[str]:
+    """Title, the arms that did not finish, and the manifest's notes."""
+    lines = rs.title(f"rltbench profile: {s.get('model', '?')} batch {_batch(s)} "
+                     f"context {s.get('context', '?')}")
+    missing = [a for a in s.get("arms_planned", []) if a not in _arms(s)]
     if missing:
-        lines += [f"**interrupted: no results for arm(s) {', '.join(missing)}; the table covers the "
-                  "arms that finished**", ""]
-    for note in s.get("notes") or []:
-        lines += [f"**note: {note}**", ""]
-    if mode == "cpu":
-        lines += [
+        lines += rs.bold(f"interrupted: no results for arm(s) {', '.join(missing)}; the table covers the "
+                         "arms that finished")
+    return lines + rs.notes(s.get("notes") or [])
+
+
+def _mode(s: dict[str, Any]) -> list[str]:
+    """What a count and a time are in this run: CPU ops and host time, or GPU kernels and replay time."""
+    if _is_cpu(s):
+        return [
             "**CPU mode**: counts are CPU `aten::` leaf ops per decode step (not GPU kernels) and times "
             "are host wall-clock of eager steps; arms with scope `graph` run torch's reference here "
             f"and the others the Triton interpreter or torch. **No speed verdict: {CPU_NO_VERDICT}**; "
             "no GPU claim is made.",
             "",
         ]
-        unit, tunit = "CPU ops", "host ms"
-    else:
-        lines += [
-            f"Device: {s.get('device_name', '?')}. A step = one decode-graph replay generating {batch} "
-            f"token(s); per token = per step / {batch}. The study's figure is kernels per step at batch 1.",
-            "",
-        ]
-        unit, tunit = "kernels", "GPU ms"
-        lines += _decode_step_facts(s.get("decode_step"))
+    batch = _batch(s)
+    return [
+        f"Device: {s.get('device_name', '?')}. A step = one decode-graph replay generating {batch} "
+        f"token(s); per token = per step / {batch}. The study's figure is kernels per step at batch 1.",
+        "",
+        *_decode_step_facts(s.get("decode_step")),
+    ]
+
+
+def _steps(s: dict[str, Any]) -> list[str]:
+    """One row per arm: kernels (CPU ops) and time per step and per token, and the ratio vs torch."""
+    mode, batch, arms = s.get("mode", "gpu"), _batch(s), _arms(s)
+    unit, tunit = ("CPU ops", "host ms") if mode == "cpu" else ("kernels", "GPU ms")
     ref = _step_ms(arms["torch"], mode)[0] if "torch" in arms else float("nan")
     gpu = mode != "cpu"  # on CPU there are no graph nodes to compare and no speed ratio to show
     rows = []
@@ -99,83 +119,118 @@ def table_markdown(s: dict[str, Any]) -> str:
                      *([f"{_f(ratio, '.2f')}x"] if gpu else [])])
     header = ["arm", f"{unit}/step", f"{unit}/token", *(["graph nodes = profiler"] if gpu else []),
               f"{tunit}/step (p10-p90)", f"{tunit}/token", *(["vs torch"] if gpu else [])]
-    lines += table(header, rows)
-    lines.append("")
-    wb = s.get("weight_bytes") or {}
-    if mode == "gpu":
-        bw = (s.get("copy_bandwidth") or {}).get("gbps")
-        lines += [
-            "## Floors (what no elementwise fusion can remove)",
-            "",
-            f"- weight-bytes floor: {_f(wb.get('bytes', float('nan')) / 1e9)} GB of weights read per step "
-            f"(counted over one eager token; {_f(wb.get('reuse'), '.2f')}x the parameter bytes) / measured "
-            f"copy {_f(bw, '.0f')} GB/s = **{_f(s.get('weight_floor_ms'))} ms/step**",
-        ]
-        kv = s.get("kv_bytes") or {}
-        if kv:
-            per_plane = kv.get("bytes_per_token", 0) // max(1, kv.get("planes") or 1)
-            lines.append(
-                f"- KV-bytes floor: {_f(kv.get('bytes', float('nan')) / 1e9, '.3f')} GB of cached K/V "
-                f"read per step ({kv.get('batch')} rows x {kv.get('context')} tokens x "
-                f"{kv.get('planes')} planes x {per_plane} B) / measured copy = "
-                f"**{_f(s.get('kv_floor_ms'), '.3f')} ms/step**")
-        lines += [
-            "- GEMM floor: summed profiler kernel time of the GEMM + attention classes of the same step "
-            "(projections, LM head, attention; excludes launch gaps):",
-        ]
-        for name, a in arms.items():
-            lines.append(
-                f"  - {name}: {_f(a.get('gemm_floor_us', float('nan')) / 1e3)} ms/step "
-                f"(all kernels busy {_f(a.get('busy_us', float('nan')) / 1e3)} ms)"
-            )
-        lines.append("")
-        lines += _floor_shares(arms)
-        lines += ["## Kernel counts: graph nodes vs profiler", ""]
-        for name, a in arms.items():
-            c = a.get("graph_census") or {}
-            p = a.get("profiler") or {}
-            o = a.get("outside_graph") or {}
-            lines.append(
-                f"- {name}: graph kernel nodes {c.get('kernels', 'n/a')}, memcpy {c.get('memcpy', 'n/a')}, "
-                f"memset {c.get('memset', 'n/a')}; profiler {_f(p.get('kernels_per_replay'), '.1f')} "
-                f"kernels/replay over {p.get('replays', 0)} replays; outside the graph per engine step: "
-                f"{_f(o.get('kernels_per_step'), '.1f')} kernels + {_f(o.get('copies_per_step'), '.1f')} "
-                f"copies. Verdict: {a.get('agree_reason', '')}"
-            )
-        lines.append("")
-    else:
-        lines += [
-            "Weights read per step (counted over one eager token): "
-            f"{_f(wb.get('bytes', float('nan')) / 1e6)} MB.",
-            "",
-        ]
-    def per_class(a: dict[str, Any], cls: str) -> str:
-        row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
-        return f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us"
+    return [*table(header, rows), ""]
 
-    lines += ["## Breakdown per class (count / time per step)", ""]
-    if mode == "cpu":
+
+def _cpu_weights(s: dict[str, Any]) -> list[str]:
+    if s.get("mode", "gpu") == "gpu":
+        return []
+    wb = s.get("weight_bytes") or {}
+    return ["Weights read per step (counted over one eager token): "
+            f"{_f(wb.get('bytes', float('nan')) / 1e6)} MB.", ""]
+
+
+def _floors(s: dict[str, Any]) -> list[str]:
+    """GPU: the weight-bytes, KV-bytes and GEMM floors, and each class against its floor."""
+    if s.get("mode", "gpu") != "gpu":
+        return []
+    arms, wb = _arms(s), s.get("weight_bytes") or {}
+    bw = (s.get("copy_bandwidth") or {}).get("gbps")
+    lines = [
+        "## Floors (what no elementwise fusion can remove)",
+        "",
+        f"- weight-bytes floor: {_f(wb.get('bytes', float('nan')) / 1e9)} GB of weights read per step "
+        f"(counted over one eager token; {_f(wb.get('reuse'), '.2f')}x the parameter bytes) / measured "
+        f"copy {_f(bw, '.0f')} GB/s = **{_f(s.get('weight_floor_ms'))} ms/step**",
+    ]
+    kv = s.get("kv_bytes") or {}
+    if kv:
+        per_plane = kv.get("bytes_per_token", 0) // max(1, kv.get("planes") or 1)
+        lines.append(
+            f"- KV-bytes floor: {_f(kv.get('bytes', float('nan')) / 1e9, '.3f')} GB of cached K/V "
+            f"read per step ({kv.get('batch')} rows x {kv.get('context')} tokens x "
+            f"{kv.get('planes')} planes x {per_plane} B) / measured copy = "
+            f"**{_f(s.get('kv_floor_ms'), '.3f')} ms/step**")
+    lines += [
+        "- GEMM floor: summed profiler kernel time of the GEMM + attention classes of the same step "
+        "(projections, LM head, attention; excludes launch gaps):",
+    ]
+    for name, a in arms.items():
+        lines.append(
+            f"  - {name}: {_f(a.get('gemm_floor_us', float('nan')) / 1e3)} ms/step "
+            f"(all kernels busy {_f(a.get('busy_us', float('nan')) / 1e3)} ms)"
+        )
+    return [*lines, "", *_floor_shares(arms)]
+
+
+def _counts(s: dict[str, Any]) -> list[str]:
+    """GPU: the graph's kernel nodes against the profiler's count, per arm."""
+    if s.get("mode", "gpu") != "gpu":
+        return []
+    lines = ["## Kernel counts: graph nodes vs profiler", ""]
+    for name, a in _arms(s).items():
+        c = a.get("graph_census") or {}
+        p = a.get("profiler") or {}
+        o = a.get("outside_graph") or {}
+        lines.append(
+            f"- {name}: graph kernel nodes {c.get('kernels', 'n/a')}, memcpy {c.get('memcpy', 'n/a')}, "
+            f"memset {c.get('memset', 'n/a')}; profiler {_f(p.get('kernels_per_replay'), '.1f')} "
+            f"kernels/replay over {p.get('replays', 0)} replays; outside the graph per engine step: "
+            f"{_f(o.get('kernels_per_step'), '.1f')} kernels + {_f(o.get('copies_per_step'), '.1f')} "
+            f"copies. Verdict: {a.get('agree_reason', '')}"
+        )
+    return [*lines, ""]
+
+
+def _per_class(a: dict[str, Any], cls: str) -> str:
+    row = next((r for r in a.get("classes", []) if r["class"] == cls), {"count": 0, "time_us": 0})
+    return f"{_f(row['count'], '.0f')} / {_f(row['time_us'], '.0f')} us"
+
+
+def _breakdown(s: dict[str, Any]) -> list[str]:
+    arms = _arms(s)
+    lines = ["## Breakdown per class (count / time per step)", ""]
+    if _is_cpu(s):
         lines += ["Times are aten op times of the profiled steps, which the profiler slows; breakdown.png "
                   f"splits each arm's host ms/step (the table above) in their shares, the rest '{OUTSIDE}' "
                   "(Python, the Triton interpreter).", ""]
-    lines += table(["class", *arms], [[cls, *(per_class(a, cls) for a in arms.values())] for cls in CLASSES])
-    lines += [
+    lines += table(["class", *arms], [[cls, *(_per_class(a, cls) for a in arms.values())] for cls in CLASSES])
+    return lines + [
         "",
         "Classes of generic elementwise kernels (mul/add/cast) are inferred from their neighbours "
         "(see rltbench/commands/profile/classify.py).",
         "",
     ]
-    for name, a in arms.items():
+
+
+def _top(s: dict[str, Any]) -> list[str]:
+    """Per arm, its 15 most frequent kernels (CPU: aten ops)."""
+    lines = []
+    for name, a in _arms(s).items():
         top = []
         for r in a.get("top_kernels", [])[:15]:
             kname = (r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "...").replace("|", "\\|")
             top.append([f"`{kname}`", r.get("class", ""), _f(r.get("count"), ".1f"),
                         _f(r.get("time_us"), ".1f")])
-        title, head = (("Top CPU ops", ["op", "class", "count/step", "host us/step"]) if mode == "cpu"
+        title, head = (("Top CPU ops", ["op", "class", "count/step", "host us/step"]) if _is_cpu(s)
                        else ("Top kernels", ["kernel", "class", "count/step", "us/step"]))
-        lines += [f"### {title}: {name}", "", *table(head, top)]
-        lines.append("")
-    return "\n".join(lines)
+        lines += [f"### {title}: {name}", "", *table(head, top), ""]
+    return lines
+
+
+SUMMARY_SECTIONS: list[rs.Section] = [_header, _mode, _steps, _cpu_weights]
+"""The report's head: what the console prints at the end of a run."""
+SECTIONS: list[rs.Section] = [*SUMMARY_SECTIONS, _floors, _counts, _breakdown, _top]
+"""The profile report, top to bottom."""
+
+
+def table_markdown(s: dict[str, Any]) -> str:
+    return rs.render_sections(SECTIONS, s)
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    """The head of table.md (title, notes, mode, the per-arm step table) for the console."""
+    return rs.render_sections(SUMMARY_SECTIONS, s) + "\n"
 
 
 def _floor_shares(arms: dict[str, Any]) -> list[str]:
