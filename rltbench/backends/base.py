@@ -1,12 +1,14 @@
 """What every backend shares: the request, the per-request record, timeouts, live progress, and the one
 NAME=URL parser for servers.
 
-A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) has `name`, `hosting` (one
-line for the report) and `supports_replay`; `warmup(arm, requests, timeouts)` makes `arm` ready;
-`run_cell(arm, tag, requests, timeouts, progress=..., max_concurrency=None, ...)` serves `requests`, each
-sent when `SendOrder` says it is due (cell start + its arrival; a later turn of a conversation, think
-time after its previous turn's response) or later while `max_concurrency` requests are in flight, and
-returns one finalized record per request; `stats(arm)` gives its counters (empty for servers).
+A backend (backends.engine.EngineBackend, backends.openai.OpenAIBackend) follows `Backend`: it has
+`name`, `hosting` (one line for the report), `arms` and `supports_replay`; `warmup(arm, requests,
+timeouts)` makes `arm` ready; `run_cell(arm, tag, requests, timeouts, progress=..., max_concurrency=None,
+...)` serves `requests`, each sent when `SendOrder` says it is due (cell start + its arrival; a later
+turn of a conversation, think time after its previous turn's response) or later while
+`max_concurrency` requests are in flight, and returns a `CellResult`: one finalized record per request
+and, for a timed engine cell, its schedule and cold work; `stats(arm)` gives its counters (empty for
+servers). A backend with `supports_replay` is also a `ReplayBackend`.
 
 A record is a plain dict (a row of the e2e requests.jsonl): `scheduled` (cell start + arrival),
 `send` (when it was sent: `scheduled`, or later where the concurrency limit held it back or the
@@ -26,9 +28,12 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rltbench.errors import UsageError
+
+if TYPE_CHECKING:  # the engine's schedule type only: the backends' shared part stays free of the engine
+    from rltbench.engine.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -125,12 +130,61 @@ class SendOrder:
         return sorted(reqs, key=lambda r: r.index)
 
 
+@dataclass
+class CellResult:
+    """What one cell of `Backend.run_cell` gives back. `records`: one finalized record per request.
+    A timed cell on the in-process engine also has the `schedule` it ran (replayed on other arms),
+    the `cold_work` counted in its timed window (`bench.warmth.ColdWork`) and `requests` by request id
+    (what a replay of `schedule` serves); a server's cell has only records."""
+
+    records: list[dict[str, Any]]
+    schedule: Schedule | None = None
+    cold_work: dict[str, int | None] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
+
+
 class DeadlineReached(Exception):
-    """The global deadline ended the run; the cell's records are attached (unfinished -> timeout)."""
+    """The global deadline ended the run; the cell's result is attached (unfinished -> timeout), with
+    the schedule and cold work of its timed window where the backend has them."""
 
     def __init__(self, records: list[dict[str, Any]]):
         super().__init__("global deadline reached")
-        self.records = records
+        self.result = CellResult(records)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.result.records
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the e2e load, the GSM8K gate and the serve soak run on: one model under test, several arms.
+    Engine-only options of `run_cell` (prefix-cache reset, timed window, step hook) go in
+    `engine_only`; a server backend accepts and ignores them."""
+
+    name: str
+    hosting: str
+    supports_replay: bool
+    arms: list[str]
+
+    def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None: ...
+
+    def run_cell(self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts, *,
+                 progress: CellProgress | None = None, max_concurrency: int | None = None,
+                 **engine_only: Any) -> CellResult: ...
+
+    def stats(self, arm: str | None = None) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ReplayBackend(Backend, Protocol):
+    """A backend that can replay a recorded schedule on another arm (`supports_replay`): the identity
+    verdict. `last_replay_depths`: request index -> exit depths of the last replay (exit gate)."""
+
+    last_replay_depths: dict[int, list[int]]
+
+    def replay(self, arm: str, schedule: Schedule, requests: dict[str, Request],
+               row_invariant_tile: int | None = None) -> dict[int, list[int]]: ...
 
 
 def new_record(req: Request, rid: str, send: float) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from rltbench.backends.base import (
     CellProgress,
+    CellResult,
     DeadlineReached,
     Request,
     SendOrder,
@@ -125,10 +126,6 @@ class EngineBackend:
         self.codec = codec  # decodes tails for `stop` strings (text requests of the quality gate)
         self.variants = dict(variants or {})  # scheduled arm -> engine arm and prefix-cache setting
         self.last_replay_depths: dict[int, list[int]] = {}  # request index -> exit depths (exit gate)
-        # the last timed cell: its schedule (for replays), request ids -> requests, cold-work counts
-        self.last_schedule: Schedule | None = None
-        self.last_requests: dict[str, Request] = {}
-        self.last_cold_work: dict[str, int | None] = {}
 
     def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None:
         """Everything a timed cell of `arm` could otherwise pay for, done untimed: decode graphs for
@@ -200,26 +197,29 @@ class EngineBackend:
         on_step: Callable[[], None] | None = None,
         timed: bool = True,
         max_concurrency: int | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> CellResult:
         """Serve `requests` (sent at cell start + arrival; with `max_concurrency`, held back by the
-        client while that many are in flight) and return one record per request.
+        client while that many are in flight): one record per request.
 
-        A timed cell runs on a frozen engine (no graph capture), records its schedule
-        (`last_schedule`, for replays on other arms) and counts cold work (`last_cold_work`)."""
+        A timed cell runs on a frozen engine (no graph capture); its result also holds the schedule
+        it ran (for replays on other arms), its requests by id and its cold work, and so does the
+        result a `DeadlineReached` carries when the deadline cuts it."""
         eng = self.engine
         self._select(arm)
         if reset_prefix_cache:
             eng.reset_prefix_cache()
+        by_id = {f"{arm}/{tag}/{r.index}": r for r in requests}
         if not timed:
-            return self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency)
+            return CellResult(self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency),
+                              requests=by_id)
         window: dict[str, Any] = {}
         try:
             with frozen_window(eng) as window:
-                return self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency)
-        finally:
-            self.last_schedule = window.get("schedule")
-            self.last_cold_work = window.get("cold_work", {})
-            self.last_requests = {f"{arm}/{tag}/{r.index}": r for r in requests}
+                records = self._serve(arm, tag, requests, timeouts, progress, on_step, max_concurrency)
+        except DeadlineReached as exc:
+            exc.result = CellResult(exc.records, window.get("schedule"), window.get("cold_work", {}), by_id)
+            raise
+        return CellResult(records, window.get("schedule"), window.get("cold_work", {}), by_id)
 
     def _params(self, req: Request) -> SamplingParams:
         return SamplingParams(max_tokens=req.output_len, ignore_eos=req.ignore_eos,

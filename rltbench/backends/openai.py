@@ -21,7 +21,15 @@ from typing import Any
 
 import aiohttp
 
-from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts, finalize, new_record
+from rltbench.backends.base import (
+    CellProgress,
+    CellResult,
+    DeadlineReached,
+    Request,
+    Timeouts,
+    finalize,
+    new_record,
+)
 from rltbench.errors import UsageError
 
 # Optional request fields, dropped in this order when a server answers HTTP 400 to the warm-up probe.
@@ -97,13 +105,13 @@ class OpenAIBackend:
 
     def run_cell(self, arm: str, tag: str, requests: Sequence[Request], timeouts: Timeouts,
                  progress: CellProgress | None = None, max_concurrency: int | None = None,
-                 **_engine_only: Any) -> list[dict[str, Any]]:
+                 **_engine_only: Any) -> CellResult:
         """Serve `requests` (each sent at cell start + arrival, held back while `max_concurrency`
-        are in flight); one record per request. The engine's options (prefix-cache reset, timed
-        window, step hook) do not exist here: the server's prefix cache cannot be reset through this
-        API (the session report says so)."""
-        return asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress(),
-                                          max_concurrency))
+        are in flight); one record per request (a server gives no schedule or cold work). The
+        engine's options (prefix-cache reset, timed window, step hook) do not exist here: the server's
+        prefix cache cannot be reset through this API (the session report says so)."""
+        return CellResult(asyncio.run(self._run_cell(arm, tag, requests, timeouts, progress or CellProgress(),
+                                                     max_concurrency)))
 
     # -- internals ---------------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:

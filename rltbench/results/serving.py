@@ -10,7 +10,9 @@ requests.jsonl alone, which is what `rltbench report` does.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rltbench.bench.warmth import is_cold
@@ -56,13 +58,58 @@ def itl_samples(rec: dict[str, Any]) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Percentiles:
+    """p50/p90/p99 and mean of one metric's samples, with the sample count; `p99_low_n`: the p99
+    comes from fewer than P99_MIN_SAMPLES samples (it is near the max)."""
+
+    n: int
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+    p99_low_n: bool
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Percentiles:
+        """The quantiles of `values` (rltbench.results.quantiles; None values are left out)."""
+        q = summarize(values)
+        if q.n == 0:
+            return cls(0, None, None, None, None, True)
+        return cls(q.n, q.median, q.p90, q.p99, q.mean, bool(q.n < P99_MIN_SAMPLES))
+
+    def row(self, metric: str) -> dict[str, Any]:
+        """The flat columns of cells.csv/json: `{metric}_n`, `{metric}_p50`, ... in the files' order."""
+        return {f"{metric}_{k}": v for k, v in asdict(self).items()}
+
+
 def percentiles(values: list[float | None]) -> dict[str, Any]:
     """p50/p90/p99 (rltbench.results.quantiles) with the sample count and a low-count flag for p99."""
-    q = summarize(values)
-    if q.n == 0:
-        return {"n": 0, "p50": None, "p90": None, "p99": None, "mean": None, "p99_low_n": True}
-    return {"n": q.n, "p50": q.median, "p90": q.p90, "p99": q.p99, "mean": q.mean,
-            "p99_low_n": bool(q.n < P99_MIN_SAMPLES)}
+    return asdict(Percentiles.of(values))
+
+
+LATENCY_METRICS = ("ttft", "tpot", "e2e", "itl")  # LatencyMetrics' fields, in the files' column order
+
+
+@dataclass(frozen=True)
+class LatencyMetrics:
+    """TTFT, TPOT, E2E (one sample per request) and ITL (every token gap) quantiles, pooled over a
+    set of requests (one cell, or the valid repetitions of one arm and cell)."""
+
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    itl: Percentiles
+
+    @classmethod
+    def of(cls, per: list[dict[str, Any]]) -> LatencyMetrics:
+        """The quantiles of the requests' metrics `per` (request_metrics of each)."""
+        return cls(*(Percentiles.of([p[name] for p in per]) for name in LATENCY_METRICS[:3]),
+                   Percentiles.of([x for p in per for x in p["itl"]]))
+
+    def row(self) -> dict[str, Any]:
+        """The flat columns (ttft_*, tpot_*, e2e_*, itl_*), in the files' order."""
+        return {k: v for name in LATENCY_METRICS for k, v in getattr(self, name).row(name).items()}
 
 
 def steady_window(recs: list[dict[str, Any]]) -> tuple[float, float, int] | None:
@@ -88,42 +135,128 @@ def tokens_between(recs: list[dict[str, Any]], start: float, end: float) -> int:
     return tokens
 
 
-def cell_summary(recs: list[dict[str, Any]], burst: bool = True) -> dict[str, Any]:
-    """One cell's (arm, C, repetition) numbers: validity, throughput, latency percentiles."""
+@dataclass(frozen=True)
+class CellMetrics:
+    """One cell's (arm, C, repetition) numbers: statuses and validity, throughput, latency
+    quantiles; the prefix-cache hits where the engine or server reports them (None: not reported)
+    and the mean exit depth where the model has an exit gate (None: no gate)."""
+
+    requests: int
+    statuses: dict[str, int]  # status -> requests, for every status of STATUSES
+    valid: bool  # every request finished ok with exactly its expected tokens
+    output_tokens: int
+    duration_s: float | None  # last finish - first send
+    output_tok_s: float | None
+    steady_tok_s: float | None  # bursts: tokens / window where every request is decoding
+    latency: LatencyMetrics
+    prefix_hit_tokens: int | None = None
+    measured_prefix_hit_rate: float | None = None
+    mean_exit_depth: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The cell's columns of cells.csv/json (names and order as the files have always had them)."""
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            **{f"n_{s}": c for s, c in self.statuses.items()},
+            "valid": self.valid,
+            "output_tokens": self.output_tokens,
+            "duration_s": self.duration_s,
+            "output_tok_s": self.output_tok_s,
+            "steady_tok_s": self.steady_tok_s,
+            **self.latency.row(),
+        }
+        if self.prefix_hit_tokens is not None:
+            out["prefix_hit_tokens"] = self.prefix_hit_tokens
+            out["measured_prefix_hit_rate"] = self.measured_prefix_hit_rate
+        if self.mean_exit_depth is not None:
+            out["mean_exit_depth"] = self.mean_exit_depth
+        return out
+
+
+def cell_metrics(recs: list[dict[str, Any]], burst: bool = True) -> CellMetrics:
+    """The one place a cell's metrics are computed from its records (`burst`: the steady window
+    applies, every request sent at once)."""
     per = [request_metrics(r) for r in recs]
     statuses = {s: sum(1 for r in recs if r.get("status") == s) for s in STATUSES}
     tokens = sum(p["n"] for p in per)
     sends = [r["send"] for r in recs if r.get("send") is not None]
     lasts = [r["last"] for r in recs if r.get("last") is not None]
     dur = (max(lasts) - min(sends)) if sends and lasts else None
-    out: dict[str, Any] = {
-        "requests": len(recs),
-        **{f"n_{s}": c for s, c in statuses.items()},
-        "valid": bool(recs) and statuses["ok"] == len(recs),
-        "output_tokens": tokens,
-        "duration_s": dur,
-        "output_tok_s": tokens / dur if dur and dur > 0 else None,
-        "steady_tok_s": None,
-    }
+    steady = None
     if burst:
         win = steady_window(recs)
         if win is not None:
-            out["steady_tok_s"] = win[2] / (win[1] - win[0])
-    for name in ("ttft", "tpot", "e2e"):
-        pc = percentiles([p[name] for p in per])
-        out.update({f"{name}_{k}": v for k, v in pc.items()})
-    pc = percentiles([x for p in per for x in p["itl"]])
-    out.update({f"itl_{k}": v for k, v in pc.items()})
+            steady = win[2] / (win[1] - win[0])
+    hit_tokens = hit_rate = None
     hits = [r.get("prefix_hit_tokens") for r in recs]
     if any(h is not None for h in hits):
         prompt = sum(int(r.get("prompt_len") or 0) for r in recs)
-        out["prefix_hit_tokens"] = int(sum(h or 0 for h in hits))
-        out["measured_prefix_hit_rate"] = out["prefix_hit_tokens"] / prompt if prompt else None
+        hit_tokens = int(sum(h or 0 for h in hits))
+        hit_rate = hit_tokens / prompt if prompt else None
     depths = [d for r in recs for d in (r.get("exit_depths") or ())]
-    if depths:  # a model with an exit gate: the loops its tokens used, on average
-        out["mean_exit_depth"] = sum(depths) / len(depths)
-    return out
+    return CellMetrics(
+        requests=len(recs),
+        statuses=statuses,
+        valid=bool(recs) and statuses["ok"] == len(recs),
+        output_tokens=tokens,
+        duration_s=dur,
+        output_tok_s=tokens / dur if dur and dur > 0 else None,
+        steady_tok_s=steady,
+        latency=LatencyMetrics.of(per),
+        prefix_hit_tokens=hit_tokens,
+        measured_prefix_hit_rate=hit_rate,
+        mean_exit_depth=sum(depths) / len(depths) if depths else None,  # the loops its tokens used
+    )
 
+
+def cell_summary(recs: list[dict[str, Any]], burst: bool = True) -> dict[str, Any]:
+    """`cell_metrics` as the flat row of cells.csv/json (what the files and live tables read)."""
+    return cell_metrics(recs, burst).row()
+
+
+@dataclass(frozen=True)
+class PooledMetrics:
+    """One arm and cell over its valid repetitions: latency quantiles pooled over their requests and
+    the median of their cell throughputs (what the e2e throughput and latency tables print)."""
+
+    arm: str
+    cell: str
+    C: int | None
+    valid_reps: int
+    latency: LatencyMetrics
+    output_tok_s_median: float | None
+    steady_tok_s_median: float | None
+
+    def row(self) -> dict[str, Any]:
+        """Flat columns (arm, cell, C, valid_reps, latency quantiles, medians), e.g. for plots."""
+        return {"arm": self.arm, "cell": self.cell, "C": self.C, "valid_reps": self.valid_reps,
+                **self.latency.row(), "output_tok_s_median": self.output_tok_s_median,
+                "steady_tok_s_median": self.steady_tok_s_median}
+
+
+def pooled_metrics(records: list[dict[str, Any]], cells: list[dict[str, Any]],
+                   arms: list[str]) -> list[PooledMetrics]:
+    """Per arm (in `arms` order) and cell (in run order), pooled over the valid repetitions of
+    `cells` (compute_cells rows, whose throughputs `cell_metrics` computed): invalid repetitions
+    count for nothing."""
+    out = []
+    for arm in arms:
+        for cell in dict.fromkeys(c["cell"] for c in cells):
+            mine = [c for c in cells if c["arm"] == arm and c["cell"] == cell and c["valid"]]
+            valid_reps = {c["rep"] for c in mine}
+            recs = [r for r in records if r["arm"] == arm and r["cell"] == cell and r["rep"] in valid_reps]
+            tps = [c["output_tok_s"] for c in mine if c["output_tok_s"]]
+            steady = [c["steady_tok_s"] for c in mine if c["steady_tok_s"]]
+            out.append(PooledMetrics(
+                arm=arm,
+                cell=cell,
+                C=next((c["C"] for c in cells if c["cell"] == cell), None),
+                valid_reps=len(valid_reps),
+                latency=LatencyMetrics.of([request_metrics(r) for r in recs]),
+                output_tok_s_median=float(statistics.median(tps)) if tps else None,
+                steady_tok_s_median=float(statistics.median(steady)) if steady else None,
+            ))
+    return out
 
 
 def compute_cells(

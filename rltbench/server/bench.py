@@ -99,7 +99,7 @@ def soak(
     before = scrape(url)
     for i in range(bursts):
         reqs = burst_prompts(config, concurrency, input_len, output_len, seed + 1000, i, concurrency)
-        recs = backend.run_cell("served", f"soak/r{i}", reqs, timeouts)
+        recs = backend.run_cell("served", f"soak/r{i}", reqs, timeouts).records
         summ = cell_summary(recs)
         end = time.monotonic() + SOAK_SETTLE_S
         while True:

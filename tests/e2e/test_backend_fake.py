@@ -7,8 +7,9 @@ import time
 import pytest
 from e2e_fakes import FakeEngine
 
-from rltbench.backends.base import DeadlineReached, Request, Timeouts
+from rltbench.backends.base import Backend, CellResult, DeadlineReached, ReplayBackend, Request, Timeouts
 from rltbench.backends.engine import EngineBackend
+from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import Cell
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.commands.e2e.report import render
@@ -23,7 +24,7 @@ def reqs(n, out=5, arrival=0.0):
 def test_cell_records_tokens_and_times():
     eng = FakeEngine()
     be = EngineBackend(eng, ["torch"])
-    recs = be.run_cell("torch", "c", reqs(3), Timeouts())
+    recs = be.run_cell("torch", "c", reqs(3), Timeouts()).records
     assert [r["status"] for r in recs] == ["ok"] * 3
     for r in recs:
         assert r["token_ids"] == [eng.token([r["request"] + 1, 2, 3], i, "torch") for i in range(5)]
@@ -34,9 +35,8 @@ def test_cell_records_tokens_and_times():
 def test_statuses_error_timeout_length_mismatch_and_stall():
     eng = FakeEngine(reject={"0"}, silent={"1"}, short={"2": 3}, stall_after={"3": 2}, step_sleep=0.002)
     be = EngineBackend(eng, ["torch"])
-    recs = {
-        r["request"]: r for r in be.run_cell("torch", "c", reqs(5), Timeouts(first_token=0.15, stall=0.15))
-    }
+    result = be.run_cell("torch", "c", reqs(5), Timeouts(first_token=0.15, stall=0.15))
+    recs = {r["request"]: r for r in result.records}
     assert recs[0]["status"] == "error" and "rejected" in recs[0]["error"]
     assert recs[1]["status"] == "timeout" and "first token" in recs[1]["error"]
     assert recs[2]["status"] == "length_mismatch" and len(recs[2]["token_ids"]) == 3
@@ -50,9 +50,9 @@ def test_statuses_error_timeout_length_mismatch_and_stall():
 def test_engine_step_failure_fails_inflight_requests_only():
     eng = FakeEngine(fail_step=2)
     be = EngineBackend(eng, ["torch"])
-    recs = be.run_cell("torch", "c", reqs(2), Timeouts())
+    recs = be.run_cell("torch", "c", reqs(2), Timeouts()).records
     assert all(r["status"] == "error" and "fake engine failure" in r["error"] for r in recs)
-    assert be.run_cell("torch", "d", reqs(2), Timeouts())[0]["status"] == "ok"
+    assert be.run_cell("torch", "d", reqs(2), Timeouts()).records[0]["status"] == "ok"
 
 
 def test_global_deadline_raises_with_records():
@@ -65,12 +65,33 @@ def test_global_deadline_raises_with_records():
     st = [r["status"] for r in exc.value.records]
     assert len(st) == 3 and all(s == "timeout" for s in st)
     assert not eng.live
+    # the cut cell's timed window still reports what it ran and its cold work (the run's cell_meta)
+    assert exc.value.result.schedule is not None and exc.value.result.cold_work is not None
+
+
+def test_both_backends_follow_the_backend_protocol():
+    """backends.base.Backend is the contract the e2e load, the GSM8K gate and the serve soak run on;
+    only the engine replays schedules."""
+    engine_backend = EngineBackend(FakeEngine(), ["torch"])
+    server_backend = OpenAIBackend({"A": "http://127.0.0.1:1"})
+    assert isinstance(engine_backend, Backend) and isinstance(server_backend, Backend)
+    assert isinstance(engine_backend, ReplayBackend) and not isinstance(server_backend, ReplayBackend)
+
+
+def test_timed_cell_result_holds_schedule_cold_work_and_requests():
+    be = EngineBackend(FakeEngine(), ["torch"])
+    result = be.run_cell("torch", "c", reqs(3), Timeouts())
+    assert isinstance(result, CellResult) and len(result.records) == 3
+    assert result.schedule is not None and set(result.schedule.emitted()) == set(result.requests)
+    assert sorted(r.index for r in result.requests.values()) == [0, 1, 2]
+    untimed = be.run_cell("torch", "u", reqs(2), Timeouts(), timed=False)
+    assert untimed.schedule is None and untimed.cold_work == {}
 
 
 def test_session_arrivals_are_respected():
     eng = FakeEngine()
     be = EngineBackend(eng, ["torch"])
-    recs = be.run_cell("torch", "s", reqs(3, out=2, arrival=0.05), Timeouts())
+    recs = be.run_cell("torch", "s", reqs(3, out=2, arrival=0.05), Timeouts()).records
     sends = [r["send"] for r in recs]
     assert sends[1] - sends[0] == pytest.approx(0.05) and sends[2] - sends[0] == pytest.approx(0.10)
     assert all(r["first"] >= r["send"] for r in recs)

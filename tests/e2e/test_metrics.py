@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from rltbench.results.serving import (
+    cell_metrics,
     cell_summary,
+    compute_cells,
     itl_samples,
     percentiles,
+    pooled_metrics,
     request_metrics,
     steady_window,
 )
@@ -83,3 +86,21 @@ def test_prefix_hit_rate_from_requests():
     b = rec(0.0, [1.0, 2.0], prefix_hit_tokens=0, prompt_len=64)
     s = cell_summary([a, b], burst=False)
     assert s["measured_prefix_hit_rate"] == pytest.approx(0.25) and s["steady_tok_s"] is None
+
+
+def test_cell_metrics_named_fields_are_the_files_columns():
+    """cell_metrics computes a cell once; its named fields and the flat cells.csv row agree, and the
+    pooled figures of the e2e tables come from valid repetitions only."""
+    a, b = rec(0.0, [1.0, 2.0, 3.0, 4.0]), rec(0.0, [2.0, 3.0, 4.0, 4.5, 5.0])
+    m = cell_metrics([a, b])
+    row = m.row()
+    assert row == cell_summary([a, b])
+    assert m.output_tok_s == row["output_tok_s"] and m.latency.ttft.p50 == row["ttft_p50"]
+    assert list(row)[:10] == ["requests", "n_ok", "n_error", "n_timeout", "n_length_mismatch", "valid",
+                              "output_tokens", "duration_s", "output_tok_s", "steady_tok_s"]
+    assert "prefix_hit_tokens" not in row and "mean_exit_depth" not in row
+    records = [{**r, "arm": "A", "cell": "C=2", "C": 2, "rep": rep} for rep in (0, 1) for r in (a, b)]
+    records[2]["status"] = "error"  # repetition 1 is invalid
+    (p,) = pooled_metrics(records, compute_cells(records), ["A"])
+    assert (p.arm, p.cell, p.C, p.valid_reps) == ("A", "C=2", 2, 1)
+    assert p.output_tok_s_median == pytest.approx(9 / 5.0) and p.latency.ttft.n == 2

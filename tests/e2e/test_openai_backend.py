@@ -100,7 +100,7 @@ def test_burst_streams_token_ids_and_metrics():
         be = OpenAIBackend(parse_servers([f"A={url}/v1"]))
         be.warmup("A", reqs(1, out=2), Timeouts())
         assert be.notes["A"]["model"] == "fake-model"
-        recs = be.run_cell("A", "C=3", reqs(3), Timeouts())
+        recs = be.run_cell("A", "C=3", reqs(3), Timeouts()).records
     assert [r["status"] for r in recs] == ["ok"] * 3
     for r in recs:
         assert r["token_ids"] == [tok([r["request"] + 1, 7, 9], i) for i in range(4)]
@@ -115,7 +115,7 @@ def test_server_rejecting_extras_falls_back_to_counting_events():
         be = OpenAIBackend({"A": url}, model_name="m")
         be.warmup("A", [], Timeouts())
         assert be.notes["A"]["extra_fields"] == []
-        recs = be.run_cell("A", "C=2", reqs(2, out=3), Timeouts())
+        recs = be.run_cell("A", "C=2", reqs(2, out=3), Timeouts()).records
     for r in recs:
         assert r["status"] == "ok" and r["token_ids"] is None and r["n_tokens"] == 3
 
@@ -131,7 +131,7 @@ def test_stalled_stream_times_out_others_finish():
     with fake_server(stall_prompt0=2) as (url, _seen):
         be = OpenAIBackend({"A": url}, model_name="m")
         t0 = time.perf_counter()
-        recs = be.run_cell("A", "C=2", reqs(2), Timeouts(first_token=2.0, stall=0.3))
+        recs = be.run_cell("A", "C=2", reqs(2), Timeouts(first_token=2.0, stall=0.3)).records
         assert time.perf_counter() - t0 < 3.0
     assert recs[0]["status"] == "ok"
     assert recs[1]["status"] == "timeout" and "next token" in recs[1]["error"]
@@ -139,7 +139,7 @@ def test_stalled_stream_times_out_others_finish():
 
 def test_unreachable_server_is_a_request_error():
     be = OpenAIBackend({"A": "http://127.0.0.1:9"}, model_name="m")
-    recs = be.run_cell("A", "C=1", reqs(1), Timeouts(first_token=2.0, stall=2.0))
+    recs = be.run_cell("A", "C=1", reqs(1), Timeouts(first_token=2.0, stall=2.0)).records
     assert recs[0]["status"] == "error"
 
 

@@ -33,7 +33,7 @@ def _requests(n, rate, kind="constant", out=3, seed=0):
 @pytest.mark.parametrize("kind", ["constant", "poisson"])
 def test_achieved_rate_within_2pct_of_the_target_on_an_unloaded_fake(kind):
     be = EngineBackend(FakeEngine(), ["torch"])
-    recs = be.run_cell("torch", "r", _requests(101, 40.0, kind), Timeouts())
+    recs = be.run_cell("torch", "r", _requests(101, 40.0, kind), Timeouts()).records
     fig = rate_figures(recs)
     assert all(r["status"] == "ok" for r in recs) and fig["measured"] == 81
     if kind == "constant":  # the measured window offers exactly the target
@@ -46,7 +46,7 @@ def test_achieved_rate_within_2pct_of_the_target_on_an_unloaded_fake(kind):
 def test_max_concurrency_holds_requests_back_on_the_engine():
     eng = FakeEngine(step_sleep=0.01)
     be = EngineBackend(eng, ["torch"])
-    recs = be.run_cell("torch", "r", _requests(12, 200.0, out=4), Timeouts(), max_concurrency=2)
+    recs = be.run_cell("torch", "r", _requests(12, 200.0, out=4), Timeouts(), max_concurrency=2).records
     assert max(eng.hist) <= 2 and all(r["status"] == "ok" for r in recs)
     delays = [r["send"] - r["scheduled"] for r in recs]
     assert delays[0] == 0 and delays[-1] > 0.1  # the last one waited for five pairs before it
@@ -58,8 +58,8 @@ def test_openai_backend_open_loop_and_max_concurrency():
     with fake_server(gap=0.01) as (url, _seen):
         be = OpenAIBackend(parse_servers([f"A={url}"]))
         be.warmup("A", _requests(1, 1.0), Timeouts())
-        free = be.run_cell("A", "r", _requests(21, 20.0), Timeouts())
-        held = be.run_cell("A", "h", _requests(8, 200.0, out=4), Timeouts(), max_concurrency=1)
+        free = be.run_cell("A", "r", _requests(21, 20.0), Timeouts()).records
+        held = be.run_cell("A", "h", _requests(8, 200.0, out=4), Timeouts(), max_concurrency=1).records
     assert all(r["status"] == "ok" for r in free + held)
     fig = rate_figures(free)
     assert fig["offered_rate"] == pytest.approx(20.0) and fig["achieved_rate"] == pytest.approx(20.0, rel=0.1)

@@ -116,14 +116,14 @@ def _check_think(recs: list[dict], think: float) -> None:
 
 def test_engine_backend_sends_a_later_turn_think_time_after_the_last_token():
     be = EngineBackend(FakeEngine(step_sleep=0.002), ["torch"])
-    _check_think(be.run_cell("torch", "s", _turns(0.05), Timeouts()), 0.05)
+    _check_think(be.run_cell("torch", "s", _turns(0.05), Timeouts()).records, 0.05)
 
 
 def test_openai_backend_sends_a_later_turn_think_time_after_the_last_token_and_reads_cached_tokens():
     with fake_server(cached=2) as (url, _seen):
         be = OpenAIBackend(parse_servers([f"A={url}"]))
         be.warmup("A", [], Timeouts())
-        recs = be.run_cell("A", "s", _turns(0.05), Timeouts())
+        recs = be.run_cell("A", "s", _turns(0.05), Timeouts()).records
     _check_think(recs, 0.05)
     assert all(r["prefix_hit_tokens"] == 2 for r in recs)
 

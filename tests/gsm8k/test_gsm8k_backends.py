@@ -88,7 +88,7 @@ def test_engine_backend_stops_truncates_and_counts(codec: TextCodec) -> None:
     long_prompt = "Q: how many apples? " * 40
     until = [["Q:"], ["Q:"], ["Q:"]]
     reqs, truncated = questions.requests(["Q: a\nA:", long_prompt, "Q: c\nA:"], until, [40, 5, 40])
-    recs = be.run_cell("torch", "chunk0", reqs, Timeouts(float("inf"), float("inf")), timed=False)
+    recs = be.run_cell("torch", "chunk0", reqs, Timeouts(float("inf"), float("inf")), timed=False).records
     gens = questions.generations("torch", reqs, truncated, recs, until)
     assert gens[0].text == " The answer is 12.\n\n" and gens[0].finish_reason == "stop_str"
     assert "torch/chunk0/0" in eng.aborted  # aborted as soon as the stop string appeared, not run to the end

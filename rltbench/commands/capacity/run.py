@@ -91,15 +91,15 @@ def _burst(spec: CapacitySpec, row: dict[str, Any], run: RunDir) -> None:
     for rep in range(spec.repeats):
         reqs = burst_prompts(model.config, c, row["input_len"], row["output_len"], spec.seed, rep, c)
         started = time.perf_counter()
-        recs = backend.run_cell(spec.arm, f"C={c}/r{rep}", reqs, timeouts)
-        sched = backend.last_schedule
+        result = backend.run_cell(spec.arm, f"C={c}/r{rep}", reqs, timeouts)
+        recs, sched = result.records, result.schedule
         decode_rows = [len(st.rows) for st in sched.steps if st.kind == DECODE] if sched else []
         for r in recs:
             r.update(arm=label, cell=f"C={c}", C=c, rep=rep)
         run.extend_jsonl("requests.jsonl", recs)
         run.append_jsonl("cell_meta.jsonl", {
             **meta_base, "rep": rep, "wall_s": time.perf_counter() - started,
-            "cold_work": dict(backend.last_cold_work), "schedule": sched.summary() if sched else None,
+            "cold_work": dict(result.cold_work), "schedule": sched.summary() if sched else None,
             "max_decode_batch": max(decode_rows, default=0),
         })
 

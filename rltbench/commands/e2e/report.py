@@ -22,10 +22,11 @@ from rltbench.results import report_sections as rs
 from rltbench.results.plotting import arm_color, caveat, figure, log_axis
 from rltbench.results.serving import (
     CELL_KEYS,
+    Percentiles,
+    PooledMetrics,
     compute_cells,
     fmt_ms,
-    percentiles,
-    request_metrics,
+    pooled_metrics,
 )
 from rltbench.results.serving_stats import (
     INTERVAL_METHOD,
@@ -85,34 +86,7 @@ def analyse(run: RunDir) -> dict[str, Any]:
         if r["arm"] in unexercised:
             r["verdict"] = NOT_EXERCISED
     modes = _mode_deltas(records, cells, comp, arms, ref, int(cfg.get("seed") or 0), no_verdict)
-    pooled = []
-    for arm in arms:
-        for cell in dict.fromkeys(c["cell"] for c in cells):
-            valid_reps = {c["rep"] for c in cells if c["arm"] == arm and c["cell"] == cell and c["valid"]}
-            recs = [r for r in records if r["arm"] == arm and r["cell"] == cell and r["rep"] in valid_reps]
-            per = [request_metrics(r) for r in recs]
-            row = {
-                "arm": arm,
-                "cell": cell,
-                "C": next((c["C"] for c in cells if c["cell"] == cell), None),
-                "valid_reps": len(valid_reps),
-            }
-            for name in ("ttft", "tpot", "e2e"):
-                row.update({f"{name}_{k}": v for k, v in percentiles([p[name] for p in per]).items()})
-            row.update({f"itl_{k}": v for k, v in percentiles([x for p in per for x in p["itl"]]).items()})
-            tps = [
-                c["output_tok_s"]
-                for c in cells
-                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["output_tok_s"]
-            ]
-            st = [
-                c["steady_tok_s"]
-                for c in cells
-                if c["arm"] == arm and c["cell"] == cell and c["valid"] and c["steady_tok_s"]
-            ]
-            row["output_tok_s_median"] = float(pd.Series(tps).median()) if tps else None
-            row["steady_tok_s_median"] = float(pd.Series(st).median()) if st else None
-            pooled.append(row)
+    pooled = pooled_metrics(records, cells, arms)
     if replay_on:
         missing = sorted(exact_arms - {r["arm"] for r in replays} - {ref} - set(refs.values()))
         mismatch = [_mismatch_row(r) for r in replays if r["exact_mismatch"]]
@@ -231,9 +205,9 @@ def status_text(s: dict[str, Any]) -> str:
     return f"{s.get('status')} ({'; '.join(why)})" if why else str(s.get("status"))
 
 
-def _p3(p: dict[str, Any], m: str) -> str:
-    """'p50 / p90 / p99' in ms of metric `m`, the p99 starred when it comes from < 100 samples."""
-    return f"{fmt_ms(p[m + '_p50'])} / {fmt_ms(p[m + '_p90'])} / {fmt_ms(p[m + '_p99'], p[m + '_p99_low_n'])}"
+def _p3(q: Percentiles) -> str:
+    """'p50 / p90 / p99' in ms of one metric, the p99 starred when it comes from < 100 samples."""
+    return f"{fmt_ms(q.p50)} / {fmt_ms(q.p90)} / {fmt_ms(q.p99, q.p99_low_n)}"
 
 
 def _spec(s: Any) -> str:
@@ -317,8 +291,9 @@ def _cell_names(a: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(c["cell"] for c in a["cells"]))
 
 
-def _pooled(a: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(p["arm"], p["cell"]): p for p in a["pooled"]}
+def _pooled(a: dict[str, Any]) -> dict[tuple[str, str], PooledMetrics]:
+    """Each (arm, cell)'s metrics pooled over its valid repetitions (results.serving.pooled_metrics)."""
+    return {(p.arm, p.cell): p for p in a["pooled"]}
 
 
 def _ci(row: dict[str, Any]) -> str:
@@ -338,10 +313,11 @@ def speed_rows(a: dict[str, Any]) -> list[list[str]]:
     rows = []
     for cell in _cell_names(a):
         for arm in a["arms"]:
-            p = pooled.get((arm, cell), {})
+            p = pooled.get((arm, cell))
+            tok_s, steady_tok_s = (p.output_tok_s_median, p.steady_tok_s_median) if p else (None, None)
             r, steady = comp.get((arm, cell, "output_tok_s"), {}), comp.get((arm, cell, "steady_tok_s"), {})
             rows.append([
-                cell, arm, _num(p.get("output_tok_s_median")), _num(p.get("steady_tok_s_median")),
+                cell, arm, _num(tok_s), _num(steady_tok_s),
                 "(ref)" if arm == ref else _ci(r), "(ref)" if arm == ref else _ci(steady),
                 fmt_pct(r.get("aa_spread")),
                 r.get("verdict") or "-",
@@ -357,10 +333,12 @@ def _throughput(a: dict[str, Any]) -> list[str]:
     ]
 
 
+
 def _latency(a: dict[str, Any]) -> list[str]:
     pooled = _pooled(a)
     rows = [
-        [cell, arm, *(v for m in ("ttft", "tpot", "itl", "e2e") for v in (_p3(p, m), p[m + "_n"]))]
+        [cell, arm, *(v for q in (p.latency.ttft, p.latency.tpot, p.latency.itl, p.latency.e2e)
+                      for v in (_p3(q), q.n))]
         for cell in _cell_names(a) for arm in a["arms"] if (p := pooled.get((arm, cell)))
     ]
     return [
@@ -718,7 +696,7 @@ def plot_caveats(a: dict[str, Any]) -> list[str | None]:
 def make_plots(run: RunDir, a: dict[str, Any]) -> None:
     """tok/s vs C per arm, TTFT/TPOT p50 vs C, speedup vs C (bursts only: session has no C axis)."""
     caveats = plot_caveats(a)
-    pooled = [p for p in a["pooled"] if isinstance(p.get("C"), int) and p["C"] > 0]
+    pooled = [p.row() for p in a["pooled"] if isinstance(p.C, int) and p.C > 0]
     if not pooled:
         return
     df = pd.DataFrame(pooled).sort_values("C")

@@ -1,12 +1,12 @@
 """The e2e schedule: warm-up per arm, then cells (arm x concurrency x repetition) interleaved A B C C B A,
 then, per block of one cell and repetition, the identity replays.
 
-Works with any backend offering `warmup(arm, requests, timeouts)`, `run_cell(arm, tag, requests,
-timeouts, reset_prefix_cache, progress)` and `stats()` (EngineBackend, OpenAIBackend). A backend
-with `supports_replay` (the in-process engine) also gives each timed cell's schedule and cold-work
-counts and runs `replay(arm, schedule, requests)`: after every arm has run a block's timed cell,
-each other arm runs the reference arm's exact batches untimed, and that token comparison is the
-identity verdict (free-running identity stays as information: session batches depend on timing).
+Works with any `backends.base.Backend` (EngineBackend, OpenAIBackend). A backend with
+`supports_replay` (the in-process engine, a `ReplayBackend`) also gives each timed cell's schedule and
+cold-work counts in its `CellResult` and runs `replay(arm, schedule, requests)`: after every arm has run
+a block's timed cell, each other arm runs the reference arm's exact batches untimed, and that token
+comparison is the identity verdict (free-running identity stays as information: session batches
+depend on timing).
 Each finished cell and replay is appended to its JSONL file at once, so a crash or Ctrl-C keeps it.
 """
 
@@ -19,7 +19,14 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from rltbench.backends.base import CellProgress, DeadlineReached, Request, Timeouts
+from rltbench.backends.base import (
+    Backend,
+    CellProgress,
+    DeadlineReached,
+    ReplayBackend,
+    Request,
+    Timeouts,
+)
 from rltbench.bench.workload import Cell, SessionTrace, schedule, theoretical_prefix_hit_rate
 from rltbench.commands.e2e.display import RunDisplay
 from rltbench.engine.row_invariant import DEFAULT_TILE_TOKENS
@@ -126,7 +133,7 @@ def _decode_loops(before: dict[str, Any], after: dict[str, Any]) -> dict[str, in
     return grew or None
 
 
-def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
+def run_plan(plan: Plan, backend: Backend, run: Any, display: RunDisplay) -> str:
     """Run the plan into `run` (a RunDir). Returns "complete", or "deadline" if the deadline cut it."""
     theo = None
     if plan.session is not None:
@@ -177,12 +184,12 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
         if cell.probe:
             files = (PROBE_REQUESTS_FILE, PROBE_META_FILE)
         try:
-            recs = backend.run_cell(
+            result = backend.run_cell(
                 arm, f"{cell.name}/r{rep}", reqs, plan.timeouts, reset_prefix_cache=True, progress=prog,
                 **({"max_concurrency": cell.max_concurrency} if cell.max_concurrency else {}),
             )
         except DeadlineReached as exc:
-            recs, status = exc.records, "deadline"
+            result, status = exc.result, "deadline"
             meta["note"] = "global deadline reached"
         except KeyboardInterrupt:
             meta.update(interrupted=True, wall_s=time.time() - started)
@@ -190,10 +197,11 @@ def run_plan(plan: Plan, backend: Any, run: Any, display: RunDisplay) -> str:
             raise
         after = backend.stats(arm)
         meta["wall_s"] = time.time() - started
+        recs = result.records
         if replay:
-            meta["cold_work"] = dict(backend.last_cold_work)
-            meta["schedule"] = backend.last_schedule.summary()
-            block_runs[arm] = (backend.last_schedule, backend.last_requests, recs)
+            meta["cold_work"] = dict(result.cold_work)
+            meta["schedule"] = result.schedule.summary()
+            block_runs[arm] = (result.schedule, result.requests, recs)
         pb, pa = _engine_prefix(before), _engine_prefix(after)
         if pb is not None and pa is not None and pa[1] > pb[1]:
             meta["engine_prefix_hit_rate"] = (pa[0] - pb[0]) / (pa[1] - pb[1])
@@ -248,7 +256,7 @@ def _replay_reference(
 
 def _replay_block(
     plan: Plan,
-    backend: Any,
+    backend: ReplayBackend,
     run: Any,
     display: RunDisplay,
     cell: Cell,
@@ -300,8 +308,8 @@ def _replay_block(
     return all_clean
 
 
-def _row_invariant_block(plan: Plan, backend: Any, run: Any, display: RunDisplay, block: tuple[Cell, int],
-                         runs: BlockRuns) -> bool:
+def _row_invariant_block(plan: Plan, backend: ReplayBackend, run: Any, display: RunDisplay,
+                         block: tuple[Cell, int], runs: BlockRuns) -> bool:
     """Replay the reference schedule of this block, untimed, with row-invariant prefill on each
     (cache-on, cache-off) pair and append one row per pair to ROW_INVARIANT_FILE: the cache-off
     tokens against the cache-on ones. False (nothing run) when the reference cell did not finish

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rltbench.backends.base import Request, Timeouts
+from rltbench.backends.base import CellResult, Request, Timeouts
 from rltbench.commands.gsm8k.generation import BackendStats, Generation, QuestionCodec
 from rltbench.engine.schedule import first_divergence
 from rltbench.results.stats import abba_order
@@ -85,12 +85,12 @@ class InterleavedGenerator:
             runs: dict[str, Any] = {}
             for pos, arm in enumerate(order):
                 self.note(f"chunk {c + 1}/{n_chunks}: {arm} ({hi - lo} questions)")
-                gens, row = self._timed(arm, c, prompts[lo:hi], until[lo:hi], max_new[lo:hi])
+                gens, row, result = self._timed(arm, c, prompts[lo:hi], until[lo:hi], max_new[lo:hi])
                 row.update(chunk=c, order=pos, first_question=lo)
                 self.write(CHUNKS_FILE, row)
                 out[arm].extend(gens)
-                runs[arm] = (gens, self.backend.last_schedule, dict(self.backend.last_requests)) \
-                    if self.replays else (gens, None, {})
+                runs[arm] = (gens, result.schedule, dict(result.requests)) if self.replays \
+                    else (gens, None, {})
             if self.replays:
                 self._replay_chunk(c, lo, runs)
         self.key, self.results = key, out
@@ -98,13 +98,14 @@ class InterleavedGenerator:
 
     def _timed(
         self, arm: str, c: int, prompts: list[str], until: list[list[str]], max_new: list[int]
-    ) -> tuple[list[Generation], dict[str, Any]]:
-        """One arm's timed chunk (on the engine: frozen, cold work counted, schedule recorded)."""
+    ) -> tuple[list[Generation], dict[str, Any], CellResult]:
+        """One arm's timed chunk (on the engine: frozen, cold work counted, schedule recorded): its
+        generations, its chunks-file row and the cell's result (the schedule a replay needs)."""
         reqs, truncated = self.questions.requests(prompts, until, max_new)
         t0 = time.perf_counter()
-        recs = self.backend.run_cell(arm, f"chunk{c}", reqs, self.timeouts, timed=True)
+        result = self.backend.run_cell(arm, f"chunk{c}", reqs, self.timeouts, timed=True)
         seconds = time.perf_counter() - t0
-        gens = self.questions.generations(arm, reqs, truncated, recs, until)
+        gens = self.questions.generations(arm, reqs, truncated, result.records, until)
         self.stats[arm].account(gens, seconds)
         row: dict[str, Any] = {
             "arm": arm,
@@ -113,8 +114,8 @@ class InterleavedGenerator:
             "generated_tokens": sum(g.num_tokens for g in gens),
         }
         if self.replays:
-            row["cold_work"] = dict(self.backend.last_cold_work)
-        return gens, row
+            row["cold_work"] = dict(result.cold_work)
+        return gens, row, result
 
     def _kernels_in_eager(self) -> bool:
         """Whether the replay that just ran had the arm's kernels on in its eager steps: on a GPU the

@@ -297,8 +297,9 @@ def run_prefill_rank(spec: dict[str, Any], link: Link, engine: Engine, facts: di
                 payload_messages=link.sent["payload"],
             )
         else:
-            recs = backend.run_cell(arm, tag, reqs, timeouts)
-            meta.update(cold_work=dict(backend.last_cold_work), schedule=backend.last_schedule.summary())
+            result = backend.run_cell(arm, tag, reqs, timeouts)
+            recs = result.records
+            meta.update(cold_work=dict(result.cold_work), schedule=result.schedule.summary())
         meta["wall_s"] = time.time() - meta["started"]
         for r in recs:
             r.update(arm=mode, cell=cell.name, C=cell.C, rep=rep)

@@ -101,16 +101,17 @@ def _model_runs(spec: PrefillSpec, preset: str, run: RunDir) -> None:
         reqs = burst_prompts(model.config, c, length, spec.output_len, spec.seed, rep, length)
         ends: list[float] = []
         t0 = time.perf_counter()
-        recs = backend.run_cell(spec.arm, f"{policy}/{cell.name}/r{rep}", reqs, timeouts,
-                                on_step=_stamp(ends))
-        steps = _step_times(t0, ends, backend.last_schedule)
+        result = backend.run_cell(spec.arm, f"{policy}/{cell.name}/r{rep}", reqs, timeouts,
+                                  on_step=_stamp(ends))
+        recs = result.records
+        steps = _step_times(t0, ends, result.schedule)
         for r in recs:
             r.update(arm=policy, cell=cell.name, C=c, rep=rep, model=preset, input_len=length)
         run.extend_jsonl("requests.jsonl", recs)
         run.append_jsonl("cell_meta.jsonl", {
             "arm": policy, "cell": cell.name, "C": c, "rep": rep, "model": preset, "input_len": length,
             "workload": "burst", "wall_s": time.perf_counter() - t0,
-            "cold_work": dict(backend.last_cold_work),
+            "cold_work": dict(result.cold_work),
             "prefill_step_s": steps[0] if steps else None, "prefill_rows": steps[1] if steps else None,
         })
 
