@@ -137,8 +137,11 @@ def test_verdict_exit_codes(server: str, tmp_path, variant: str, code: int, verd
 def test_usage_errors_exit_2_before_work(tmp_path) -> None:
     from rltbench.errors import UsageError
 
+    # a bound the option declares is refused while the command line is parsed (exit 2, one line
+    # naming the option: tests/test_option_walk.py walks every option through rltbench.cli.main)
+    res = _invoke(["--limit", "0", "--result-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "--limit" in res.output and not (tmp_path / "r").exists(), res.output
     for args in (
-        ["--limit", "0"],
         ["--arms", "exact"],
         ["--gate-mode", "maybe"],
         ["--task", "mmlu"],
