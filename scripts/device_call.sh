@@ -27,7 +27,7 @@ fi
 timeout --signal=INT --kill-after=20 "$budget" python3 scripts/gpu_suite.py "$@"
 echo "suite rc=$?"
 dirs=()
-for s in "$@"; do [ -d "results/gpu/$s" ] && dirs+=("results/gpu/$s"); done
+for s in "$@"; do s=${s/@base/-base}; [ -d "results/gpu/$s" ] && dirs+=("results/gpu/$s"); done
 tar czf "$OUT/gpu.tgz" "${dirs[@]}" results/gpu/suite.json rltbench/tuned_configs
 python3 scripts/slim_triton_cache.py .tcache   # metadata + cubins only: a few MB
 python3 -c "import sys, tarfile; t = tarfile.open(sys.argv[1], 'w:xz', preset=1); t.add('.tcache'); t.close()" \

@@ -13,11 +13,19 @@ the checkout becomes relative paths, the Python environment, home and temp dir p
     python scripts/gpu_suite.py                 # all stages
     python scripts/gpu_suite.py tests kernels   # some stages
     python scripts/gpu_suite.py --list
+    python scripts/gpu_suite.py profile profile@base   # the same stage from a baseline tree too
+
+A stage named `STAGE@base` runs STAGE's command from the tree packed in `.base.tgz`
+(`git archive --format=tar.gz -o .base.tgz REV rltbench scripts workloads`, carried with the call;
+`git get-tar-commit-id` names REV in its manifests) into results/gpu/STAGE-base: a refactor or a
+kernel change measured against its baseline on the same GPU in the same call, where figures from
+another call or another card cannot be compared.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
@@ -332,6 +340,26 @@ STAGES: dict[str, tuple[int, list[str]]] = {
 }
 
 
+BASE_ARCHIVE = ROOT / ".base.tgz"
+BASE_ROOT = Path(tempfile.gettempdir()) / "rltbench-base"
+
+
+def base_stage(name: str) -> tuple[str, int, list[str], Path, dict[str, str]]:
+    """`STAGE@base`: STAGE's command run from the baseline tree (`.base.tgz`, unpacked once into
+    BASE_ROOT) with its result directory renamed STAGE-base and the baseline's commit in its
+    provenance. Returns (directory name, time limit, command, working tree, extra environment)."""
+    stage = name.removesuffix("@base")
+    limit, cmd = STAGES[stage]
+    if not BASE_ROOT.is_dir():
+        BASE_ROOT.mkdir(parents=True)
+        subprocess.run(["tar", "xzf", str(BASE_ARCHIVE), "-C", str(BASE_ROOT)], check=True)
+    sha = subprocess.run(["git", "get-tar-commit-id"], input=gzip.decompress(BASE_ARCHIVE.read_bytes()),
+                         capture_output=True, check=False).stdout.decode().strip() or "unknown"
+    out = f"{stage}-base"
+    swap = {str(RESULTS / stage): str(RESULTS / out), str(ROOT / "scripts"): str(BASE_ROOT / "scripts")}
+    return out, limit, [swap.get(c, c) for c in cmd], BASE_ROOT, {"RLTBENCH_GIT_SHA": sha}
+
+
 def install_carried_wheels() -> None:
     """The GPU box has no network: lm-eval and its few missing dependencies travel as wheels in
     .whl/ (see README, "GPU runs"); install them into SITE when lm_eval is not importable."""
@@ -359,8 +387,10 @@ def install_carried_wheels() -> None:
             os.environ["PYTHONPATH"] = f"{SITE}:{os.environ.get('PYTHONPATH', '')}"
 
 
-def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS) -> dict:
-    """Run one stage into results/<name> (emptied first) and return its suite.json entry."""
+def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS, cwd: Path = ROOT,
+              extra_env: dict[str, str] | None = None) -> dict:
+    """Run one stage into results/<name> (emptied first) from the tree `cwd` and return its
+    suite.json entry."""
     out_dir = results / name
     if out_dir.exists():  # a stage's directory holds one run: never mix rows of two runs
         shutil.rmtree(out_dir)
@@ -368,10 +398,11 @@ def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS) ->
     log = out_dir / "stage.log"
     t0 = time.time()
     print(f"=== {name} (limit {limit}s): {' '.join(cmd)}", flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{cwd}:{os.environ.get('PYTHONPATH', '')}",
+               **(extra_env or {}))
     with open(log, "w") as fh:
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, timeout=limit, env=env)
+            proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, timeout=limit, env=env)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -421,17 +452,25 @@ def main() -> int:
             print(f"{name:15s} {limit:4d}s  {' '.join(cmd)}")
         return 0
     names = args.stages or list(STAGES)
-    unknown = [n for n in names if n not in STAGES]
+    unknown = [n for n in names if n.removesuffix("@base") not in STAGES]
     if unknown:
         print(f"unknown stage(s): {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    if any(n.endswith("@base") for n in names) and not BASE_ARCHIVE.is_file():
+        print("a STAGE@base stage needs .base.tgz (git archive --format=tar.gz -o .base.tgz REV)",
+              file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     install_carried_wheels()
     summary_path = RESULTS / "suite.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"runs": []}
     for name in names:
-        limit, cmd = STAGES[name]
-        summary["runs"].append(run_stage(name, limit, cmd))
+        if name.endswith("@base"):
+            out, limit, cmd, cwd, extra = base_stage(name)
+            summary["runs"].append(run_stage(out, limit, cmd, cwd=cwd, extra_env=extra))
+        else:
+            limit, cmd = STAGES[name]
+            summary["runs"].append(run_stage(name, limit, cmd))
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
