@@ -20,6 +20,7 @@ left out unless the scenario asked for one).
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,9 @@ def read_benchmark(bench: dict[str, Any]) -> PeerBenchmark:
 
 
 def read_report(path: Path | str) -> list[PeerBenchmark]:
-    """Every benchmark of a guidellm JSON report, in the order it ran."""
-    data = json.loads(Path(path).read_text())
+    """Every benchmark of a guidellm JSON report, in the order it ran. A report of a committed run
+    is kept gzipped (`guidellm.json.gz`: a few MB of per-request records as text)."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    data = json.loads(raw)
     return [read_benchmark(b) for b in data.get("benchmarks") or []]
