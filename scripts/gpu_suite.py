@@ -65,6 +65,14 @@ def with_tuned(out: str, section: str, values: dict[str, object], cmd: list[str]
             + shlex.join(["env", f"RLTBENCH_TUNED={path}", *cmd])]
 
 
+def gpu_tests(out: str, *paths: str, workers: str | None = None, report: str = "-rfE") -> list[str]:
+    """A pytest command line for the GPU-marked tests in `paths` (over `workers` pytest-xdist processes
+    when given), its JUnit XML written into results/gpu/<out>; `report` picks pytest's summary lines."""
+    spread = ["-n", workers] if workers else []
+    return [PY, "-m", "pytest", "-q", *spread, "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", report,
+            "--junitxml", str(RESULTS / out / "junit.xml"), *paths]
+
+
 def gpu_test_workers(per_worker_gib: float = 15.5, most: int = 8) -> int:
     """pytest-xdist workers for the GPU tests: tests/conftest.py caps each worker at 0.9 / workers of
     the GPU's memory, and the Huginn-0125 and Ouro-1.4B tests in CUDA graphs need more than 14 GiB
@@ -90,9 +98,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
     # workers by GPU memory (gpu_test_workers): one process took 115 s with a warm Triton cache and ran
     # past 260 s on a cold one; 8 workers ran the whole GPU suite in 121 s on an H200
-    "tests": (420, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
-                    "no:cacheprovider", "-rfE",
-                    "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
+    "tests": (420, gpu_tests("tests", "tests", workers=GPU_WORKERS)),
     "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
                          "--repeats 50", "kernels")),
     # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
@@ -106,9 +112,8 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "tune-t1": (150, rlt("tune kernels --parts exact --widths 2048 --tokens 1", "tune-t1")),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
     # (-n 8: pytest-xdist, carried as a wheel; spreads the Triton compiles of the validations over cores)
-    "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
-                         "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
-                         "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py"]),
+    "tests-norm": (300, gpu_tests("tests-norm", "tests/kernels/test_onelaunch_gpu.py",
+                                  "tests/models/test_model_gpu.py", workers=GPU_WORKERS)),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
     "tune-approx": (150, rlt("tune kernels --parts approx --write-tuned", "tune-approx")),
     # decode attention knobs per (batch, context), best written to the device's tuned file
@@ -122,11 +127,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "decode": (360, rlt("profile --bench decode --rounds 6 --iters 20 --attribute", "decode")),
     # the GPU tests of the measurement plumbing: ColdWork sees a real compile, the kernels headline is
     # plain with PDL beside it, the decode table and profile on the GPU
-    "timing-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                           "-rfE", "--junitxml", str(RESULTS / "timing-tests" / "junit.xml"),
-                           "tests/bench/test_warmth.py", "tests/kernels/test_bench_timing.py",
-                           "tests/kernels/test_bench_gpu.py",
-                           "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py"]),
+    "timing-tests": (300, gpu_tests("timing-tests", "tests/bench/test_warmth.py",
+                                    "tests/kernels/test_bench_timing.py", "tests/kernels/test_bench_gpu.py",
+                                    "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py")),
     "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
                          "--iters 100", "profile")),
     "profile-b128": (300, rlt("profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
@@ -149,17 +152,15 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                                 "kernels-huginn")),
     # the exact arm with the K/V write folded into its RoPE launch (the tuned ``rope_kv`` section): its
     # GPU tests (they switch the fusion on and off themselves), then the same profile as above with it on
-    "fusekv-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                           "-rfE", "--junitxml", str(RESULTS / "fusekv-tests" / "junit.xml"),
-                           "tests/engine/test_rope_kv_fused.py", "tests/engine/test_engine_gpu.py"]),
+    "fusekv-tests": (200, gpu_tests("fusekv-tests", "tests/engine/test_rope_kv_fused.py",
+                                    "tests/engine/test_engine_gpu.py")),
     "profile-fusekv": (200, with_tuned("profile-fusekv", "rope_kv", {"enabled": True},
                                        rlt("profile --model ouro-1.4b --batch 1 --context 512 "
                                            "--arms torch,exact --iters 100", "profile-fusekv"))),
     # programmatic dependent launch (rltbench/kernels/pdl.py, the approx norm's large launches): GPU tests
     # (PDL kernels after a GEMM and after each other inside a graph), and the engine's arms
-    "pdl-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                        "-rfE", "--junitxml", str(RESULTS / "pdl-tests" / "junit.xml"),
-                        "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
+    "pdl-tests": (200, gpu_tests("pdl-tests", "tests/kernels/test_pdl_gpu.py",
+                                 "tests/engine/test_engine_gpu.py")),
     "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
                      "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
     # the exact arm alone against torch with an A/A arm: the burst headline without the other arms' time
@@ -217,30 +218,23 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
     "exit-stop-steps": (240, rlt("profile --bench exit", "exit-stop-steps")),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
-    "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
-                                  "no:cacheprovider", "-rA", "--junitxml",
-                                  str(RESULTS / "row-invariant-tests" / "junit.xml"),
-                                  "tests/engine/test_row_invariant_gpu.py"]),
-    "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                                "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
-                                "tests/engine/test_prefix_cache_and_exits.py",
-                                "tests/engine/test_exit_stop.py"]),
+    "row-invariant-tests": (180, gpu_tests("row-invariant-tests", "tests/engine/test_row_invariant_gpu.py",
+                                           report="-rA")),
+    "exit-depths-tests": (120, gpu_tests("exit-depths-tests", "tests/engine/test_prefix_cache_and_exits.py",
+                                         "tests/engine/test_exit_stop.py")),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
-    "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
-                              "no:cacheprovider", "-rfE", "--junitxml",
-                              str(RESULTS / "integrity-tests" / "junit.xml"), "tests/e2e/test_e2e_gpu.py",
-                              "tests/gsm8k/test_gsm8k_engine_e2e.py", "tests/engine/test_engine_gpu.py",
-                              "tests/kernels/test_bench_timing.py"]),
+    "integrity-tests": (240, gpu_tests("integrity-tests", "tests/e2e/test_e2e_gpu.py",
+                                       "tests/gsm8k/test_gsm8k_engine_e2e.py",
+                                       "tests/engine/test_engine_gpu.py",
+                                       "tests/kernels/test_bench_timing.py", workers="4")),
     # one repetition of the burst: first-request TTFT against later ones, cold cells, replay identity
     "e2e-quick": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
                            "--input-len 512 --output-len 128 --repeats 1 --deadline 180", "e2e-quick")),
     # the native arm beside the Triton arms: its GPU tests (norm validation per dtype/width, >= 1e8
     # elements per dtype, strides/offsets/specials/empty, stream, graph replay, model forwards), the
     # kernels table with the four arms (every dtype), a decode-step profile and e2e bursts
-    "native-tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
-                           "no:cacheprovider", "-rfE", "--junitxml",
-                           str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
+    "native-tests": (420, gpu_tests("native-tests", "tests/kernels/test_native_gpu.py", workers="4")),
     "kernels-native": (300, rlt("kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
                                 "--mode all --repeats 30", "kernels-native")),
     # every arm at decode and prefill row counts with the Liger peer column (carried wheel): the exact
@@ -288,9 +282,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
                        "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
-    "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                          "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),
-                          "tests/serve/test_serve_gpu.py"]),
+    "serve-tests": (200, gpu_tests("serve-tests", "tests/serve/test_serve_gpu.py")),
     # Ouro-1.4B exact behind `rltbench serve`: e2e bursts over HTTP vs in-process, 10 C=128 bursts with
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
     "serve": (560, ["env", f"PY={PY}", "REPEATS=1", "SOAK=10", "bash",
@@ -327,8 +319,7 @@ STAGES: dict[str, tuple[int, list[str]]] = {
                          "--deadline 230", "pd-1gpu")),
     # pd's GPU tests: pack/unpack on the device, one GPU over gloo; two GPUs over NCCL and a peer killed
     # mid-transfer over NCCL (these skip on a one-GPU machine)
-    "pd-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
-                       "--junitxml", str(RESULTS / "pd-tests" / "junit.xml"), "tests/pd"]),
+    "pd-tests": (300, gpu_tests("pd-tests", "tests/pd", report="-rfEs")),
 }
 
 
