@@ -311,13 +311,6 @@ def _comparison(a: dict[str, Any]) -> list[str]:
 
 
 def _replay_identity(a: dict[str, Any]) -> list[str]:
-    L = [
-        *rs.heading("Token identity (the verdict: the colocated engine replays each pd cell's batches)"),
-        "After every pd cell the colocated engine ran, untimed, exactly the batches of that cell (the "
-        "prefill engine's prefill steps, then the decode engine's decode steps). Its tokens must equal "
-        "the pd tokens for every request: any difference is KV that changed on the way or an engine bug.",
-        "",
-    ]
     rows = []
     for r in a["replay_identity"]:
         fd = r["first_divergence"]
@@ -327,20 +320,23 @@ def _replay_identity(a: dict[str, Any]) -> list[str]:
             note += ("; " if note else "") + "; ".join(r["skipped"])
         rows.append([r["cell"], f"{r['identical']} / {r['compared']}", r["reps"], fdt, note])
     header = ["cell", "identical / compared", "reps", "first divergence (rep, request, step, token)", "note"]
-    return [*L, *table(header, rows or [["-", "no pd cell finished", "-", "-", "-"]])]
+    return rs.explained_table(
+        "Token identity (the verdict: the colocated engine replays each pd cell's batches)",
+        "After every pd cell the colocated engine ran, untimed, exactly the batches of that cell (the "
+        "prefill engine's prefill steps, then the decode engine's decode steps). Its tokens must equal "
+        "the pd tokens for every request: any difference is KV that changed on the way or an engine bug.",
+        table(header, rows or [["-", "no pd cell finished", "-", "-", "-"]]))
 
 
 def _free_identity(a: dict[str, Any]) -> list[str]:
-    L = [
-        *rs.heading("Free-running tokens against the colocated cells (information)"),
+    rows = [[r["cell"], r["arm"], f"{r['identical']} / {r['compared']}",
+             "-" if r["first_divergence_min"] is None else r["first_divergence_min"]] for r in a["identity"]]
+    return rs.explained_table(
+        "Free-running tokens against the colocated cells (information)",
         "The colocated engine decodes a burst in batches formed as prefills finish there; the decode "
         "engine forms its batches as KV arrives. Greedy outputs are not batch-invariant, so these may "
         "differ without any error; the A/A row is the colocated engine against itself.",
-        "",
-    ]
-    rows = [[r["cell"], r["arm"], f"{r['identical']} / {r['compared']}",
-             "-" if r["first_divergence_min"] is None else r["first_divergence_min"]] for r in a["identity"]]
-    return [*L, *table(["cell", "mode", "identical / compared", "first divergence (min)"], rows)]
+        table(["cell", "mode", "identical / compared", "first divergence (min)"], rows))
 
 
 def _cold(a: dict[str, Any]) -> list[str]:
