@@ -73,6 +73,14 @@ def with_tuned(out: str, section: str, values: dict[str, object], cmd: list[str]
             + shlex.join(["env", f"RLTBENCH_TUNED={path}", *cmd])]
 
 
+def gpu_tests(out: str, *paths: str, workers: str | None = None, report: str = "-rfE") -> list[str]:
+    """A pytest command line for the GPU-marked tests in `paths` (over `workers` pytest-xdist processes
+    when given), its JUnit XML written into results/gpu/<out>; `report` picks pytest's summary lines."""
+    spread = ["-n", workers] if workers else []
+    return [PY, "-m", "pytest", "-q", *spread, "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", report,
+            "--junitxml", str(RESULTS / out / "junit.xml"), *paths]
+
+
 def gpu_test_workers(per_worker_gib: float = 15.5, most: int = 8) -> int:
     """pytest-xdist workers for the GPU tests: tests/conftest.py caps each worker at 0.9 / workers of
     the GPU's memory, and the Huginn-0125 and Ouro-1.4B tests in CUDA graphs need more than 14 GiB
@@ -90,92 +98,92 @@ def gpu_test_workers(per_worker_gib: float = 15.5, most: int = 8) -> int:
 
 GPU_WORKERS = str(gpu_test_workers())
 
-# name -> (time limit in seconds, command). Commands run from the repo root.
-STAGES: dict[str, tuple[int, list[str]]] = {
+
+def rltbench_stages(stages: dict[str, tuple[int, str | list[str]]]) -> dict[str, tuple[int, list[str]]]:
+    """The stages with each one given as a string made an rltbench command line writing into
+    results/gpu/<its stage name> (rlt); a list is a command line as it is."""
+    return {name: (limit, rlt(cmd, name) if isinstance(cmd, str) else cmd)
+            for name, (limit, cmd) in stages.items()}
+
+# name -> (time limit in seconds, command): a string is an rltbench command line writing into
+# results/gpu/<name>, a list a command line as it is. Commands run from the repo root.
+STAGES: dict[str, tuple[int, list[str]]] = rltbench_stages({
     "env": (60, ["bash", "-c", "nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, "
                  "torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"]),
     # the native arm (CUDA C++, rltbench/native): one build from the clean tree, before anything uses it
     "native-build": (300, [PY, "-m", "rltbench.native", "--build"]),
     # workers by GPU memory (gpu_test_workers): one process took 115 s with a warm Triton cache and ran
     # past 260 s on a cold one; 8 workers ran the whole GPU suite in 121 s on an H200
-    "tests": (420, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
-                    "no:cacheprovider", "-rfE",
-                    "--junitxml", str(RESULTS / "tests" / "junit.xml"), "tests"]),
-    "kernels": (300, rlt("kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
-                         "--repeats 50", "kernels")),
+    "tests": (420, gpu_tests("tests", "tests", workers=GPU_WORKERS)),
+    "kernels": (300, "kernels --tokens 1,8,128,4096 --arms torch,exact,approx --dtypes bf16 --mode all "
+                     "--repeats 50"),
     # approx RMSNorm at T=4096 alone (no other arm interleaved): the sweep's figure beside the tuner's
-    "kernels-approx": (90, rlt("kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "
-                               "--repeats 50", "kernels-approx")),
-    "kernels-dtypes": (150, rlt("kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
-                                "--mode graph --repeats 30", "kernels-dtypes")),
+    "kernels-approx": (90, "kernels --ops rmsnorm --tokens 4096 --arms approx --dtypes bf16 --mode graph "
+                           "--repeats 50"),
+    "kernels-dtypes": (150, "kernels --tokens 1,128 --arms torch,exact,approx --dtypes fp16,fp32 "
+                            "--mode graph --repeats 30"),
     # launch knobs of the fused kernels (exact one-launch norm, approx norm, SiLU*up): checked, then timed
-    "tune": (400, rlt("tune kernels --write-tuned --widths 2048 --tokens 1,8,128", "tune")),
+    "tune": (400, "tune kernels --write-tuned --widths 2048 --tokens 1,8,128"),
     # T=1 only: the exact norm's configurations beside the floor, row-I/O and approx-norm ladder
-    "tune-t1": (150, rlt("tune kernels --parts exact --widths 2048 --tokens 1", "tune-t1")),
+    "tune-t1": (150, "tune kernels --parts exact --widths 2048 --tokens 1"),
     # the GPU tests where the exact norm path matters, after a tune stage changed the tuned file
     # (-n 8: pytest-xdist, carried as a wheel; spreads the Triton compiles of the validations over cores)
-    "tests-norm": (300, [PY, "-m", "pytest", "-q", "-n", GPU_WORKERS, "--run-gpu", "-m", "gpu", "-p",
-                         "no:cacheprovider", "-rfE", "--junitxml", str(RESULTS / "tests-norm" / "junit.xml"),
-                         "tests/kernels/test_onelaunch_gpu.py", "tests/models/test_model_gpu.py"]),
+    "tests-norm": (300, gpu_tests("tests-norm", "tests/kernels/test_onelaunch_gpu.py",
+                                  "tests/models/test_model_gpu.py", workers=GPU_WORKERS)),
     # approx norm only (one-row and persistent kernels) at T=4096, best written to the tuned file
-    "tune-approx": (150, rlt("tune kernels --parts approx --write-tuned", "tune-approx")),
+    "tune-approx": (150, "tune kernels --parts approx --write-tuned"),
     # decode attention knobs per (batch, context), best written to the device's tuned file
-    "attention": (150, rlt("tune attention --write-tuned", "attention")),
+    "attention": (150, "tune attention --write-tuned"),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
-    "prefill": (180, rlt("profile --bench prefill --rounds 8 --iters 3", "prefill")),
+    "prefill": (180, "profile --bench prefill --rounds 8 --iters 3"),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     # model and engine decode steps ABBA with torch#2; --attribute: batch 1 in four engines (context
     # class x pool size), what moved the engine figure away from the profile's former 11.04 ms
-    "decode": (360, rlt("profile --bench decode --rounds 6 --iters 20 --attribute", "decode")),
+    "decode": (360, "profile --bench decode --rounds 6 --iters 20 --attribute"),
     # the GPU tests of the measurement plumbing: ColdWork sees a real compile, the kernels headline is
     # plain with PDL beside it, the decode table and profile on the GPU
-    "timing-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                           "-rfE", "--junitxml", str(RESULTS / "timing-tests" / "junit.xml"),
-                           "tests/bench/test_warmth.py", "tests/kernels/test_bench_timing.py",
-                           "tests/kernels/test_bench_gpu.py",
-                           "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py"]),
-    "profile": (200, rlt("profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
-                         "--iters 100", "profile")),
-    "profile-b128": (300, rlt("profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
-                              "--iters 20 --replays 1 --steps 1", "profile-b128")),
+    "timing-tests": (300, gpu_tests("timing-tests", "tests/bench/test_warmth.py",
+                                    "tests/kernels/test_bench_timing.py", "tests/kernels/test_bench_gpu.py",
+                                    "tests/engine/test_engine_gpu.py", "tests/profiles/test_profile_gpu.py")),
+    "profile": (200, "profile --model ouro-1.4b --batch 1 --context 512 --arms torch,exact,approx "
+                     "--iters 100"),
+    "profile-b128": (300, "profile --model ouro-1.4b --batch 128 --context 512 --arms torch,exact "
+                          "--iters 20 --replays 1 --steps 1"),
     # batch 32: with batch 128, where the decode attention stands against its KV-bytes floor
-    "profile-b32": (200, rlt("profile --model ouro-1.4b --batch 32 --context 512 --arms torch,exact "
-                             "--iters 20 --replays 1 --steps 1", "profile-b32")),
+    "profile-b32": (200, "profile --model ouro-1.4b --batch 32 --context 512 --arms torch,exact "
+                         "--iters 20 --replays 1 --steps 1"),
     # Huginn (width 5280) at batch 1: the exact norm in one launch at every row count (the default),
     # then with the 3-launch path below 128 rows (the earlier routing), each beside its own torch arm
-    "profile-huginn": (150, rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
-                                "--iters 50", "profile-huginn")),
+    "profile-huginn": (150, "profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact "
+                            "--iters 50"),
     "profile-huginn-3launch": (150, with_tuned(
         "profile-huginn-3launch", "norm_exact", {"wide_min_rows": 128},
         rlt("profile --model huginn-0125 --batch 1 --context 512 --arms torch,exact --iters 50",
             "profile-huginn-3launch"))),
     # Huginn's norms at width 5280 with exact's A/A copy: the routing's per-call figures
-    "kernels-huginn": (300, rlt("kernels --tokens 1,8,16,128,1024,2048,4096 "
-                                "--ops rmsnorm_huginn,add_rmsnorm_huginn --arms torch,exact,approx,exact "
-                                "--dtypes bf16 --mode all --repeats 30",
-                                "kernels-huginn")),
+    "kernels-huginn": (300, "kernels --tokens 1,8,16,128,1024,2048,4096 "
+                            "--ops rmsnorm_huginn,add_rmsnorm_huginn --arms torch,exact,approx,exact "
+                            "--dtypes bf16 --mode all --repeats 30"),
     # the exact arm with the K/V write folded into its RoPE launch (the tuned ``rope_kv`` section): its
     # GPU tests (they switch the fusion on and off themselves), then the same profile as above with it on
-    "fusekv-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                           "-rfE", "--junitxml", str(RESULTS / "fusekv-tests" / "junit.xml"),
-                           "tests/engine/test_rope_kv_fused.py", "tests/engine/test_engine_gpu.py"]),
+    "fusekv-tests": (200, gpu_tests("fusekv-tests", "tests/engine/test_rope_kv_fused.py",
+                                    "tests/engine/test_engine_gpu.py")),
     "profile-fusekv": (200, with_tuned("profile-fusekv", "rope_kv", {"enabled": True},
                                        rlt("profile --model ouro-1.4b --batch 1 --context 512 "
                                            "--arms torch,exact --iters 100", "profile-fusekv"))),
     # programmatic dependent launch (rltbench/kernels/pdl.py, the approx norm's large launches): GPU tests
     # (PDL kernels after a GEMM and after each other inside a graph), and the engine's arms
-    "pdl-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                        "-rfE", "--junitxml", str(RESULTS / "pdl-tests" / "junit.xml"),
-                        "tests/kernels/test_pdl_gpu.py", "tests/engine/test_engine_gpu.py"]),
-    "e2e": (330, rlt(f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
-                     "--input-len 512 --output-len 128 --repeats 2 --deadline 310", "e2e")),
+    "pdl-tests": (200, gpu_tests("pdl-tests", "tests/kernels/test_pdl_gpu.py",
+                                 "tests/engine/test_engine_gpu.py")),
+    "e2e": (330, f"e2e {OURO} --arms torch,exact,approx,torch --workload burst --concurrency 1,8,32,128 "
+                 "--input-len 512 --output-len 128 --repeats 2 --deadline 310"),
     # the exact arm alone against torch with an A/A arm: the burst headline without the other arms' time
-    "e2e-exact": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
-                           "--input-len 512 --output-len 128 --repeats 2 --deadline 210", "e2e-exact")),
+    "e2e-exact": (240, f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
+                       "--input-len 512 --output-len 128 --repeats 2 --deadline 210"),
     # the shipped preset, 3 interleaved repetitions with an A/A arm: identity under replay, warm cells
-    "e2e-session": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
-                             "--max-requests 30 --repeats 3 --deadline 200", "e2e-session")),
+    "e2e-session": (240, f"e2e {OURO} --arms torch,exact,torch --workload session --trace mooncake-h200 "
+                         "--max-requests 30 --repeats 3 --deadline 200"),
     # open-loop arrivals swept from the synchronous rate past the fastest arm's saturated probe, 3
     # interleaved repetitions with an A/A arm: each arm's SLO capacity with its interval, its ratio to
     # torch, one replay per rate. Cells of 3 synchronous request latencies (~4 s of arrivals at
@@ -183,9 +191,9 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # burst each for torch and exact), ~50-60 s per rate for 9 cells and 2 replays, more at the top rate
     # (~85 s: a saturating queue, a large replay): ~275 s in all, the deadline cutting the top rate
     # short rather than the stage's limit
-    "e2e-rate": (330, rlt(f"e2e {OURO} --arms torch,exact,torch --workload rate --request-rate sweep "
-                          "--sweep-rates 3 --cell-latencies 3 --repeats 3 --input-len 512 --output-len 64 "
-                          "--slo ttft:500,tpot:25 --deadline 265", "e2e-rate")),
+    "e2e-rate": (330, f"e2e {OURO} --arms torch,exact,torch --workload rate --request-rate sweep "
+                      "--sweep-rates 3 --cell-latencies 3 --repeats 3 --input-len 512 --output-len 64 "
+                      "--slo ttft:500,tpot:25 --deadline 265"),
     # a Mooncake-format trace the user brings: records 6000-6039 of the shipped file, times rebased,
     # written into the run directory first so the input stays beside its results
     "e2e-session-trace": (240, ["bash", "-c", " ".join([
@@ -200,105 +208,91 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # schedule replayed untimed with the cache on and off under row-invariant prefill (the verdict on
     # the cache, docs/scenarios.md) and by every cache-off arm as recorded (information); 3
     # repetitions ran past a 250 s deadline on an H200 (commit dd971b0)
-    "huginn-cache": (290, rlt("e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
-                              "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
-                              "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 2 "
-                              "--deadline 250",
-                              "huginn-cache")),
+    "huginn-cache": (290, "e2e --model huginn-0125 --weights random --dtype bfloat16 --device cuda "
+                          "--seed 0 --no-live --arms torch,torch --prefix-cache off,on "
+                          "--workload session --trace multiturn-h200 --max-num-seqs 16 --repeats 2 "
+                          "--deadline 250"),
     # Ouro-1.4B with its exit gate at 0.7 (random gates spread over all four loops there): tokens and
     # exit depths of the exact arm against torch under replay, mean depth per arm; the gate's GPU tests
-    "exit-depths": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
-                             "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90",
-                             "exit-depths")),
+    "exit-depths": (120, f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --workload burst "
+                         "--concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 --deadline 90"),
     # the same load with the compute-saving exit (--exit-mode stop): decode steps stop their loops once
     # every row has exited; tokens and depths of exact against torch in this mode, loops run per step
-    "exit-stop": (120, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode stop "
-                           "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 "
-                           "--deadline 90", "exit-stop")),
+    "exit-stop": (120, f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode stop "
+                       "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 2 "
+                       "--deadline 90"),
     # both exit modes in one interleaving (--exit-mode all,stop): every arm every loop and with the
     # compute-saving exit (NAME+stop, compared with torch+stop), ABBA over 3 repetitions, so each arm's
     # stop/all throughput ratio has the A/A spread beside it
-    "exit-modes": (240, rlt(f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode all,stop "
-                            "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 3 "
-                            "--deadline 220", "exit-modes")),
+    "exit-modes": (240, f"e2e {OURO} --arms torch,exact,torch --exit-threshold 0.7 --exit-mode all,stop "
+                        "--workload burst --concurrency 1,8 --input-len 128 --output-len 32 --repeats 3 "
+                        "--deadline 220"),
     # the decode step with every loop against the compute-saving step, interleaved in one process
     # (ABBA rounds, A/A copy): what the mode costs where no row exits early, and the step where they do
-    "exit-stop-steps": (240, rlt("profile --bench exit", "exit-stop-steps")),
+    "exit-stop-steps": (240, "profile --bench exit"),
     # row-invariant prefill on the GPU: a prompt's K/V alone or beside others, cache on/off replays
-    "row-invariant-tests": (180, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p",
-                                  "no:cacheprovider", "-rA", "--junitxml",
-                                  str(RESULTS / "row-invariant-tests" / "junit.xml"),
-                                  "tests/engine/test_row_invariant_gpu.py"]),
-    "exit-depths-tests": (120, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                                "-rfE", "--junitxml", str(RESULTS / "exit-depths-tests" / "junit.xml"),
-                                "tests/engine/test_prefix_cache_and_exits.py",
-                                "tests/engine/test_exit_stop.py"]),
+    "row-invariant-tests": (180, gpu_tests("row-invariant-tests", "tests/engine/test_row_invariant_gpu.py",
+                                           report="-rA")),
+    "exit-depths-tests": (120, gpu_tests("exit-depths-tests", "tests/engine/test_prefix_cache_and_exits.py",
+                                         "tests/engine/test_exit_stop.py")),
     # the measurement-integrity checks on tiny models: identity by schedule replay, frozen timed cells
     # with cold-work counters, gsm8k chunk interleaving (engine, e2e, gsm8k GPU tests)
-    "integrity-tests": (240, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
-                              "no:cacheprovider", "-rfE", "--junitxml",
-                              str(RESULTS / "integrity-tests" / "junit.xml"), "tests/e2e/test_e2e_gpu.py",
-                              "tests/gsm8k/test_gsm8k_engine_e2e.py", "tests/engine/test_engine_gpu.py",
-                              "tests/kernels/test_bench_timing.py"]),
+    "integrity-tests": (240, gpu_tests("integrity-tests", "tests/e2e/test_e2e_gpu.py",
+                                       "tests/gsm8k/test_gsm8k_engine_e2e.py",
+                                       "tests/engine/test_engine_gpu.py",
+                                       "tests/kernels/test_bench_timing.py", workers="4")),
     # one repetition of the burst: first-request TTFT against later ones, cold cells, replay identity
-    "e2e-quick": (200, rlt(f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
-                           "--input-len 512 --output-len 128 --repeats 1 --deadline 180", "e2e-quick")),
+    "e2e-quick": (200, f"e2e {OURO} --arms torch,exact,torch --workload burst --concurrency 1,8,32,128 "
+                       "--input-len 512 --output-len 128 --repeats 1 --deadline 180"),
     # the native arm beside the Triton arms: its GPU tests (norm validation per dtype/width, >= 1e8
     # elements per dtype, strides/offsets/specials/empty, stream, graph replay, model forwards), the
     # kernels table with the four arms (every dtype), a decode-step profile and e2e bursts
-    "native-tests": (420, [PY, "-m", "pytest", "-q", "-n", "4", "--run-gpu", "-m", "gpu", "-p",
-                           "no:cacheprovider", "-rfE", "--junitxml",
-                           str(RESULTS / "native-tests" / "junit.xml"), "tests/kernels/test_native_gpu.py"]),
-    "kernels-native": (300, rlt("kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
-                                "--mode all --repeats 30", "kernels-native")),
+    "native-tests": (420, gpu_tests("native-tests", "tests/kernels/test_native_gpu.py", workers="4")),
+    "kernels-native": (300, "kernels --tokens 1,4096 --arms torch,exact,cuda,approx --dtypes bf16 "
+                            "--mode all --repeats 30"),
     # every arm at decode and prefill row counts with the Liger peer column (carried wheel): the exact
     # and native norms beside Liger at T = 1, 8, 128, 4096, SiLU*up against the device copy
-    "kernels-rows": (300, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
-                              "add_rmsnorm_huginn,silu_mul --arms torch,exact,cuda,approx --dtypes bf16 "
-                              "--mode all --repeats 30",
-                              "kernels-rows")),
+    "kernels-rows": (300, "kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
+                          "add_rmsnorm_huginn,silu_mul --arms torch,exact,cuda,approx --dtypes bf16 "
+                          "--mode all --repeats 30"),
     # the same-size copy beside every arm (with the Liger peer): how far each norm and SiLU*up is
     # from a plain streaming kernel of its own size, at one and 4096 rows
-    "kernels-copy": (240, rlt("kernels --tokens 1,4096 --ops rmsnorm,rmsnorm_residual,silu_mul "
-                              "--arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30",
-                              "kernels-copy")),
+    "kernels-copy": (240, "kernels --tokens 1,4096 --ops rmsnorm,rmsnorm_residual,silu_mul "
+                          "--arms torch,exact,cuda,approx --dtypes bf16 --mode all --repeats 30"),
     # the verdicts: every arm with A/A arms (torch#2, exact#2) and Liger at decode and prefill row
     # counts; each arm against torch, each kernel arm against exact, called within noise / faster /
     # slower; exact#2 shows how far the exact arm's own figures (% copy included) move run to run
-    "kernels-verdicts": (330, rlt("kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
-                                  "silu_mul --arms torch,exact,cuda,approx,torch,exact --dtypes bf16 "
-                                  "--mode all --repeats 40", "kernels-verdicts")),
+    "kernels-verdicts": (330, "kernels --tokens 1,8,128,4096 --ops rmsnorm,rmsnorm_residual,"
+                              "silu_mul --arms torch,exact,cuda,approx,torch,exact --dtypes bf16 "
+                              "--mode all --repeats 40"),
     # the norms at 4096 x 2048 on five placements (inputs, outputs and graphs allocated anew, rounds
     # pooled): each placement's % copy beside the pooled one, exact's A/A copy and the Liger peer
-    "kernels-placements": (240, rlt("kernels --tokens 4096 --ops rmsnorm,rmsnorm_residual --arms "
-                                    "torch,exact,exact --dtypes bf16 --widths 2048 --mode graph --repeats 40 "
-                                    "--placements 5", "kernels-placements")),
+    "kernels-placements": (240, "kernels --tokens 4096 --ops rmsnorm,rmsnorm_residual --arms "
+                                "torch,exact,exact --dtypes bf16 --widths 2048 --mode graph --repeats 40 "
+                                "--placements 5"),
     # the norms at 4096 x 2048 beside same-size and large copies: Nsight Compute counters of each
     # launch alone (L2 flushed) and back to back (the kernels command's graph of calls), and kernel
     # timestamps of that graph (duration, gap, period) (kernels --diagnose ncu); ~2 minutes
-    "ncu-norm": (300, rlt("kernels --diagnose ncu", "ncu-norm")),
+    "ncu-norm": (300, "kernels --diagnose ncu"),
     # what a slot leaves in L2 for the next one: the exact norm and the same-size copy at 4096 x 2048,
     # each replay timed alone after its twin, torch, the other, an L2 flush or an idle gap
     # (kernels --diagnose carryover); why each kernels slot starts from a flushed L2; ~1 minute
-    "carryover": (150, rlt("kernels --diagnose carryover", "carryover")),
+    "carryover": (150, "kernels --diagnose carryover"),
     # one row, L2-hot: the native norm against the Triton one with exact's own A/A copy (exact#2),
     # many rounds, for a difference of a few hundredths of a microsecond
-    "kernels-t1": (150, rlt("kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "
-                            "torch,exact,cuda,approx,exact --dtypes bf16 --mode hot --repeats 400",
-                            "kernels-t1")),
-    "kernels-native-dtypes": (240, rlt("kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
-                                       "fp16,fp32 --mode graph --repeats 30", "kernels-native-dtypes")),
-    "profile-native": (300, rlt("profile --model ouro-1.4b --batch 1 --context 512 "
-                                "--arms torch,exact,approx,cuda --iters 100", "profile-native")),
-    "e2e-native": (420, rlt(f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
-                            "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
-                            "--deadline 380", "e2e-native")),
-    "gsm8k": (200, rlt("gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
-                       "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda", "gsm8k")),
+    "kernels-t1": (150, "kernels --tokens 1 --ops rmsnorm,rmsnorm_residual --arms "
+                        "torch,exact,cuda,approx,exact --dtypes bf16 --mode hot --repeats 400"),
+    "kernels-native-dtypes": (240, "kernels --tokens 1,128 --arms torch,exact,cuda,approx --dtypes "
+                                   "fp16,fp32 --mode graph --repeats 30"),
+    "profile-native": (300, "profile --model ouro-1.4b --batch 1 --context 512 "
+                            "--arms torch,exact,approx,cuda --iters 100"),
+    "e2e-native": (420, f"e2e {OURO} --arms torch,exact,approx,cuda,torch --workload burst "
+                        "--concurrency 1,8,32,128 --input-len 512 --output-len 128 --repeats 2 "
+                        "--deadline 380"),
+    "gsm8k": (200, "gsm8k --model ouro-1.4b --weights random --arms torch,exact,approx,torch --gate 1.0 "
+                   "--limit 48 --max-gen-toks 256 --batch-size 16 --device cuda"),
     # `rltbench serve` on CUDA: graphs captured before listening, a burst over HTTP, ids as in-process
-    "serve-tests": (200, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider",
-                          "-rfE", "--junitxml", str(RESULTS / "serve-tests" / "junit.xml"),
-                          "tests/serve/test_serve_gpu.py"]),
+    "serve-tests": (200, gpu_tests("serve-tests", "tests/serve/test_serve_gpu.py")),
     # Ouro-1.4B exact behind `rltbench serve`: e2e bursts over HTTP vs in-process, 10 C=128 bursts with
     # every KV block back, guidellm (carried in .whl/peer) on the same load: table.md (serve_bench.sh)
     "serve": (560, ["env", f"PY={PY}", "REPEATS=1", "SOAK=10", "bash",
@@ -314,30 +308,29 @@ STAGES: dict[str, tuple[int, list[str]]] = {
     # one stage per model and KV layout (each fits one 10-minute call), --deadline keeps finished cells
     # KV capacity per model and layout at an 8 GiB KV budget, with a burst at the largest C of each
     # engine row (Ouro 37, Huginn full 10, compress 176 requests of 256+32 tokens); ~90 s
-    "capacity": (240, rlt("capacity --models ouro-1.4b,huginn-0125 --kv-layouts full,compress --memory-gib 8 "
-                          "--input-len 256 --output-len 32 --burst --arms torch --repeats 1 --dtype bfloat16 "
-                          "--device cuda --seed 0", "capacity")),
+    "capacity": (240, "capacity --models ouro-1.4b,huginn-0125 --kv-layouts full,compress --memory-gib 8 "
+                      "--input-len 256 --output-len 32 --burst --arms torch --repeats 1 --dtype bfloat16 "
+                      "--device cuda --seed 0"),
     # long prompts: packed against one-request-per-step prefill, 4 prompts of 2048 and 4092 tokens (Huginn's
     # longest with 4 generated), A/A copy of the packed policy; eager prefill steps (a graph saves nothing
     # at thousands of tokens per step and its capture would double the warm-up); ~90 s
-    "prefill-long": (240, rlt("prefill --models ouro-1.4b,huginn-0125 --input-lens 2048,4092 --concurrency 4 "
-                              "--output-len 4 --repeats 2 --max-num-batched-tokens 8192 --arms torch "
-                              "--no-prefill-graphs --dtype bfloat16 --device cuda --seed 0", "prefill-long")),
-    "pd": (420, rlt(f"pd {PD} --model ouro-1.4b --devices cuda:0,cuda:1 --deadline 330", "pd")),
-    "pd-huginn": (570, rlt(f"pd {PD} --model huginn-0125 --kv-layout full --devices cuda:0,cuda:1 "
-                           "--deadline 450", "pd-huginn")),
-    "pd-huginn-compress": (480, rlt(f"pd {PD} --model huginn-0125 --kv-layout compress "
-                                    "--devices cuda:0,cuda:1 --deadline 380", "pd-huginn-compress")),
+    "prefill-long": (240, "prefill --models ouro-1.4b,huginn-0125 --input-lens 2048,4092 --concurrency 4 "
+                          "--output-len 4 --repeats 2 --max-num-batched-tokens 8192 --arms torch "
+                          "--no-prefill-graphs --dtype bfloat16 --device cuda --seed 0"),
+    "pd": (420, f"pd {PD} --model ouro-1.4b --devices cuda:0,cuda:1 --deadline 330"),
+    "pd-huginn": (570, f"pd {PD} --model huginn-0125 --kv-layout full --devices cuda:0,cuda:1 "
+                       "--deadline 450"),
+    "pd-huginn-compress": (480, f"pd {PD} --model huginn-0125 --kv-layout compress "
+                                "--devices cuda:0,cuda:1 --deadline 380"),
     # the same path with both processes on one GPU (gloo staged through host memory: NCCL refuses two
     # ranks on one device), smaller
-    "pd-1gpu": (300, rlt("pd --model ouro-1.4b --weights random --dtype bfloat16 --arm exact --devices "
-                         "cuda:0,cuda:0 --concurrency 1,8 --input-len 512 --output-len 64 --repeats 2 "
-                         "--deadline 230", "pd-1gpu")),
+    "pd-1gpu": (300, "pd --model ouro-1.4b --weights random --dtype bfloat16 --arm exact --devices "
+                     "cuda:0,cuda:0 --concurrency 1,8 --input-len 512 --output-len 64 --repeats 2 "
+                     "--deadline 230"),
     # pd's GPU tests: pack/unpack on the device, one GPU over gloo; two GPUs over NCCL and a peer killed
     # mid-transfer over NCCL (these skip on a one-GPU machine)
-    "pd-tests": (300, [PY, "-m", "pytest", "-q", "--run-gpu", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
-                       "--junitxml", str(RESULTS / "pd-tests" / "junit.xml"), "tests/pd"]),
-}
+    "pd-tests": (300, gpu_tests("pd-tests", "tests/pd", report="-rfEs")),
+})
 
 
 BASE_ARCHIVE = ROOT / ".base.tgz"

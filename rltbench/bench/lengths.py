@@ -13,7 +13,6 @@ Draws come from the generator the caller passes, so lengths are deterministic gi
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rltbench.bench.workload import WORKLOAD_DIR, resolve_trace
+from rltbench.bench.workload import WORKLOAD_DIR, read_jsonl, resolve_trace
 from rltbench.errors import UsageError
 
 LENGTHS_DIR = WORKLOAD_DIR / "lengths"
@@ -96,24 +95,16 @@ def resolve_lengths(name: str) -> tuple[Path, float]:
     return path, float(preset.get("length_scale", 1.0))
 
 
+def _length_pair(row: Any, where: str) -> tuple[int, int]:
+    pair = int(row["input_length"]), int(row["output_length"])
+    if min(pair) < 1:
+        raise UsageError(f"{where}: lengths must be >= 1")
+    return pair
+
+
 def read_length_pairs(path: Path) -> list[tuple[int, int]]:
     """The (input_length, output_length) of every row of a JSONL file; other fields are ignored."""
-    pairs: list[tuple[int, int]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                pair = int(row["input_length"]), int(row["output_length"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UsageError(f"{path}:{lineno}: no input_length / output_length ({exc})") from None
-            if min(pair) < 1:
-                raise UsageError(f"{path}:{lineno}: lengths must be >= 1")
-            pairs.append(pair)
-    if not pairs:
-        raise UsageError(f"{path}: no rows")
-    return pairs
+    return read_jsonl(path, _length_pair, "no input_length / output_length", "no rows")
 
 
 def recorded_lengths(name: str, scale: float | None, context: int) -> LengthSource:

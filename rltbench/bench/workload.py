@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from rltbench.errors import UsageError
 
 TRACE_BLOCK = 512  # Mooncake hash ids cover 512-token blocks
 WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "workloads"
+T = TypeVar("T")
 
 # Special-token id ranges known per family (clipped to the vocab): never put these in random prompts.
 # Ouro's SmolLM2-style tokenizer keeps its specials at ids 0..16; Huginn's at 65504 and above.
@@ -173,31 +175,45 @@ def resolve_trace(trace: str) -> tuple[Path, dict[str, Any]]:
     return path, {}
 
 
-def load_trace(path: Path, max_requests: int | None = None) -> list[dict[str, Any]]:
-    """Mooncake-style records: timestamp (ms), input_length, output_length, hash_ids."""
-    recs: list[dict[str, Any]] = []
+def read_jsonl(path: Path, parse: Callable[[Any, str], T], malformed: str, empty: str,
+               most: int | None = None) -> list[T]:
+    """The items of a JSONL file, one per non-blank line: `parse(row, where)` with `where` = "path:line".
+    A line that is not JSON or that `parse` cannot read (ValueError, KeyError, TypeError) is a UsageError
+    naming its place and `malformed`; `parse` raises its own UsageError for a value out of range. Stops
+    after `most` items; a file with none is a UsageError naming it and `empty`."""
+    items: list[T] = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{lineno}"
             try:
-                r = json.loads(line)
-                rec = {
-                    "timestamp": float(r["timestamp"]),
-                    "input_length": int(r["input_length"]),
-                    "output_length": int(r["output_length"]),
-                    "hash_ids": [int(h) for h in r["hash_ids"]],
-                }
+                item = parse(json.loads(line), where)
             except (ValueError, KeyError, TypeError) as exc:
-                raise UsageError(f"{path}:{lineno}: not a Mooncake record ({exc})") from None
-            if rec["input_length"] < 1 or rec["output_length"] < 1 or not rec["hash_ids"]:
-                raise UsageError(f"{path}:{lineno}: lengths must be >= 1 and hash_ids non-empty")
-            recs.append(rec)
-            if max_requests is not None and len(recs) >= max_requests:
+                raise UsageError(f"{where}: {malformed} ({exc})") from None
+            items.append(item)
+            if most is not None and len(items) >= most:
                 break
-    if not recs:
-        raise UsageError(f"{path}: no records")
-    return recs
+    if not items:
+        raise UsageError(f"{path}: {empty}")
+    return items
+
+
+def _mooncake_record(r: Any, where: str) -> dict[str, Any]:
+    rec = {
+        "timestamp": float(r["timestamp"]),
+        "input_length": int(r["input_length"]),
+        "output_length": int(r["output_length"]),
+        "hash_ids": [int(h) for h in r["hash_ids"]],
+    }
+    if rec["input_length"] < 1 or rec["output_length"] < 1 or not rec["hash_ids"]:
+        raise UsageError(f"{where}: lengths must be >= 1 and hash_ids non-empty")
+    return rec
+
+
+def load_trace(path: Path, max_requests: int | None = None) -> list[dict[str, Any]]:
+    """Mooncake-style records: timestamp (ms), input_length, output_length, hash_ids."""
+    return read_jsonl(path, _mooncake_record, "not a Mooncake record", "no records", max_requests)
 
 
 def scaled_block_size(length_scale: float) -> int:

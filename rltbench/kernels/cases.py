@@ -103,62 +103,47 @@ def _silu_inputs(tokens: int, width: int, dtype, device, gen) -> Inputs:
     }
 
 
-_CASES: dict[str, OpCase] = {
-    "rmsnorm": OpCase(
-        "rmsnorm",
+def _norm_case(name: str, run: Callable[[Ops, Inputs], tuple[Tensor, ...]],
+               extra: str | None = None) -> OpCase:
+    """An RMSNorm case: x and w, plus the `extra` input (a residual or branch added before the norm)
+    that the oracle and its terms take by the same name."""
+    def added(d: Inputs) -> Inputs:
+        return {} if extra is None else {extra: d[extra]}
+
+    return OpCase(
+        name,
         "norm",
-        _norm_inputs(()),
-        lambda ops, d: (ops.rms_norm(d["x"], d["w"], EPS),),
-        lambda d: (orc.rms_norm(d["x"], d["w"], EPS),),
+        _norm_inputs(() if extra is None else (extra,)),
+        run,
+        lambda d: (orc.rms_norm(d["x"], d["w"], EPS, **added(d)),),
         ("x",),
-        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS),),
-    ),
-    "rmsnorm_huginn": OpCase(
-        "rmsnorm_huginn",
-        "norm",
-        _norm_inputs(()),
-        lambda ops, d: (ops.rms_norm_huginn(d["x"], d["w"], EPS),),
-        lambda d: (orc.rms_norm(d["x"], d["w"], EPS),),
-        ("x",),
-        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS),),
-    ),
-    "rmsnorm_residual": OpCase(
-        "rmsnorm_residual",
-        "norm",
-        _norm_inputs(("residual",)),
-        lambda ops, d: (ops.residual_rms_norm(d["residual"], d["x"], d["w"], EPS),),
-        lambda d: (orc.rms_norm(d["x"], d["w"], EPS, residual=d["residual"]),),
-        ("x",),
-        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS, residual=d["residual"]),),
-    ),
-    "add_rmsnorm_huginn": OpCase(
-        "add_rmsnorm_huginn",
-        "norm",
-        _norm_inputs(("branch",)),
-        lambda ops, d: (ops.add_rms_norm_huginn(d["x"], d["branch"], d["w"], EPS),),
-        lambda d: (orc.rms_norm(d["x"], d["w"], EPS, branch=d["branch"]),),
-        ("x",),
-        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS, branch=d["branch"]),),
-    ),
-    "rope_neox": OpCase(
-        "rope_neox",
+        lambda d: (orc.rms_norm_terms(d["x"], d["w"], EPS, **added(d)),),
+    )
+
+
+def _rope_case(name: str) -> OpCase:
+    """A RoPE case: the Ops method, the oracle and its terms all carry the case's name."""
+    return OpCase(
+        name,
         "rope",
-        _rope_inputs("rope_neox"),
-        lambda ops, d: ops.rope_neox(d["q"], d["k"], d["cos"], d["sin"]),
-        lambda d: orc.rope_neox(d["q"], d["k"], d["cos"], d["sin"]),
+        _rope_inputs(name),
+        lambda ops, d: getattr(ops, name)(d["q"], d["k"], d["cos"], d["sin"]),
+        lambda d: getattr(orc, name)(d["q"], d["k"], d["cos"], d["sin"]),
         ("q", "k"),
-        lambda d: orc.rope_neox_terms(d["q"], d["k"], d["cos"], d["sin"]),
-    ),
-    "rope_interleaved": OpCase(
-        "rope_interleaved",
-        "rope",
-        _rope_inputs("rope_interleaved"),
-        lambda ops, d: ops.rope_interleaved(d["q"], d["k"], d["cos"], d["sin"]),
-        lambda d: orc.rope_interleaved(d["q"], d["k"], d["cos"], d["sin"]),
-        ("q", "k"),
-        lambda d: orc.rope_interleaved_terms(d["q"], d["k"], d["cos"], d["sin"]),
-    ),
-    "silu_mul": OpCase(
+        lambda d: getattr(orc, f"{name}_terms")(d["q"], d["k"], d["cos"], d["sin"]),
+    )
+
+
+_CASES: dict[str, OpCase] = {case.name: case for case in (
+    _norm_case("rmsnorm", lambda ops, d: (ops.rms_norm(d["x"], d["w"], EPS),)),
+    _norm_case("rmsnorm_huginn", lambda ops, d: (ops.rms_norm_huginn(d["x"], d["w"], EPS),)),
+    _norm_case("rmsnorm_residual",
+               lambda ops, d: (ops.residual_rms_norm(d["residual"], d["x"], d["w"], EPS),), "residual"),
+    _norm_case("add_rmsnorm_huginn",
+               lambda ops, d: (ops.add_rms_norm_huginn(d["x"], d["branch"], d["w"], EPS),), "branch"),
+    _rope_case("rope_neox"),
+    _rope_case("rope_interleaved"),
+    OpCase(
         "silu_mul",
         "act",
         _silu_inputs,
@@ -167,7 +152,7 @@ _CASES: dict[str, OpCase] = {
         ("gate",),
         lambda d: (orc.silu_mul_terms(d["gate"], d["up"]),),
     ),
-}
+)}
 
 
 def op_case(name: str) -> OpCase:

@@ -52,6 +52,11 @@ def heading(text: str, level: int = 2) -> list[str]:
     return ["", f"{'#' * level} {text}", ""]
 
 
+def explained_table(text: str, explanation: str, table_lines: Sequence[str]) -> list[str]:
+    """A headed section whose paragraph says how to read the table under it."""
+    return [*heading(text), explanation, "", *table_lines]
+
+
 def metric_definitions() -> list[str]:
     """The serving reports' closing section: what TTFT, TPOT, ITL, E2E and tok/s mean."""
     return ["## Metric definitions", "", METRIC_DEFINITIONS, ""]

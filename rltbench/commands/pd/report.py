@@ -30,6 +30,7 @@ from rltbench.results.serving_stats import (
     paired_deltas,
     replay_identity,
 )
+from rltbench.results.tables import table
 
 REF, PD = "colocated", "pd"
 # (name, start, end) of the parts of a pd request's TTFT, from its `pd` timestamps
@@ -203,11 +204,10 @@ def _probe_lines(probe: dict[str, Any] | None, latency: list[dict[str, Any]]) ->
         f"## Idle link: one request's KV ({probe['tokens']} tokens, {_bytes(probe['bytes'])}, "
         f"{probe['blocks']} blocks) over {probe['transport']}",
         "",
-        "| part | median ms | n | first transfer ms (connection setup) |",
-        "|---|---|---|---|",
+        *table(["part", "median ms", "n", "first transfer ms (connection setup)"],
+               [[k[:-2], _ms(med[k]), len(probe[k]), _ms(probe["first"][k])]
+                for k in ("pack_s", "wire_s", "unpack_s")]),
     ]
-    for k in ("pack_s", "wire_s", "unpack_s"):
-        L.append(f"| {k[:-2]} | {_ms(med[k])} | {len(probe[k])} | {_ms(probe['first'][k])} |")
     if gbs is not None:
         L += ["", f"Wire rate {gbs:.2f} GB/s (payload bytes / median wire time)."]
     if ref1 is not None and med["wire_s"] is not None:
@@ -266,29 +266,25 @@ def _run_header(a: dict[str, Any]) -> list[str]:
     ])
 
 
+def _p50_p90(r: dict[str, Any], name: str) -> str:
+    """'p50 / p90' in ms of the figure `name` of a transfer or latency row."""
+    return f"{_ms(r[name + '_p50'])} / {_ms(r[name + '_p90'])}"
+
+
 def _share(r: dict[str, Any]) -> str:
     """The transfer's share of the TTFT p50 of a transfer row, '-' when unknown."""
     return "-" if r["transfer_share_of_ttft_p50"] is None else f"{r['transfer_share_of_ttft_p50']:.1%}"
 
 
 def _transfer(a: dict[str, Any]) -> list[str]:
-    L = [
-        "## KV transfer per request (pd cells, pooled over valid repetitions; ms p50 / p90)",
-        "",
-        "| cell | bytes / request | bytes / prompt token | payload messages / request | prefill | link wait "
-        "| handshake | payload | transfer | TTFT (pd) | transfer share of TTFT (p50) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in a["transfer"]:
-        parts = " | ".join(
-            f"{_ms(r[n + '_p50'])} / {_ms(r[n + '_p90'])}"
-            for n in ("prefill", "link_wait", "handshake", "payload", "transfer", "ttft")
-        )
-        L.append(
-            f"| {r['cell']} | {_bytes(r['bytes_per_request'])} | {_bytes(r['bytes_per_prompt_token'])} | "
-            f"{r['payload_messages_per_request']} | {parts} | {_share(r)} |"
-        )
-    return [*L, "", TRANSFER_NOTES]
+    header = ["cell", "bytes / request", "bytes / prompt token", "payload messages / request", "prefill",
+              "link wait", "handshake", "payload", "transfer", "TTFT (pd)", "transfer share of TTFT (p50)"]
+    rows = [[r["cell"], _bytes(r["bytes_per_request"]), _bytes(r["bytes_per_prompt_token"]),
+             r["payload_messages_per_request"],
+             *(_p50_p90(r, n) for n in ("prefill", "link_wait", "handshake", "payload", "transfer", "ttft")),
+             _share(r)] for r in a["transfer"]]
+    return ["## KV transfer per request (pd cells, pooled over valid repetitions; ms p50 / p90)", "",
+            *table(header, rows), "", TRANSFER_NOTES]
 
 
 def _probe(a: dict[str, Any]) -> list[str]:
@@ -296,15 +292,10 @@ def _probe(a: dict[str, Any]) -> list[str]:
 
 
 def _latency(a: dict[str, Any]) -> list[str]:
-    L = [*rs.heading("TTFT and TPOT (ms p50 / p90, n requests)"),
-         "| cell | mode | TTFT | TPOT | E2E | n |", "|---|---|---|---|---|---|"]
-    for r in a["latency"]:
-        L.append(
-            f"| {r['cell']} | {r['mode']} | {_ms(r['ttft_p50'])} / {_ms(r['ttft_p90'])} | "
-            f"{_ms(r['tpot_p50'])} / {_ms(r['tpot_p90'])} | {_ms(r['e2e_p50'])} / {_ms(r['e2e_p90'])} | "
-            f"{r['ttft_n']} |"
-        )
-    return L
+    rows = [[r["cell"], r["mode"], *(_p50_p90(r, n) for n in ("ttft", "tpot", "e2e")), r["ttft_n"]]
+            for r in a["latency"]]
+    return [*rs.heading("TTFT and TPOT (ms p50 / p90, n requests)"),
+            *table(["cell", "mode", "TTFT", "TPOT", "E2E", "n"], rows)]
 
 
 def _comparison(a: dict[str, Any]) -> list[str]:
@@ -320,65 +311,50 @@ def _comparison(a: dict[str, Any]) -> list[str]:
 
 
 def _replay_identity(a: dict[str, Any]) -> list[str]:
-    L = [
-        *rs.heading("Token identity (the verdict: the colocated engine replays each pd cell's batches)"),
-        "After every pd cell the colocated engine ran, untimed, exactly the batches of that cell (the "
-        "prefill engine's prefill steps, then the decode engine's decode steps). Its tokens must equal "
-        "the pd tokens for every request: any difference is KV that changed on the way or an engine bug.",
-        "",
-        "| cell | identical / compared | reps | first divergence (rep, request, step, token) | note |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for r in a["replay_identity"]:
         fd = r["first_divergence"]
         fdt = "-" if fd is None else f"{fd['rep']}, {fd['request']}, {fd['step']}, {fd['token_index']}"
         note = "**MISMATCH**" if r["exact_mismatch"] else ("exact arm" if r["exact_arm"] else "")
         if r["skipped"]:
             note += ("; " if note else "") + "; ".join(r["skipped"])
-        L.append(f"| {r['cell']} | {r['identical']} / {r['compared']} | {r['reps']} | {fdt} | {note} |")
-    if not a["replay_identity"]:
-        L.append("| - | no pd cell finished | - | - | - |")
-    return L
+        rows.append([r["cell"], f"{r['identical']} / {r['compared']}", r["reps"], fdt, note])
+    header = ["cell", "identical / compared", "reps", "first divergence (rep, request, step, token)", "note"]
+    return rs.explained_table(
+        "Token identity (the verdict: the colocated engine replays each pd cell's batches)",
+        "After every pd cell the colocated engine ran, untimed, exactly the batches of that cell (the "
+        "prefill engine's prefill steps, then the decode engine's decode steps). Its tokens must equal "
+        "the pd tokens for every request: any difference is KV that changed on the way or an engine bug.",
+        table(header, rows or [["-", "no pd cell finished", "-", "-", "-"]]))
 
 
 def _free_identity(a: dict[str, Any]) -> list[str]:
-    L = [
-        *rs.heading("Free-running tokens against the colocated cells (information)"),
+    rows = [[r["cell"], r["arm"], f"{r['identical']} / {r['compared']}",
+             "-" if r["first_divergence_min"] is None else r["first_divergence_min"]] for r in a["identity"]]
+    return rs.explained_table(
+        "Free-running tokens against the colocated cells (information)",
         "The colocated engine decodes a burst in batches formed as prefills finish there; the decode "
         "engine forms its batches as KV arrives. Greedy outputs are not batch-invariant, so these may "
         "differ without any error; the A/A row is the colocated engine against itself.",
-        "",
-        "| cell | mode | identical / compared | first divergence (min) |",
-        "|---|---|---|---|",
-    ]
-    for r in a["identity"]:
-        fd = "-" if r["first_divergence_min"] is None else str(r["first_divergence_min"])
-        L.append(f"| {r['cell']} | {r['arm']} | {r['identical']} / {r['compared']} | {fd} |")
-    return L
+        table(["cell", "mode", "identical / compared", "first divergence (min)"], rows))
 
 
 def _cold(a: dict[str, Any]) -> list[str]:
     cold = a["summary"]["cold_cells"]
     if not cold:
         return []
-    L = [*rs.heading("Cold work"), "| cell | mode | rep | counts |", "|---|---|---|---|"]
-    for c in cold:
-        counts = ", ".join(f"{k} {v}" for k, v in (c["cold_work"] or {}).items() if v)
-        L.append(f"| {c['cell']} | {c['arm']} | {c['rep']} | {counts} |")
-    return L
+    rows = [[c["cell"], c["arm"], c["rep"],
+             ", ".join(f"{k} {v}" for k, v in (c["cold_work"] or {}).items() if v)] for c in cold]
+    return [*rs.heading("Cold work"), *table(["cell", "mode", "rep", "counts"], rows)]
 
 
 def _failures(a: dict[str, Any]) -> list[str]:
     if not a["failures"]:
         return []
-    L = [*rs.heading("Failed requests"),
-         "| cell | mode | rep | request | status | error |", "|---|---|---|---|---|---|"]
-    for f in a["failures"][:50]:
-        L.append(
-            f"| {f['cell']} | {f['arm']} | {f['rep']} | {f['request']} | {f['status']} | "
-            f"{(f['error'] or '').replace('|', '/')[:200]} |"
-        )
-    return L
+    rows = [[f["cell"], f["arm"], f["rep"], f["request"], f["status"],
+             (f["error"] or "").replace("|", "/")[:200]] for f in a["failures"][:50]]
+    header = ["cell", "mode", "rep", "request", "status", "error"]
+    return [*rs.heading("Failed requests"), *table(header, rows)]
 
 
 def _definitions(a: dict[str, Any]) -> list[str]:
