@@ -24,6 +24,7 @@ loop order, no atomics: the same inputs give the same bits on every call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -192,7 +193,9 @@ def _prefill_attention_kernel(
     mvalid = m0 + offs_m < n
     qpos = ctx + m0 + offs_m
     tok = (q_start + m0 + offs_m).to(tl.int64)
-    q = _load_tile(q_ptr + tok[:, None] * stride_qn + h * stride_qh + d[None, :], mvalid, dmask, True, MASK_COLS)
+    q = _load_tile(
+        q_ptr + tok[:, None] * stride_qn + h * stride_qh + d[None, :], mvalid, dmask, True, MASK_COLS
+    )
     kvh = h // GROUP
     kvh_k = kvh * stride_kh
     kvh_v = kvh * stride_vh
@@ -234,7 +237,9 @@ def _check_args(
     if q.dtype != k_cache.dtype:
         raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
     if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
-        raise ValueError(f"block_tables must be int32 [B, W], got {block_tables.dtype} {tuple(block_tables.shape)}")
+        raise ValueError(
+            f"block_tables must be int32 [B, W], got {block_tables.dtype} {tuple(block_tables.shape)}"
+        )
     b = block_tables.shape[0]
     if query_start_loc.shape != (b + 1,) or context_lens.shape != (b,):
         raise ValueError(
