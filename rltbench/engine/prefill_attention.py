@@ -38,8 +38,8 @@ _LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class PrefillAttentionConfig:
     """Launch knobs of the kernel. ``block_m`` queries and ``block_n`` keys per tile (powers of two,
-    >= 16 for ``tl.dot``); the grid is ``cdiv(N, block_m) + B`` programs per head, so a graph
-    captured with one config must be replayed with it."""
+    >= 16 for ``tl.dot``); the grid is ``cdiv(N, block_m) + B`` programs per head. Results depend on
+    the config (tile order of the fp32 sums), so an engine keeps one config for every call."""
 
     block_m: int = 128
     block_n: int = 64
@@ -52,8 +52,9 @@ def prefill_attention_config(dtype: torch.dtype, head_dim: int) -> PrefillAttent
     engine, and therefore every graph bucket, uses the same tiling).
 
     16-bit inputs with ``D <= 128`` (Ouro, Huginn): 128 x 64 tiles, two warpgroups (one 64-row wgmma
-    each), three stages of K/V in shared memory (3 x 2 x 16 KiB + 32 KiB of Q at D=128). Wider heads
-    and fp32 (tests, the CPU-exact path) halve the tiles so registers and shared memory still fit.
+    each), K/V gathered by cp.async two tiles ahead (num_stages 3: 2 x 2 x 16 KiB + 32 KiB of Q at
+    D=128; 194 registers, no spills on sm_90). Wider heads and fp32 (fp32 models, tests) take smaller
+    tiles so registers and shared memory still fit.
     """
     d_pad = triton.next_power_of_2(head_dim)
     if dtype == torch.float32:
