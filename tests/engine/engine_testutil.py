@@ -3,8 +3,13 @@ conftest.py, so importing helpers `from conftest` depends on collection order)."
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
+import pytest
 import torch
 
 from rltbench.engine import Engine, EngineConfig
@@ -53,3 +58,41 @@ def record_run(eng: Engine, on_step: Callable[[int, dict[str, list[int]]], None]
         steps += 1
         on_step(steps, out)
     return eng.stop_recording(), out
+
+
+# Prepended to every sm90_compile_report script: the sm_90 target and `usage(kernel)` -> (registers,
+# local bytes) from cuobjdump (-1 where it could not be read).
+SM90_PRELUDE = """
+import json, os, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+target = GPUTarget("cuda", 90, 32)
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def usage(kernel):
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True)
+    os.unlink(f.name)
+    regs = re.search(r"REG:(\\d+)", res.stdout)
+    spill = re.search(r"LOCAL:(\\d+)", res.stdout)
+    return int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
+"""
+
+
+def sm90_compile_report(script: str) -> list:
+    """Run a Triton AOT compile script for sm_90 (after SM90_PRELUDE) in a fresh interpreter without
+    TRITON_INTERPRET (the real compiler, no GPU needed) and return the JSON it prints after
+    ``COMPILE_OK``; skips where Triton has no NVIDIA backend or no ptxas."""
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton without the NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [sys.executable, "-c", SM90_PRELUDE + script]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("ptxas unavailable")
+    assert proc.returncode == 0 and "COMPILE_OK" in proc.stdout, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("COMPILE_OK", 1)[1])

@@ -10,16 +10,13 @@ AOT path (no GPU needed) so a kernel that only the real compiler rejects is caug
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from rltbench.engine.attention import _decode_torch, _decode_triton, decode_config
+from tests.engine.engine_testutil import sm90_compile_report
 from tests.engine.test_attention import decode_oracle, make_case
 
 KNOBS = [
@@ -99,19 +96,13 @@ def test_decode_knob_validation() -> None:
 
 
 SCRIPT = textwrap.dedent('''
-    import json, os, re, subprocess, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from rltbench.engine import attention as A
-    target = GPUTarget("cuda", 90, 32)
     ptrs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bt_ptr": "*i32", "lens_ptr": "*i32",
             "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16", "cnt_ptr": "*i32"}
     ints = ["max_len", "partition", "num_splits", "stride_qb", "stride_qh", "stride_kb", "stride_kt",
             "stride_kh", "stride_vb", "stride_vt", "stride_vh", "stride_btb", "stride_ob", "stride_oh"]
     sig = {**ptrs, "qk_scale": "fp32", **{n: "i32" for n in ints}}
     ATOM = r"bar\\.sync[^@]*@%p\\d+ atom\\.global\\.gpu\\.acq_rel\\.add"
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     report = []
     for tile, heads, warps, stages, single, group, fused in __VARIANTS__:
         consts = {"NUM_HEADS": 16, "GROUP": group, "BLOCK_SIZE": 16, "HEAD_DIM": 128, "D_PAD": 128,
@@ -120,16 +111,10 @@ SCRIPT = textwrap.dedent('''
         full = {**sig, **{c: "constexpr" for c in consts}}
         k = triton.compile(ASTSource(fn=A._decode_partial_kernel, signature=full, constexprs=consts),
                            target=target, options={"num_warps": warps})
-        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
-        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True)
-        os.unlink(f.name)
-        regs = re.search(r"REG:(\\d+)", res.stdout)
-        spill = re.search(r"LOCAL:(\\d+)", res.stdout)
+        regs, spill = usage(k)
         if fused:  # the release/acquire pattern: a CTA barrier, then one acq_rel atomic at gpu scope
             assert re.search(ATOM, k.asm["ptx"]), "no bar.sync before the acq_rel ticket atomic"
-        report.append([tile, heads, warps, stages, single, group, fused, int(regs.group(1)) if regs else -1,
-                       int(spill.group(1)) if spill else -1])
+        report.append([tile, heads, warps, stages, single, group, fused, regs, spill])
     consts = {"HEAD_DIM": 128, "D_PAD": 128, "SPLIT_TILE": 16}
     rsig = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16", "lens_ptr": "*i32",
             "max_len": "i32", "partition": "i32", "num_splits": "i32", "stride_ob": "i32", "stride_oh": "i32",
@@ -150,18 +135,6 @@ VARIANTS = [
 
 
 def test_decode_kernels_compile_for_sm90() -> None:
-    try:
-        import triton.backends.nvidia  # noqa: F401
-    except ImportError:
-        pytest.skip("Triton without the NVIDIA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    script = SCRIPT.replace("__VARIANTS__", repr(VARIANTS))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("ptxas unavailable")
-    assert proc.returncode == 0 and "COMPILE_OK" in proc.stdout, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.split("COMPILE_OK", 1)[1])
+    report = sm90_compile_report(SCRIPT.replace("__VARIANTS__", repr(VARIANTS)))
     print("sm_90 [tile, heads, warps, stages, single, group, fused, registers, local bytes]:", report)
     assert all(r[7] > 0 for r in report), report  # cuobjdump read every cubin
