@@ -456,6 +456,12 @@ constexpr int sum_batch() {
   return 128 / (4 * sizeof(T));
 }
 constexpr int64_t kRowsKernelMinRows = 1024;   // the exact Triton kernel's two-pass threshold
+// The second pass re-reads a block's rows while they are still in L1/L2: 4 rows of 2048 16-bit
+// values are 16 KB a block. Wider rows (Huginn's 5280, 42 KB, 84 KB with the branch) would stream
+// the whole tensor through L2 before the second passes ran (1024 resident blocks) and re-read it
+// from DRAM; the Triton kernel's several-rows form has the same bound (ROWS_MAX_WIDTH) and holds
+// wider rows in registers instead, which this arm does not (yet).
+constexpr int64_t kRowsKernelMaxWidth = 2048;
 // 8 blocks of 128 threads per SM (at most 64 registers): 1056 resident blocks on 132 SMs, so
 // 4096 rows (1024 blocks) run in one wave, as the Triton kernel's 64-register programs do
 constexpr int kRowsMinBlocks = 8;
@@ -598,12 +604,15 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_
   }
 }
 
-// Whether the rows kernel takes the call: torch's 32-lane plan, many rows, the plain, residual and
-// add forms (not norm-add-norm), and every row, the weights and the output 16-byte aligned in
-// whole 16-byte groups.
+// Whether the rows kernel takes the call: torch's 32-lane plan, many rows of at most
+// kRowsKernelMaxWidth, the plain, residual and add forms (not norm-add-norm), and every row, the
+// weights and the output 16-byte aligned in whole 16-byte groups.
 inline bool rows_kernel_takes(const NormArgs& a, int mode, int64_t elem) {
   const int64_t group = 16 / elem;
-  if (a.log_lanes != 5 || a.rows < kRowsKernelMinRows || mode == kNormNormAdd || a.n % group != 0) return false;
+  if (a.log_lanes != 5 || a.rows < kRowsKernelMinRows || a.n > kRowsKernelMaxWidth || mode == kNormNormAdd
+      || a.n % group != 0) {
+    return false;
+  }
   const void* other = mode == kNormAdd ? a.b : a.r;
   const int64_t other_stride = mode == kNormAdd ? a.sb : a.sr;
   for (const void* p : {a.x, other, a.w1, static_cast<const void*>(a.out)}) {
