@@ -178,9 +178,10 @@ def check_approx_norm_pdl(device: torch.device) -> int:
 
 def check_native(device: torch.device) -> int:
     """Every native (CUDA C++) kernel variant called directly: the norm's forms at every lane count
-    (T = 1..33 at width 2048: vector kernel; width 517 and strided rows: scalar kernel) with the
-    variances, SiLU*up (vector body and tail, aligned strided rows, misaligned), both RoPEs (vector
-    and scalar), each compared with torch. Skipped where the native arm is unavailable (CPU)."""
+    (T = 1..128 at width 2048: vector kernels, straight-line and guarded; T = 1027: the rows kernel
+    with a partial last block; width 517 and strided rows: scalar kernel) with the variances,
+    SiLU*up (each block shape, vector body and tail, aligned strided rows, misaligned), both RoPEs
+    (vector and scalar), each compared with torch. Skipped where the native arm is unavailable (CPU)."""
     from rltbench import native
 
     if device.type != "cuda":
@@ -199,7 +200,7 @@ def check_native(device: torch.device) -> int:
             raise SystemExit(f"native {what}: differs from torch")
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for width, tokens in ((2048, (1, 2, 4, 8, 16, 33)), (517, (1, 3, 40))):
+        for width, tokens in ((2048, (1, 2, 4, 8, 16, 33, 128, 1027)), (517, (1, 3, 40))):
             w1, w2 = rnd(width, dtype=dtype), rnd(width, dtype=dtype)
             for t in tokens:
                 for strided in (False, True):
@@ -220,7 +221,7 @@ def check_native(device: torch.device) -> int:
                     same(y, ry, f"norm-add-norm y {dtype} {t}x{width}")
                     n += 4
         ops = make_ops(OpSelection(act="cuda", rope="cuda", scope="all"))
-        for t, width in ((3, 517), (5, 5632)):
+        for t, width in ((3, 517), (5, 5632), (200, 5632)):   # 32 x 8 B, 64 x 16 B, 256 x 16 B blocks
             big = rnd(t, 2 * width, dtype=dtype)
             pairs = ((rnd(t, width, dtype=dtype), rnd(t, width, dtype=dtype)),   # contiguous: one row + tail
                      (big[:, :width], big[:, width:]),                              # strided rows

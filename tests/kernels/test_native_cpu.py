@@ -6,6 +6,7 @@ the CUDA sources compiled for sm_90 with the instructions the exactness needs.""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -442,12 +443,9 @@ def _sass_functions(sass: str) -> dict[str, list[str]]:
     return out
 
 
-def test_one_row_plain_kernel_issues_every_load_before_the_sum(tmp_path: Path) -> None:
-    """The straight-line 1-row kernel (bf16, width 2048 at 512 lanes, torch >= 2.10's warp order)
-    loads x and the weights with kLoadPredicated so that ptxas issues all eight loads, weak, ahead
-    of the first square (norm_rows.cuh: without it the weights come after the squares, with
-    ld.volatile they are LDG.STRONG.SYS). A ptxas that schedules otherwise fails here, not only in a
-    GPU timing."""
+def _norm_sass(tmp_path: Path) -> dict[str, list[str]]:
+    """norm.cu compiled for sm_90 as the build compiles it, disassembled: {kernel: instructions}
+    (skips where nvcc or a cuobjdump is missing)."""
     nvcc = build.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -464,13 +462,55 @@ def test_one_row_plain_kernel_issues_every_load_before_the_sum(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
                           timeout=120).stdout
+    return _sass_functions(sass)
+
+
+def _opcode(line: str) -> str:
+    """The opcode of one SASS line (after its predicate)."""
+    m = re.search(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", line)
+    return m.group(1) if m else ""
+
+
+# norm_vec_kernel<bf16, kNormX, residual?, LOG_R 0, LOG_NW, SLOTS, FULL, runtime warp order, LOAD 1>:
+# the straight-line kernels of width 2048 at 32 lanes (16 slots, 16..1023 rows) and 64 lanes (8 slots,
+# 8..15 rows), plain and residual, with kLoadVolatile
+STRAIGHT_LINE = [f"_ZN4rltb4norm15norm_vec_kernelI13__nv_bfloat16Li0ELb{r}ELi0ELi{nw}ELi{slots}ELb1ELin1ELi1"
+                 "EEEvNS_8NormArgsE" for r in (0, 1) for nw, slots in ((0, 16), (1, 8))]
+
+
+def test_norm_kernels_issue_their_loads_ahead_of_the_sum(tmp_path: Path) -> None:
+    """The straight-line kernels load every slot (x, weights, residual) before the first square, so
+    a row costs one round trip to memory before its sum (norm_rows.cuh: ptxas issues predicated or
+    .ca loads of these kernels partly after the squares, one round trip later). The 1-row plain
+    kernel (bf16, width 2048 at 512 lanes, torch >= 2.10's warp order) does it with kLoadPredicated:
+    eight weak loads. The rows kernel (many 32-lane rows) issues its first pass's 16 evict-first
+    loads of a width-2048 bf16 row together, shuffles five times, stores streaming, and its plain
+    form fits 64 registers without spilling (every block of 4096 rows resident at once). A ptxas
+    that schedules otherwise fails here, not only in a GPU timing."""
+    functions = _norm_sass(tmp_path)
     # norm_vec_kernel<bf16, kNormX, no residual, LOG_R 2, LOG_NW 2, 4 slots, FULL, warp order down, LOAD 2>
     name = "_ZN4rltb4norm15norm_vec_kernelI13__nv_bfloat16Li0ELb0ELi2ELi2ELi4ELb1ELi1ELi2EEEvNS_8NormArgsE"
-    body = _sass_functions(sass)[name]
+    body = functions[name]
     first_mul = next(i for i, line in enumerate(body) if "FMUL" in line)
     loads = [line for line in body if "LDG" in line]
     assert len(loads) == 8 and all("LDG.E.64 " in line for line in loads), loads
     assert sum("LDG" in line for line in body[:first_mul]) == 8, body[:first_mul + 1]
+    for name in STRAIGHT_LINE:
+        body = functions[name]
+        first_mul = next(i for i, line in enumerate(body) if "FMUL" in line)
+        loads = [i for i, line in enumerate(body) if "LDG" in line]
+        slots = 16 if "ELi16ELb1" in name else 8
+        assert len(loads) == slots * (3 if "Lb1ELi0" in name else 2), name
+        assert max(loads) < first_mul, (name, [body[i] for i in loads if i > first_mul][:3])
+    for form in ("Li0ELb0", "Li0ELb1", "Li1ELb0"):   # plain, residual, add
+        body = functions[f"_ZN4rltb4norm16norm_rows_kernelI13__nv_bfloat16{form}ELi1EEEvNS_8NormArgsE"]
+        ops = [_opcode(line) for line in body]
+        first_mul = next(i for i, line in enumerate(body) if "FMUL" in line)
+        assert ops[:first_mul].count("LDG.E.EF.64") == 16, form
+        assert ops.count("SHFL.BFLY") == 5 and ops.count("STG.E.EF.128") >= 1, form
+    for dtype in ("13__nv_bfloat16", "6__half", "f"):
+        body = functions[f"_ZN4rltb4norm16norm_rows_kernelI{dtype}Li0ELb0ELi1EEEvNS_8NormArgsE"]
+        assert not any(_opcode(line) in ("STL", "LDL") for line in body), dtype
 
 
 def test_build_key_follows_sources_and_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

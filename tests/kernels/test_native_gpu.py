@@ -1,8 +1,9 @@
 """GPU checks of the native arm `cuda` (run with --run-gpu on the H200; builds the extension first):
 the norm's validation per dtype and width, every op bitwise vs torch CUDA over >= 1e8 elements per
 dtype through Ops (special values, odd widths, storage offsets, strided rows; both kernel variants,
-vector and scalar, exercised), empty inputs, the current stream, CUDA-graph replay with new inputs,
-and Ouro / Huginn forwards equal to torch's inside a graph."""
+vector and scalar, exercised), every launch shape of the norm and SiLU*up at 1..4096 rows, empty
+inputs, the current stream, CUDA-graph replay with new inputs, and Ouro / Huginn forwards equal to
+torch's inside a graph."""
 
 from __future__ import annotations
 
@@ -188,3 +189,70 @@ def test_norm_refuses_an_output_that_aliases_an_input(ext) -> None:
     with pytest.raises(RuntimeError, match="must not share storage"):
         ext.rms_norm_norm(x, x.clone(), w, w, h, h, None, 1e-6, 1.0 / 2048, 32, True)
     ext.rms_norm_norm(x, x.clone(), w, w, h, y, None, 1e-6, 1.0 / 2048, 32, True)  # distinct outputs: fine
+
+
+ROW_COUNTS = (1, 8, 128, 1024, 4096)   # 1 and 8: 512 and 64 lanes; from 16: 32 lanes; from 1024: rows kernel
+# rows kernel (16-byte groups, width <= 2048), vector kernel past that width or with 8-byte vectors
+# only (2052), odd widths (scalar kernel)
+NORM_WIDTHS = (2048, 1032, 1000, 2056, 2052, 5280, 5633)
+
+
+def _norm_layouts(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """t as contiguous rows, 4 elements into its storage (8-byte but not 16-byte aligned for 16-bit
+    types), one element in (unaligned), and rows with a padded stride (8 and 3 elements)."""
+    return {"contiguous": t, "offset4": offset_copy(t, 4), "offset1": offset_copy(t, 1),
+            "stride+8": strided_rows(t, pad=8, offset=0), "stride+3": strided_rows(t, pad=3, offset=1)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_launch_shapes_bitwise_at_every_row_count(ext, dtype: torch.dtype) -> None:
+    """Every norm form the cuda arm serves at 1, 8, 128, 1024 and 4096 rows (the straight-line
+    kernels of width 2048 at 64 and 32 lanes, the guarded ones, the rows kernel from 1024 rows at
+    32 lanes, the scalar kernel) over aligned, offset and strided rows of random data with wide
+    magnitudes: torch.equal to the torch reference, and each launch shape reached."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(5)
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    reached: set[str] = set()
+    for W in NORM_WIDTHS:
+        nn.prevalidate([W], [dtype])
+        w = torch.randn(W, device=dev, generator=gen).to(dtype)
+        for T in ROW_COUNTS:
+            scale = 2.0 ** torch.randint(-6, 7, (T, 1), device=dev, generator=gen)
+            x = (torch.randn(T, W, device=dev, generator=gen) * scale).to(dtype)
+            other = torch.randn(T, W, device=dev, generator=gen).to(dtype)
+            for name, xv in _norm_layouts(x).items():
+                ov = _norm_layouts(other)[name]
+                out = torch.empty(T, W, device=dev, dtype=dtype)
+                reached.add(ext.norm_variant(xv, None, w, out))
+                reached.add(ext.norm_variant(xv, ov, w, out))
+                case = f"{dtype} {T}x{W} {name}"
+                assert_bitwise(ops.rms_norm(xv, w, EPS), ref.rms_norm(xv, w, EPS), f"plain {case}")
+                assert_bitwise(ops.residual_rms_norm(ov, xv, w, EPS), ref.residual_rms_norm(ov, xv, w, EPS),
+                               f"residual {case}")
+                want = ref.add_rms_norm_huginn(xv, ov, w, EPS)
+                assert_bitwise(ops.add_rms_norm_huginn(xv, ov, w, EPS), want, f"add {case}")
+                for got, want in zip(ops.residual_rms_norm_norm(ov, xv, w, w.flip(0), EPS),
+                                     ref.residual_rms_norm_norm(ov, xv, w, w.flip(0), EPS), strict=True):
+                    assert_bitwise(got, want, f"norm-add-norm {case}")
+    assert ops.stats.fallback_count() == 0, ops.stats.to_dict()
+    assert reached == {"rows", "vec", "scalar"}, reached
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_launch_shapes_bitwise_at_every_row_count(ext, dtype: torch.dtype) -> None:
+    """SiLU*up at 1, 8, 128 and 4096 rows (32 threads x 8 bytes up to 4 rows on a small grid, 64 x
+    16 bytes above, 256 x 16 bytes once the grid fills the GPU, the scalar kernel for unaligned
+    rows) at model and odd widths, aligned, offset and strided: torch.equal to torch."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(6)
+    ops = make_ops(OpSelection.cuda(scope="all"))
+    for W in (5632, 17920, 1000, 5633):
+        for T in (1, 8, 128, 4096):
+            g = (torch.randn(T, W, device=dev, generator=gen) * 4).to(dtype)
+            u = torch.randn(T, W, device=dev, generator=gen).to(dtype)
+            for name, (gv, uv) in {"contiguous": (g, u), "offset1": (offset_copy(g), u),
+                                   "offset4": (offset_copy(g, 4), offset_copy(u, 4)),
+                                   "stride+8": (strided_rows(g, pad=8, offset=0), u)}.items():
+                assert_bitwise(ops.silu_mul(gv, uv), ref.silu_mul(gv, uv), f"silu {dtype} {T}x{W} {name}")
+    assert ops.stats.fallback_count() == 0, ops.stats.to_dict()

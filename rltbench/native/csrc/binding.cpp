@@ -226,7 +226,8 @@ void rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const
   TORCH_CHECK(err == cudaSuccess, "native rope launch failed: ", cudaGetErrorString(err));
 }
 
-// Which kernel variant ("vec" / "scalar") the same call would take: tests check both are covered.
+// Which kernel variant ("rows" / "vec" / "scalar"; the norm at 32 lanes) the same call would take:
+// tests check each is covered.
 std::string norm_variant(const at::Tensor& x, const c10::optional<at::Tensor>& other, const at::Tensor& w,
                          const at::Tensor& out) {
   rltb::NormArgs a = norm_args(x, w, 1e-6, 1.0, 32, true);
@@ -258,7 +259,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("branch"), py::arg("w1"), py::arg("w2"), py::arg("h_out"), py::arg("y_out"), py::arg("var_out"),
         py::arg("eps"), py::arg("factor"), py::arg("lanes"), py::arg("warp_down"));
   m.def("silu_mul", &silu_mul, "silu(gate) * up", py::arg("gate"), py::arg("up"), py::arg("out"));
-  m.def("norm_variant", &norm_variant, "vec or scalar", py::arg("x"), py::arg("other"), py::arg("w"),
+  m.def("norm_variant", &norm_variant, "rows, vec or scalar", py::arg("x"), py::arg("other"), py::arg("w"),
         py::arg("out"));
   m.def("rope", &rope, "RoPE of q and k (NeoX or interleaved)", py::arg("q"), py::arg("k"), py::arg("cos"),
         py::arg("sin"), py::arg("qo"), py::arg("ko"), py::arg("interleaved"));

@@ -140,9 +140,10 @@ __device__ __forceinline__ Vec4<T> load_cached(const Vec4<T>* p, int active) {
   return v;
 }
 
-// Below this many rows the single-norm forms (plain and residual) pin their cached-slot loads
-// (kLoadPredicated in the straight-line plain kernel, else kLoadVolatile): measured faster at 1
-// and 8 rows, slower from 128, where L1 reuse and occupancy decide instead.
+// Below this many rows the guarded kernels of the single-norm forms (plain and residual) pin their
+// cached-slot loads (kLoadVolatile): measured faster at 1 and 8 rows, slower from 128, where L1
+// reuse and occupancy decide instead. The straight-line kernels pin theirs at every row count
+// (launch_vec).
 constexpr int64_t kPinnedMaxRows = 128;
 
 // One vector's output of the single-norm forms (x, its other row o: branch or residual, weights
@@ -193,11 +194,15 @@ __device__ __forceinline__ const T* row_ptr(const void* base, int64_t row, int64
 constexpr int kMaxRowsPerBlock = 4;  // narrow layouts put up to 4 rows in a block (blockDim.y)
 
 // Vector slots a thread keeps in registers from the sum to the output: 128 bytes of x per thread
-// (all of a width-2048 bf16 row at every layout); half where a second input row (residual or
-// branch) or h is kept too, so that no form needs more than ~176 registers (occupancy at T=4096).
+// (all of a width-2048 bf16 row at every layout), the residual form included: its residual row is
+// read only by the epilogue, so holding it costs registers, not a second read of x, and with half
+// the slots a width-2048 row at 32 lanes read x twice and ran its epilogue's second half as
+// load-after-store round trips (2.7x the exact kernel's time at 128 rows on an H200). Half where
+// the sum itself needs a second row (the add form's branch) or h (norm-add-norm), so that no form
+// needs more than ~176 registers. Many 32-lane rows take the rows kernel instead (norm.cu).
 template <typename T, int MODE, bool HAS_R>
 constexpr int cached_slots() {
-  return (sizeof(T) == 4 ? 8 : 16) / ((HAS_R || MODE != kNormX) ? 2 : 1);
+  return (sizeof(T) == 4 ? 8 : 16) / (MODE != kNormX ? 2 : 1);
 }
 
 // The row's total from a thread's R per-lane sums: the register levels (pairs r, r + R/2, ...),
@@ -402,16 +407,226 @@ template <typename T, int MODE, bool HAS_R, int LOG_R, int LOG_NW, int SLOTS = c
 cudaError_t launch_vec(const NormArgs& a, int rows_per_block, cudaStream_t stream) {
   const int64_t grid = (a.rows + rows_per_block - 1) / rows_per_block;
   const dim3 block(32 << LOG_NW, rows_per_block);
-  if constexpr (MODE == kNormX) {
-    if (a.rows < kPinnedMaxRows) {
-      constexpr int kLoad = FULL && !HAS_R ? kLoadPredicated : kLoadVolatile;
-      norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, kLoad>
-          <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
-      return cudaGetLastError();
+  if constexpr (MODE == kNormX && FULL) {
+    // straight-line kernels pin their loads at every row count: the 4-slot plain one (512 lanes)
+    // with kLoadPredicated, which ptxas issues all ahead of the sum; the 8- and 16-slot ones (64
+    // and 32 lanes, from 8 rows) and the residual form with kLoadVolatile, since ptxas issues only
+    // some of their predicated (or .ca) loads ahead of the first square and the rest one round trip
+    // later (sm_90 SASS; the CPU SASS test checks both). Their x and residual rows are read once,
+    // so skipping L1 costs them nothing; many rows at 32 lanes take the rows kernel (norm.cu).
+    constexpr int kLoad = SLOTS <= 4 && !HAS_R ? kLoadPredicated : kLoadVolatile;
+    norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, kLoad>
+        <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+  } else {
+    if constexpr (MODE == kNormX) {
+      if (a.rows < kPinnedMaxRows) {
+        norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN, kLoadVolatile>
+            <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+        return cudaGetLastError();
+      }
+    }
+    norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN>
+        <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Many rows of torch's 32-lane plan (width > 128 from 16 rows up), plain and residual forms, rows
+// and weights 16-byte aligned in whole 16-byte groups: the exact Triton kernel's several-rows form
+// (_lowwarp_rows_norm_kernel). A block of kRowsPerBlock warps takes as many rows. First pass: warp
+// j sums row j in torch's order (hardware lane h is torch lane h: its vectors h, h + 32, ..., four
+// accumulators, ((a0 + a1) + a2) + a3, the butterfly xor 16..1), its loads issued kBatch at a
+// time and marked L1::evict_first, as Triton's evict_first loads; its rstd goes through shared
+// memory. Second pass: the block writes its rows, thread t taking the 16-byte groups t, t + 32 *
+// kRowsPerBlock, ... of every row, so each weight group is loaded once for all the block's rows and
+// every access is 16 bytes; each batch's loads (OUT_BATCH groups of every row, their weights, the
+// residual) are issued before its first store, the output stored streaming (st.global.cs). Only
+// the sum's order is torch's concern; the output is elementwise.
+//
+// Why: at 4096 x 2048 the vector kernel held whole rows and weights in registers (about 90 per
+// thread, two waves of blocks) and ran at 62% of the device copy against the Triton kernel's 80%
+// cold (results/gpu/kernels-verdicts, H200), the residual form at 54% against 85%; this form keeps
+// every block resident at once, as the Triton kernel does.
+// ---------------------------------------------------------------------------------------------
+constexpr int kRowsPerBlock = 4;
+// first-pass loads in flight per lane: 128 bytes (a width-2048 16-bit row: all 16 vectors)
+template <typename T>
+constexpr int sum_batch() {
+  return 128 / (4 * sizeof(T));
+}
+constexpr int64_t kRowsKernelMinRows = 1024;   // the exact Triton kernel's two-pass threshold
+// The second pass re-reads a block's rows while they are still in L1/L2: 4 rows of 2048 16-bit
+// values are 16 KB a block. Wider rows (Huginn's 5280, 42 KB, 84 KB with the branch) would stream
+// the whole tensor through L2 before the second passes ran (1024 resident blocks) and re-read it
+// from DRAM; the Triton kernel's several-rows form has the same bound (ROWS_MAX_WIDTH) and holds
+// wider rows in registers instead, which this arm does not (yet).
+constexpr int64_t kRowsKernelMaxWidth = 2048;
+// 8 blocks of 128 threads per SM (at most 64 registers): 1056 resident blocks on 132 SMs, so
+// 4096 rows (1024 blocks) run in one wave, as the Triton kernel's 64-register programs do
+constexpr int kRowsMinBlocks = 8;
+
+template <typename T>
+__device__ __forceinline__ Vec4<T> load_evict_first(const Vec4<T>* p) {
+  Vec4<T> v;
+  if constexpr (sizeof(T) == 4) {
+    uint4 u;
+    asm("ld.global.L1::evict_first.v4.b32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    *reinterpret_cast<uint4*>(&v) = u;
+  } else {
+    uint2 u;
+    asm("ld.global.L1::evict_first.v2.b32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+    *reinterpret_cast<uint2*>(&v) = u;
+  }
+  return v;
+}
+
+// Element i of a vector as fp32; bf16 widened by a shift or a mask of its 32-bit word (exact, and
+// without splitting the word into 16-bit registers first, which cost the rows kernel spills).
+template <typename T>
+__device__ __forceinline__ float element_float(const Vec4<T>& v, int i) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t word = reinterpret_cast<const uint32_t*>(&v)[i >> 1];
+    return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+  } else {
+    return Traits<T>::to_float(v.v[i]);
+  }
+}
+
+// 16 bytes: two 4-element vectors of a 16-bit type, one of fp32.
+template <typename T>
+struct alignas(16) Group16 {
+  static constexpr int kVecs = 16 / (4 * sizeof(T));
+  Vec4<T> q[kVecs];
+};
+
+template <typename T>
+__device__ __forceinline__ Group16<T> load_group(const Group16<T>* p) {
+  Group16<T> g;
+  *reinterpret_cast<uint4*>(&g) = *reinterpret_cast<const uint4*>(p);
+  return g;
+}
+
+template <typename T, int MODE, bool HAS_R, int OUT_BATCH>
+__global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_kernel(const NormArgs a) {
+  using V = Vec4<T>;
+  using G = Group16<T>;
+  constexpr int kThreads = 32 * kRowsPerBlock;
+  constexpr bool kAdd = MODE == kNormAdd;
+  constexpr bool kOther = HAS_R || kAdd;   // a second row: the residual (output) or the branch (sum)
+  // the add form loads x and the branch: half the vectors per batch, the same bytes in flight
+  constexpr int kBatch = sum_batch<T>() / (kAdd ? 2 : 1);
+  const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int nvec = static_cast<int>(a.n >> 2);
+  __shared__ float rstd_of[kRowsPerBlock];
+  {
+    // a row past the end (the last block's) sums row rows - 1 and stores nothing
+    const int64_t row = first_row + warp < a.rows ? first_row + warp : a.rows - 1;
+    // torch >= 2.10: lane h; older torch's shuffles 1..16 reduce h's bits in reverse
+    const int lane = torch_lane(h, 0, 5, 0, a.warp_down != 0);
+    const V* __restrict__ xr = reinterpret_cast<const V*>(row_ptr<T>(a.x, row, a.sx)) + lane;
+    const V* __restrict__ br = reinterpret_cast<const V*>(row_ptr<T>(kAdd ? a.b : a.x, row, kAdd ? a.sb : a.sx)) + lane;
+    const int slots = lane < nvec ? (nvec - 1 - lane) / 32 + 1 : 0;
+    float acc[1][4] = {};
+    for (int s0 = 0; s0 < slots; s0 += kBatch) {
+      // one address and immediate offsets (a 64-bit address per load would take 2 * kBatch registers)
+      const V* __restrict__ p = xr + s0 * 32;
+      const V* __restrict__ pb = br + s0 * 32;
+      const int left = slots - s0;
+      // vectors past the row are zeros: +0 added to a sum of squares (>= +0) leaves it unchanged,
+      // and unconditional squares keep the batch in registers (guarded ones spilled it)
+      V v[kBatch], vb[kAdd ? kBatch : 1];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        v[j] = j < left ? load_evict_first<T>(p + j * 32) : V{};
+        if constexpr (kAdd) vb[j] = j < left ? load_evict_first<T>(pb + j * 32) : V{};
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // the add form squares round(x + b): +0 + +0 is +0, so the zero padding still adds nothing
+          float value = element_float<T>(v[j], i);
+          if constexpr (kAdd) value = round_to<T>(__fadd_rn(value, element_float<T>(vb[j], i)));
+          add_square(acc[0][i], value);
+        }
+      }
+    }
+    float var;
+    const float rstd = inv_rms(lanes_total<0, 0>(acc, nullptr, warp, h), a.factor, a.eps, &var);
+    if (h == 0) {
+      rstd_of[warp] = rstd;
+      if (first_row + warp < a.rows && a.var != nullptr) a.var[row] = var;
     }
   }
-  norm_vec_kernel<T, MODE, HAS_R, LOG_R, LOG_NW, SLOTS, FULL, WARP_DOWN>
-      <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+  __syncthreads();
+  // group offsets are 32-bit within a row (torch's plan needs 32-bit indexing: rows * n * 4 < 2^31)
+  const int ngroups = static_cast<int>(a.n / (4 * G::kVecs));
+  const int64_t last = a.rows - 1;
+  const G* __restrict__ w = static_cast<const G*>(a.w1) + threadIdx.x;
+  for (int g0 = 0; g0 + static_cast<int>(threadIdx.x) < ngroups; g0 += kThreads * OUT_BATCH) {
+    G wv[OUT_BATCH], xv[kRowsPerBlock][OUT_BATCH], rv[kOther ? kRowsPerBlock : 1][OUT_BATCH];
+#pragma unroll
+    for (int b = 0; b < OUT_BATCH; ++b) {
+      const int g = g0 + b * kThreads;
+      if (g + static_cast<int>(threadIdx.x) < ngroups) {
+        wv[b] = load_group<T>(w + g);
+#pragma unroll
+        for (int j = 0; j < kRowsPerBlock; ++j) {
+          const int64_t row = first_row + j < a.rows ? first_row + j : last;
+          xv[j][b] = load_group<T>(reinterpret_cast<const G*>(row_ptr<T>(a.x, row, a.sx)) + threadIdx.x + g);
+          if constexpr (kOther) {
+            const void* other = kAdd ? a.b : a.r;
+            rv[j][b] = load_group<T>(reinterpret_cast<const G*>(row_ptr<T>(other, row, kAdd ? a.sb : a.sr)) + threadIdx.x + g);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < OUT_BATCH; ++b) {
+      const int g = g0 + b * kThreads;
+      if (g + static_cast<int>(threadIdx.x) < ngroups) {
+#pragma unroll
+        for (int j = 0; j < kRowsPerBlock; ++j) {
+          if (first_row + j < a.rows) {
+            const G& o = rv[kOther ? j : 0][b];   // the residual or the branch (not read by the plain form)
+            G y;
+#pragma unroll
+            for (int q = 0; q < G::kVecs; ++q) y.q[q] = single_out_vec<T, MODE, HAS_R>(xv[j][b].q[q], o.q[q], wv[b].q[q], rstd_of[j]);
+            G* out = reinterpret_cast<G*>(static_cast<T*>(a.out) + (first_row + j) * a.n) + threadIdx.x + g;
+            __stcs(reinterpret_cast<uint4*>(out), *reinterpret_cast<const uint4*>(&y));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Whether the rows kernel takes the call: torch's 32-lane plan, many rows of at most
+// kRowsKernelMaxWidth, the plain, residual and add forms (not norm-add-norm), and every row, the
+// weights and the output 16-byte aligned in whole 16-byte groups.
+inline bool rows_kernel_takes(const NormArgs& a, int mode, int64_t elem) {
+  const int64_t group = 16 / elem;
+  if (a.log_lanes != 5 || a.rows < kRowsKernelMinRows || a.n > kRowsKernelMaxWidth || mode == kNormNormAdd
+      || a.n % group != 0) {
+    return false;
+  }
+  const void* other = mode == kNormAdd ? a.b : a.r;
+  const int64_t other_stride = mode == kNormAdd ? a.sb : a.sr;
+  for (const void* p : {a.x, other, a.w1, static_cast<const void*>(a.out)}) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return a.sx % group == 0 && (other == nullptr || other_stride % group == 0);
+}
+
+template <typename T, int MODE, bool HAS_R>
+cudaError_t launch_rows(const NormArgs& a, cudaStream_t stream) {
+  const int64_t grid = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  // one group of every row per batch: two (the Triton kernel's whole width-2048 row ahead of its
+  // first store) need more than 64 registers for 16-bit rows and spilled in the sm_90 SASS
+  norm_rows_kernel<T, MODE, HAS_R, 1><<<static_cast<unsigned>(grid), 32 * kRowsPerBlock, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
