@@ -347,6 +347,8 @@ def _same_load(cfg: dict[str, Any], cfg_aa: dict[str, Any]) -> None:
 def rate_check(rlt_dir: Path, peer_path: Path, rlt_aa_dir: Path | None = None) -> tuple[list[str], bool]:
     """The open-loop cross-check: (markdown lines, no figure differs). With `rlt_aa_dir` (rltbench's
     client run again after guidellm, same load) the A/A leg decides which differences are noise."""
+    if not Path(peer_path).is_file():
+        raise UsageError(f"--peer: {peer_path} is not a file (guidellm's JSON report)")
     ours, cfg = run_rate_records(rlt_dir)
     ours_aa = None
     if rlt_aa_dir is not None:

@@ -218,3 +218,10 @@ def test_an_aa_run_of_another_load_is_refused(tmp_path, capsys):
     assert bench.main(_compare_argv(run, out, other)) == 2 and not out.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("--rlt-aa: the run's rate")
+
+
+def test_a_missing_peer_report_is_one_line_and_exit_2(tmp_path, capsys):
+    argv = _compare_argv(_rate_run(tmp_path / "e2e-rate"), tmp_path / "rate_check.md")
+    argv[argv.index("--peer") + 1] = str(tmp_path / "absent.json")
+    assert bench.main(argv) == 2
+    assert capsys.readouterr().err.strip().startswith("--peer: ")
