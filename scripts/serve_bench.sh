@@ -4,8 +4,9 @@
 #   2. http: rltbench's own client over HTTP: `rltbench e2e --backend openai`, bursts C=1,8,32,128
 #   3. soak: 10 consecutive C=128 bursts, 0 failed requests and every KV block free after each (/metrics)
 #   4. peer: the peer client (guidellm, wheels from .whl/peer: scripts/fetch_peer_wheels.sh), same bursts
-#   5. rate: the open-loop cross-check at RATES requests/s: `rltbench e2e --workload rate` and guidellm's
-#      constant (or poisson) profile, same lengths, rates and number of requests; rate_check.md
+#   5. rate: the open-loop cross-check at RATES requests/s: `rltbench e2e --workload rate`, guidellm's
+#      constant (or poisson) profile, then rltbench's client again (the A/A leg, which tells noise from a
+#      difference), same lengths, rates and number of requests; rate_check.md
 #   6. SIGTERM: the server must exit 0 with every KV block returned
 #   7. inproc: the same bursts in-process (`rltbench e2e --backend engine`), after the server freed the GPU
 #   8. table.md: HTTP vs in-process overhead, guidellm vs rltbench (where the http step ran)
@@ -114,21 +115,28 @@ if has_step peer; then
   fi
 fi
 
-if has_step rate; then
-  step "open-loop rates $RATES/s, $RATE_ARRIVALS, $RATE_REQUESTS requests each: rltbench e2e, then guidellm"
+rate_client() {  # rate_client NAME: rltbench's open-loop client into OUT/NAME, then every KV block free
   $PY -m rltbench.cli e2e --backend openai --arm "$ARM=$URL" --model "$MODEL" --workload rate \
     --request-rate "$RATES" --arrivals "$RATE_ARRIVALS" --num-prompts "$RATE_REQUESTS" \
-    --input-len "$IN_LEN" --output-len "$OUT_LEN" --repeats 1 --no-live --result-dir "$OUT/e2e-rate" \
-    || failed+=(e2e-rate)
-  bench check "$URL" || failed+=(blocks-after-e2e-rate)
+    --input-len "$IN_LEN" --output-len "$OUT_LEN" --repeats 1 --no-live --result-dir "$OUT/$1" \
+    || failed+=("$1")
+  bench check "$URL" || failed+=("blocks-after-$1")
+}
+
+if has_step rate; then
+  step "open-loop rates $RATES/s, $RATE_ARRIVALS, $RATE_REQUESTS requests each: rltbench, guidellm, rltbench"
+  rate_client e2e-rate
   if peer_client; then
     scenario guidellm_rate "open-loop rates, as rltbench e2e --workload rate --arrivals $RATE_ARRIVALS" \
       "{\"kind\": \"$RATE_ARRIVALS\", \"rate\": [$RATES]}" \
       "{\"kind\": \"max_requests\", \"count\": $RATE_REQUESTS}"
     run_guidellm guidellm_rate || failed+=(guidellm-rate)
     bench check "$URL" || failed+=(blocks-after-guidellm-rate)
-    bench rate-compare --rlt "$OUT/e2e-rate" --peer "$OUT/guidellm_rate.json" --out "$OUT/rate_check.md" \
-      || failed+=(rate-check)
+    rate_client e2e-rate-aa  # the A/A leg: the same client again, so the check can tell noise
+    aa=()  # a second run that left no run directory is already counted as failed; compare without it
+    [ -f "$OUT/e2e-rate-aa/manifest.json" ] && aa=(--rlt-aa "$OUT/e2e-rate-aa")
+    bench rate-compare --rlt "$OUT/e2e-rate" --peer "$OUT/guidellm_rate.json" "${aa[@]}" \
+      --out "$OUT/rate_check.md" || failed+=(rate-check)
   else
     failed+=(guidellm-missing)
   fi

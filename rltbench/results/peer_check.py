@@ -16,6 +16,17 @@ Every figure is computed twice, so a difference can be placed:
 With Poisson arrivals each client draws its own schedule (guidellm from its seed, without rltbench's
 pinned span), so their offered rates differ by the draw; where they differ by more than the rate
 tolerance, the achieved rate is compared as a share of each client's own offered rate.
+
+**The A/A leg** (optional): rltbench's client runs the same load a second time after guidellm (A,
+peer, A'). A difference inside the spread of two runs of one client is noise: per figure the A/A diff
+(A' / A - 1) is shown, the peer is compared with the mean of A and A' (the peer ran between them, so
+the mean is rltbench's best estimate at the peer's time; the first run alone would credit any drift
+of the server to the peer), and a figure beyond the tolerance whose |diff| <= |A/A diff| reads
+**noise**: rltbench's own client moved as much between two runs, so the peer's difference is no
+evidence that the clients measure differently. The rule reads off the two printed columns. It is
+lenient, not strict: with the three values drawn alike, |peer - mean| has a smaller spread than
+|A' - A| (sqrt(3/2) against sqrt(2) of one run's), so most same-client differences pass; one A/A pair
+is a coarse estimate, which is why noise is counted apart from agrees, never added to it.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from rltbench.results.tables import table
 
 RATE_TOLERANCE = 0.02
 LATENCY_TOLERANCE = 0.05
-AGREES, DIFFERS, INFO, MISSING = "agrees", "differs", "information", "missing"
+AGREES, NOISE, DIFFERS, INFO, MISSING = "agrees", "noise", "differs", "information", "missing"
 RLT_BASIS, PEER_BASIS = "rltbench", "guidellm"
 
 
@@ -67,19 +78,34 @@ def _medians(dicts: list[dict[str, float | None]]) -> dict[str, float | None]:
     return out
 
 
-def figure_row(rate: float, basis: str, name: str, ours: float | None, theirs: float | None,
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def figure_row(rate: float, basis: str, name: str, ours: list[float | None], theirs: float | None,
                tolerance: float | None) -> dict[str, Any]:
-    """One compared figure: diff = guidellm / rltbench - 1; the verdict is `agrees` within the
-    tolerance, `differs` beyond it, `information` without a tolerance, `missing` without a value."""
-    diff = None if ours is None or theirs is None or ours == 0 else theirs / ours - 1
+    """One compared figure. `ours` holds rltbench's value of each run: one run, or the A/A leg's two
+    (A before the peer, A' after it). rltbench's value is their mean; diff = guidellm / rltbench - 1;
+    with two runs aa_diff = A' / A - 1. The verdict is `agrees` within the tolerance, `noise` beyond it
+    where |diff| <= |aa_diff|, `differs` otherwise, `information` without a tolerance, `missing`
+    without a value."""
+    mean = _mean(ours)
+    diff = None if mean is None or theirs is None or mean == 0 else theirs / mean - 1
+    first, second = (ours + [None])[:2]
+    aa_diff = None if first is None or second is None or first == 0 else second / first - 1
     if diff is None:
         verdict = MISSING
     elif tolerance is None:
         verdict = INFO
+    elif abs(diff) <= tolerance:
+        verdict = AGREES
+    elif aa_diff is not None and abs(diff) <= abs(aa_diff):
+        verdict = NOISE
     else:
-        verdict = AGREES if abs(diff) <= tolerance else DIFFERS
-    return {"rate": rate, "basis": basis, "figure": name, "rltbench": ours, "guidellm": theirs, "diff": diff,
-            "tolerance": tolerance, "verdict": verdict}
+        verdict = DIFFERS
+    return {"rate": rate, "basis": basis, "figure": name, "rltbench": mean, "guidellm": theirs, "diff": diff,
+            "runs": len(ours), "aa_diff": aa_diff, "tolerance": tolerance, "verdict": verdict}
 
 
 def _ms(v: float | None) -> float | None:
@@ -91,26 +117,33 @@ def _share(achieved: float | None, offered: float | None) -> float | None:
 
 
 def check_rate(rate: float, ours: list[list[dict[str, Any]]], peer: PeerBenchmark,
-               head: float = DEFAULT_EXCLUDE, tail: float = DEFAULT_EXCLUDE) -> list[dict[str, Any]]:
+               head: float = DEFAULT_EXCLUDE, tail: float = DEFAULT_EXCLUDE,
+               ours_aa: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """The compared figures of one rate: rltbench's cells (one record list per repetition, figures
-    the median over repetitions) against guidellm's benchmark at that rate."""
-    mine = _medians([rlt_definitions(recs, head, tail) for recs in ours])
-    theirs = rlt_definitions(peer.records, head, tail)
-    offered = figure_row(rate, RLT_BASIS, "offered rate /s", mine["offered"], theirs["offered"], None)
+    the median over repetitions) against guidellm's benchmark at that rate; with the A/A leg
+    (`ours_aa`, the second run's cells, maybe none at this rate) each figure carries both runs."""
+    runs = [ours] if ours_aa is None else [ours, ours_aa]
+    mine = [_medians([rlt_definitions(recs, head, tail) for recs in run]) for run in runs]
+    as_peer = [_medians([peer_definitions(recs) for recs in run]) for run in runs]
+    theirs, own = rlt_definitions(peer.records, head, tail), peer.own
+
+    def each(figures: list[dict[str, float | None]], key: str, scale: float = 1.0) -> list[float | None]:
+        return [None if f.get(key) is None else f[key] * scale for f in figures]
+
+    offered = figure_row(rate, RLT_BASIS, "offered rate /s", each(mine, "offered"), theirs["offered"], None)
     if offered["diff"] is not None and abs(offered["diff"]) > RATE_TOLERANCE:
         # each client's own Poisson draw: the share of its own offered rate that it achieved
-        achieved = ("achieved / offered", _share(mine["achieved"], mine["offered"]),
+        achieved = ("achieved / offered", [_share(m.get("achieved"), m.get("offered")) for m in mine],
                     _share(theirs["achieved"], theirs["offered"]))
     else:
-        achieved = ("achieved rate /s", mine["achieved"], theirs["achieved"])
-    as_peer, own = _medians([peer_definitions(recs) for recs in ours]), peer.own
+        achieved = ("achieved rate /s", each(mine, "achieved"), theirs["achieved"])
     compared = [
         (RLT_BASIS, *achieved, RATE_TOLERANCE),
-        (RLT_BASIS, "TTFT p50 ms", _ms(mine["ttft"]), _ms(theirs["ttft"]), LATENCY_TOLERANCE),
-        (RLT_BASIS, "TPOT p50 ms", _ms(mine["tpot"]), _ms(theirs["tpot"]), LATENCY_TOLERANCE),
-        (PEER_BASIS, "request rate /s", as_peer["rate"], own.get("request_rate"), RATE_TOLERANCE),
-        (PEER_BASIS, "TTFT median ms", _ms(as_peer["ttft"]), own.get("ttft_ms"), LATENCY_TOLERANCE),
-        (PEER_BASIS, "ITL median ms", _ms(as_peer["itl"]), own.get("itl_ms"), LATENCY_TOLERANCE),
+        (RLT_BASIS, "TTFT p50 ms", each(mine, "ttft", 1e3), _ms(theirs["ttft"]), LATENCY_TOLERANCE),
+        (RLT_BASIS, "TPOT p50 ms", each(mine, "tpot", 1e3), _ms(theirs["tpot"]), LATENCY_TOLERANCE),
+        (PEER_BASIS, "request rate /s", each(as_peer, "rate"), own.get("request_rate"), RATE_TOLERANCE),
+        (PEER_BASIS, "TTFT median ms", each(as_peer, "ttft", 1e3), own.get("ttft_ms"), LATENCY_TOLERANCE),
+        (PEER_BASIS, "ITL median ms", each(as_peer, "itl", 1e3), own.get("itl_ms"), LATENCY_TOLERANCE),
     ]
     return [offered, *(figure_row(rate, *c) for c in compared)]
 
@@ -119,52 +152,91 @@ def _same_rate(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
 
 
+def _at_rate(runs: dict[float, list[list[dict[str, Any]]]], rate: float) -> list[list[dict[str, Any]]] | None:
+    return next((v for k, v in runs.items() if _same_rate(k, rate)), None)
+
+
 def cross_check(ours: dict[float, list[list[dict[str, Any]]]], peer: list[PeerBenchmark],
-                head: float = DEFAULT_EXCLUDE, tail: float = DEFAULT_EXCLUDE) -> list[dict[str, Any]]:
+                head: float = DEFAULT_EXCLUDE, tail: float = DEFAULT_EXCLUDE,
+                ours_aa: dict[float, list[list[dict[str, Any]]]] | None = None) -> list[dict[str, Any]]:
     """Every rate of either client: its compared figures, or one `missing` row where only one client
-    ran it. guidellm benchmarks of other strategies than constant or Poisson are not rates."""
+    ran it. guidellm benchmarks of other strategies than constant or Poisson are not rates. With the
+    A/A leg (`ours_aa`: rltbench's second run of the same load, after the peer) every row carries both
+    runs; a rate the second run lacks is compared with the first alone (no A/A diff)."""
     rated = [b for b in peer if b.strategy in OPEN_LOOP and b.load is not None]
+    n_runs = 1 if ours_aa is None else 2
     rows: list[dict[str, Any]] = []
     for rate in sorted({*ours, *(b.load for b in rated)}):
-        mine = next((v for k, v in ours.items() if _same_rate(k, rate)), None)
+        mine = _at_rate(ours, rate)
         theirs = next((b for b in rated if _same_rate(b.load, rate)), None)
         if mine is None or theirs is None:
             who = "guidellm" if theirs is None else "rltbench"
-            rows.append(figure_row(rate, RLT_BASIS, f"not run by {who}", None, None, None))
+            rows.append(figure_row(rate, RLT_BASIS, f"not run by {who}", [None] * n_runs, None, None))
             continue
-        rows += check_rate(rate, mine, theirs, head, tail)
+        again = None if ours_aa is None else _at_rate(ours_aa, rate) or []
+        rows += check_rate(rate, mine, theirs, head, tail, again)
     return rows
 
 
-def verdict_counts(rows: list[dict[str, Any]]) -> tuple[int, int]:
-    """(figures that agree, figures with a tolerance): what the summary line says."""
+def verdict_tally(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Per verdict the number of judged figures (those with a tolerance, and missing ones)."""
     judged = [r for r in rows if r["tolerance"] is not None or r["verdict"] == MISSING]
-    return sum(r["verdict"] == AGREES for r in judged), len(judged)
+    return {v: sum(r["verdict"] == v for r in judged) for v in (AGREES, NOISE, DIFFERS, MISSING)}
+
+
+def verdict_counts(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(figures that agree, figures with a tolerance): what the one-run summary line says."""
+    tally = verdict_tally(rows)
+    return tally[AGREES], sum(tally.values())
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
-    out = [[f"{r['rate']:g}/s", r["figure"], _fmt(r["rltbench"], 3), _fmt(r["guidellm"], 3),
-            "-" if r["diff"] is None else f"{100 * r['diff']:+.1f}%",
-            r["verdict"] if r["tolerance"] is None else f"{r['verdict']} (±{r['tolerance']:.0%})"]
-           for r in rows]
-    head = ["rate", "figure", "rltbench", "guidellm", "diff", "verdict"]
-    return table(head, out, ["r", "", "r", "r", "r", ""])
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:+.1f}%"
+
+
+def _table(rows: list[dict[str, Any]], with_aa: bool) -> list[str]:
+    """One row per figure; with the A/A leg rltbench's column is the mean of its two runs and the A/A
+    column their difference, beside the verdict it decides."""
+    out = []
+    for r in rows:
+        verdict = r["verdict"] if r["tolerance"] is None else f"{r['verdict']} (±{r['tolerance']:.0%})"
+        aa = [_pct(r["aa_diff"])] if with_aa else []
+        out.append([f"{r['rate']:g}/s", r["figure"], _fmt(r["rltbench"], 3), _fmt(r["guidellm"], 3),
+                    _pct(r["diff"]), *aa, verdict])
+    if with_aa:
+        return table(["rate", "figure", "rltbench (mean)", "guidellm", "diff", "A/A", "verdict"], out,
+                     ["r", "", "r", "r", "r", "r", ""])
+    return table(["rate", "figure", "rltbench", "guidellm", "diff", "verdict"], out,
+                 ["r", "", "r", "r", "r", ""])
+
+
+def _headline(rows: list[dict[str, Any]], with_aa: bool) -> str:
+    tolerances = (f"achieved rate within {RATE_TOLERANCE:.0%}, TTFT and TPOT p50 within "
+                  f"{LATENCY_TOLERANCE:.0%}")
+    if not with_aa:
+        agree, judged = verdict_counts(rows)
+        return f"**Cross-check: {agree}/{judged} figures agree** ({tolerances})."
+    tally = verdict_tally(rows)
+    missing = f", {tally[MISSING]} missing" if tally[MISSING] else ""
+    return (f"**Cross-check of {sum(tally.values())} figures: {tally[AGREES]} agree, {tally[NOISE]} noise, "
+            f"{tally[DIFFERS]} differ{missing}** ({tolerances}; noise: beyond the tolerance, but |diff| <= "
+            "|A/A|, rltbench's second run against its first).")
 
 
 def check_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The markdown of a cross-check: the summary, then one table per definition."""
-    agree, judged = verdict_counts(rows)
-    lines = [f"**Cross-check: {agree}/{judged} figures agree** (achieved rate within "
-             f"{RATE_TOLERANCE:.0%}, TTFT and TPOT p50 within {LATENCY_TOLERANCE:.0%}).", "",
+    """The markdown of a cross-check: the summary, then one table per definition; the A/A column and
+    the noise count where the rows carry rltbench's two runs."""
+    with_aa = any(r["runs"] > 1 for r in rows)
+    lines = [_headline(rows, with_aa), "",
              "### rltbench's definitions on each client's timestamps (measured requests)", ""]
-    lines += _table([r for r in rows if r["basis"] == RLT_BASIS])
+    lines += _table([r for r in rows if r["basis"] == RLT_BASIS], with_aa)
     lines += ["", "### guidellm's definitions (rltbench: computed from its records; guidellm: as reported)",
               ""]
-    return lines + _table([r for r in rows if r["basis"] == PEER_BASIS])
+    return lines + _table([r for r in rows if r["basis"] == PEER_BASIS], with_aa)
 
 
 def run_rate_records(run_dir: Path | str) -> tuple[dict[float, list[list[dict[str, Any]]]], dict[str, Any]]:

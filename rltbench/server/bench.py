@@ -6,13 +6,15 @@
     python -m rltbench.server.bench soak URL --out DIR    # N bursts, blocks checked after each
     python -m rltbench.server.bench compare --http RUN --inproc RUN [--peer GUIDELLM.json]
                                             [--scrapes DIR] --out table.md
-    python -m rltbench.server.bench rate-compare --rlt RUN --peer GUIDELLM.json --out rate_check.md
+    python -m rltbench.server.bench rate-compare --rlt RUN --peer GUIDELLM.json [--rlt-aa RUN2]
+                                                 --out rate_check.md
 
 Every number comes from raw files through `rltbench.results.serving.cell_summary`, the one metrics layer:
 rltbench's e2e run directories (requests.jsonl) and guidellm's JSON report, whose per-request
 timestamps are turned into the same records, so the peer's raw timings are also read with rltbench's
 definitions beside the figures guidellm reports itself. `rate-compare` is the open-loop cross-check
-(rltbench.results.peer_check): an `e2e --workload rate` run and guidellm's constant or Poisson rates.
+(rltbench.results.peer_check): an `e2e --workload rate` run and guidellm's constant or Poisson rates,
+and optionally the same e2e run again after guidellm (the A/A leg, which tells noise from a difference).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from typing import Any
 from rltbench.backends.base import Timeouts
 from rltbench.backends.openai import OpenAIBackend
 from rltbench.bench.workload import burst_prompts
+from rltbench.errors import UsageError
 from rltbench.models import get_config
 from rltbench.results.guidellm import read_report
-from rltbench.results.peer_check import check_lines, cross_check, run_rate_records, verdict_counts
+from rltbench.results.peer_check import DIFFERS, check_lines, cross_check, run_rate_records, verdict_tally
 from rltbench.results.rundir import read_jsonl
 from rltbench.results.serving import cell_summary
 from rltbench.results.tables import table
@@ -330,22 +333,43 @@ def server_view(scrapes: Path, clients: tuple[str, ...] = ("http", "peer")) -> l
                    ["", "r", "r", "r", "r"])]
 
 
-def rate_check(rlt_dir: Path, peer_path: Path) -> tuple[list[str], bool]:
-    """The open-loop cross-check: (markdown lines, every figure agrees)."""
+SAME_LOAD_KEYS = ("model", "arm_specs", "workload", "rate", "lengths", "seed", "input_len", "output_len")
+
+
+def _same_load(cfg: dict[str, Any], cfg_aa: dict[str, Any]) -> None:
+    """The A/A leg must be the same load on the same server, or its spread says nothing about noise."""
+    for key in SAME_LOAD_KEYS:
+        if cfg.get(key) != cfg_aa.get(key):
+            raise UsageError(f"--rlt-aa: the run's {key} ({cfg_aa.get(key)!r}) is not --rlt's "
+                             f"({cfg.get(key)!r}); the A/A leg reruns the same load")
+
+
+def rate_check(rlt_dir: Path, peer_path: Path, rlt_aa_dir: Path | None = None) -> tuple[list[str], bool]:
+    """The open-loop cross-check: (markdown lines, no figure differs). With `rlt_aa_dir` (rltbench's
+    client run again after guidellm, same load) the A/A leg decides which differences are noise."""
+    if not Path(peer_path).is_file():
+        raise UsageError(f"--peer: {peer_path} is not a file (guidellm's JSON report)")
     ours, cfg = run_rate_records(rlt_dir)
+    ours_aa = None
+    if rlt_aa_dir is not None:
+        ours_aa, cfg_aa = run_rate_records(rlt_aa_dir)
+        _same_load(cfg, cfg_aa)
     rs = cfg.get("rate") or {}
     head, tail = float(rs.get("exclude_head", 0.1)), float(rs.get("exclude_tail", 0.1))
-    rows = cross_check(ours, read_report(peer_path), head, tail)
+    rows = cross_check(ours, read_report(peer_path), head, tail, ours_aa)
     servers = ", ".join(f"{k}={v}" for k, v in (cfg.get("arm_specs") or {}).items())
     rates = rs.get("rates")
     rates = ", ".join(f"{r:g}" for r in rates) if isinstance(rates, list) else rates
+    aa_note = ([] if ours_aa is None else
+               ["A/A leg: rltbench's client ran the load twice, before and after guidellm (A, guidellm, "
+                "A'); rltbench's column is the mean of A and A', diff = guidellm / mean - 1, "
+                "A/A = A' / A - 1.", ""])
     lines = [f"## Open-loop rates: rltbench's client against guidellm, one server ({servers})", "",
              f"Load: {rs.get('arrivals', '?')} arrivals at {rates} requests/s, "
              f"{rs.get('num_prompts')} requests per rate, {(cfg.get('lengths') or {}).get('label', '?')}, "
              f"model {cfg.get('model', '?')}; the first {head:.0%} and last {tail:.0%} of each rate's "
-             "requests by arrival left out of rltbench's definitions.", "", *check_lines(rows)]
-    agree, judged = verdict_counts(rows)
-    return lines, agree == judged
+             "requests by arrival left out of rltbench's definitions.", "", *aa_note, *check_lines(rows)]
+    return lines, verdict_tally(rows)[DIFFERS] == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("rate-compare", help="open-loop cross-check: rltbench e2e rate run vs guidellm rates")
     r.add_argument("--rlt", type=Path, required=True, help="rltbench e2e --workload rate run dir")
     r.add_argument("--peer", type=Path, required=True, help="guidellm JSON report, constant or poisson rates")
+    r.add_argument("--rlt-aa", type=Path, help="the same e2e rate run again, after guidellm (the A/A leg)")
     r.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "wait":
@@ -405,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
         )
     if args.cmd == "rate-compare":
-        lines, _all_agree = rate_check(args.rlt, args.peer)
+        try:
+            lines, _none_differ = rate_check(args.rlt, args.peer, args.rlt_aa)
+        except UsageError as exc:
+            print(exc, file=sys.stderr)
+            return exc.exit_code
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
