@@ -138,7 +138,7 @@ class EngineBackend:
         lens = {len(r.prompt) for r in requests}
         if len(lens) == 1:
             eng.runner.warmup_prefill(lens.pop())
-        eng.runner.warmup_eager_prefill()
+        eng.runner.warmup_prefill_steps()
         if requests:
             self.run_cell(arm, "warmup", requests, timeouts.without_deadline(), timed=False)
 

@@ -25,6 +25,8 @@ from rltbench.kernels.ops import make_ops
 PREFILL_SEEN_CAP = 4096
 # (per row (context start, chunk tokens), block-table width, indices of the rows whose prompt completes)
 PrefillKey = tuple[tuple[tuple[int, int], ...], int, tuple[int, ...]]
+# ("bucket", padded token count): the graph of a token-count bucket, serving steps of any shape
+BucketKey = tuple[str, int]
 
 
 def _plain(stats: Any) -> Any:
@@ -43,25 +45,27 @@ def _plain(stats: Any) -> Any:
 
 
 class PrefillGraphSet:
-    """One arm's captured prefill graphs (LRU, at most `cap`) and the policy that fills it: a shape is
-    captured the second time it is seen, so a repeating burst gets replays while sessions of unique
-    shapes stay eager and pay no capture. Keys whose capture failed stay eager for good."""
+    """One arm's captured prefill graphs and the policy that fills it. Bucket graphs (`BucketKey`,
+    captured at warm-up) are all kept: evicting one would put a capture inside a measured window.
+    Exact-shape graphs (LRU, at most `cap`): a shape is captured the second time it is seen, so a
+    repeating burst gets replays while sessions of unique shapes stay eager and pay no capture. Keys
+    whose capture failed stay eager for good."""
 
     def __init__(self, cap: int, seen_cap: int = PREFILL_SEEN_CAP) -> None:
         self.cap = cap
         self.seen_cap = seen_cap
-        self.graphs: OrderedDict[PrefillKey, tuple[Any, Tensor | None]] = OrderedDict()
-        self.seen: OrderedDict[PrefillKey, int] = OrderedDict()
-        self.bad: set[PrefillKey] = set()
+        self.graphs: OrderedDict[PrefillKey | BucketKey, tuple[Any, Tensor | None]] = OrderedDict()
+        self.seen: OrderedDict[PrefillKey | BucketKey, int] = OrderedDict()
+        self.bad: set[PrefillKey | BucketKey] = set()
 
-    def get(self, key: PrefillKey) -> tuple[Any, Tensor | None] | None:
+    def get(self, key: PrefillKey | BucketKey) -> tuple[Any, Tensor | None] | None:
         """The captured graph for `key` (marked most recently used), or None."""
         entry = self.graphs.get(key)
         if entry is not None:
             self.graphs.move_to_end(key)
         return entry
 
-    def should_capture(self, key: PrefillKey) -> bool:
+    def should_capture(self, key: PrefillKey | BucketKey) -> bool:
         """Count one sighting of an uncaptured `key`; True from the second sighting on."""
         n = self.seen.pop(key, 0) + 1
         self.seen[key] = n
@@ -69,16 +73,23 @@ class PrefillGraphSet:
             self.seen.popitem(last=False)
         return n >= 2 and key not in self.bad
 
-    def put(self, key: PrefillKey, entry: tuple[Any, Tensor | None]) -> None:
-        """Keep a new graph, evicting the least recently used beyond `cap` (its pool memory is reused)."""
+    def put(self, key: PrefillKey | BucketKey, entry: tuple[Any, Tensor | None]) -> None:
+        """Keep a new graph, evicting the least recently used exact-shape graph beyond `cap` (its pool
+        memory is reused); bucket graphs are never evicted."""
         self.graphs[key] = entry
         self.graphs.move_to_end(key)
-        while len(self.graphs) > self.cap:
-            self.graphs.popitem(last=False)
+        shaped = [k for k in self.graphs if not is_bucket(k)]
+        for k in shaped[: max(0, len(shaped) - self.cap)]:
+            del self.graphs[k]
 
     def clear(self) -> None:
         """Drop the graphs (their static input moved); sighting counts stay, so hot keys recapture."""
         self.graphs.clear()
+
+
+def is_bucket(key: PrefillKey | BucketKey) -> bool:
+    """Whether a prefill graph key names a token-count bucket (not an exact step shape)."""
+    return isinstance(key[0], str)
 
 
 class ArmState:

@@ -181,7 +181,7 @@ class Engine:
     def freeze(self, frozen: bool = True) -> None:
         """Forbid (or allow again) graph captures: a frozen engine replays the graphs it holds and runs
         everything else eagerly, counted. Timed windows run frozen after a warm-up that covered
-        their shapes (`runner.warmup`, `warmup_prefill`, `warmup_eager_prefill`), so none pays a
+        their shapes (`runner.warmup`, `warmup_prefill`, `warmup_prefill_steps`), so none pays a
         capture."""
         self.runner.frozen = frozen
 

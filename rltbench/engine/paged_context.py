@@ -4,7 +4,9 @@ The pool is one tensor `kv [num_planes, 2, num_blocks, block_size, Hkv, D]`; eve
 the step's metadata (slot mapping, block tables, seq lens), so the model's per-plane `attend` calls
 do no host work: decode metadata lives in static device tensors that a CUDA graph can capture.
 Prefill rows need a host-side plan (row bounds, block lists, causal masks); the engine builds it from
-its host copy of the metadata (`prefill_plan_from_host`), so prefill steps can be captured too.
+its host copy of the metadata (`prefill_plan_from_host`), so prefill steps can be captured too. A
+`varlen` context instead runs `prefill_attention.paged_prefill_attention_varlen`, which reads the row
+metadata on the device: one graph then serves every step of a token-count bucket.
 
 `attend_rope_neox` (used by NeoX-RoPE models when present) lets the arm's ops fold the K/V write into
 their RoPE launch (`ops.rope_neox_store`, opt-in); decode and prefill steps both take it.
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor
 
 from rltbench.engine import attention as _attn
+from rltbench.engine import prefill_attention as _varlen
 
 
 @dataclass
@@ -34,6 +37,9 @@ class PagedAttentionContext:
     query_start_loc: Tensor | None = None  # int32 [B+1] (prefill)
     context_lens: Tensor | None = None  # int32 [B] tokens cached before this chunk (prefill)
     max_seq_len_hint: int | None = None
+    # prefill whose attention reads every row's metadata on the device (a bucketed prefill graph):
+    # no host plan, the token count may include trailing padding tokens (slot -1, output 0)
+    varlen: bool = False
     _prefill_plan: list[_attn.PrefillRow] | None = field(default=None, repr=False)
 
     @property
@@ -67,6 +73,10 @@ class PagedAttentionContext:
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, scale, self.max_seq_len_hint
             )
         assert self.context_lens is not None
+        if self.varlen:
+            return _varlen.paged_prefill_attention_varlen(
+                q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.context_lens, scale
+            )
         if self._prefill_plan is None:  # no host plan given: read the device metadata once per step
             self._prefill_plan = _attn.prefill_plan(
                 self.block_tables,

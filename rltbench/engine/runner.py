@@ -10,8 +10,12 @@ functions, with graphs captured around them):
 - decode: one graph per (batch bucket, context class) and arm; padded rows have seq_len 0 and slot
   -1; eager when no bucket fits or graphs are off. With Ouro's compute-saving exit a step is one
   graph per loop (rltbench.engine.exit_stop).
-- prefill: eager, or a graph captured the second time a step's exact shape is seen
-  (`PrefillGraphSet`); row-invariant steps (rltbench.engine.row_invariant) run in fixed-size tiles.
+- prefill: by default one graph per token-count bucket and arm (`prefill_buckets`): the step's tokens
+  are padded to the bucket (slot -1), its rows to a fixed count, and attention reads the row
+  metadata on the device (rltbench.engine.prefill_attention), so steps of any shape replay a graph
+  captured at warm-up. Otherwise eager, or a graph captured the second time a step's exact shape
+  is seen (`PrefillGraphSet`). Row-invariant steps (rltbench.engine.row_invariant) run in
+  fixed-size tiles.
 
 Each arm (and exit mode) has its own `ArmState` (rltbench.engine.arm_state): ops, graph sets and
 counters; the engine picks the current one (`ModelRunner.arm`). Benchmarks drive the runner
@@ -32,7 +36,7 @@ import torch
 from torch import Tensor
 
 from rltbench.engine import exit_stop
-from rltbench.engine.arm_state import ArmState, PrefillKey
+from rltbench.engine.arm_state import ArmState, BucketKey, PrefillKey
 from rltbench.engine.paged_context import PagedAttentionContext, prefill_plan_from_host
 from rltbench.engine.row_invariant import token_tiles
 from rltbench.engine.scheduler import PrefillBatch, Sequence
@@ -58,17 +62,38 @@ def new_graph() -> torch.cuda.CUDAGraph:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrefillLayout:
+    """Sizes of the packed prefill metadata: ids, positions and slots [tokens] each, query_start_loc
+    [rows + 1], seq_lens and ctx_lens [rows] each, last-token indices [finishing], block tables
+    [rows x width]. A bucketed step's sizes are its bucket's (padding included), an exact-shape
+    step's are its own."""
+
+    tokens: int
+    rows: int
+    finishing: int
+    width: int
+
+    def splits(self) -> list[int]:
+        t, r = self.tokens, self.rows
+        return [t, t, t, r + 1, r, r, self.finishing, r * self.width]
+
+
+@dataclasses.dataclass(frozen=True)
 class PrefillStep:
     """Host view of one prefill step. Everything the device work depends on, except the values in
     the packed metadata, is a function of `key`: equal keys give identical kernels and offsets, so a
-    graph captured for one step replays any later step with the same key."""
+    graph captured for one step replays any later step with the same key. `qsl`, `seq_lens`,
+    `ctx_lens` and `last_idx` describe the real rows; `layout` the packed buffer (a bucketed step's
+    padding included); the first `len(last_idx)` outputs are the finishing rows' tokens."""
 
-    key: PrefillKey
+    key: PrefillKey | BucketKey
     qsl: list[int]
     seq_lens: list[int]
     ctx_lens: list[int]
     last_idx: list[int]
-    packed: np.ndarray  # int64: ids, pos, slots [n_tok] each, qsl, seq_lens, ctx_lens, last_idx, table
+    packed: np.ndarray  # int64, `layout.splits()`
+    layout: PrefillLayout
+    bucketed: bool = False
 
     @property
     def n_tok(self) -> int:
@@ -78,9 +103,18 @@ class PrefillStep:
     def nb(self) -> int:
         return len(self.seq_lens)
 
-    @property
-    def width(self) -> int:
-        return self.key[1]
+
+def prefill_buckets(max_tokens: int) -> list[int]:
+    """Token counts of the bucketed prefill graphs, the last >= `max_tokens`: powers of two from 16
+    to 512, then steps of 256 to 4096 and of 1024 beyond. Padding costs at most half a step's GEMM
+    and elementwise work below 512 tokens (where a step is cheap anyway) and less than 1/3 above; a
+    2048-token budget needs 12 graphs per arm."""
+    out, n = [], 16
+    while True:
+        out.append(n)
+        if n >= max_tokens:
+            return out
+        n = n * 2 if n < 512 else n + (256 if n < 4096 else 1024)
 
 
 def prefill_replay_safe(model: torch.nn.Module) -> bool:
@@ -96,8 +130,45 @@ def prefill_key(rows: Seq[tuple[int, int]], width: int, finishing: Iterable[int]
     return tuple((int(a), int(n)) for a, n in rows), int(width), tuple(int(i) for i in finishing)
 
 
-def synthetic_prefill(key: PrefillKey) -> PrefillStep:
-    """A step of shape `key` that touches no KV: token ids 0, slots -1, block tables 0 (warm-up)."""
+def pack_prefill(
+    tokens: Seq[np.ndarray],
+    qsl: list[int],
+    seq_lens: list[int],
+    ctx_lens: list[int],
+    last_idx: list[int],
+    tables: np.ndarray,
+    layout: PrefillLayout,
+) -> np.ndarray:
+    """One step's int64 metadata in `layout`. `tokens` = (ids, positions, slots) [n_tok] each,
+    `tables` [rows, >= needed blocks]. Padding tokens get id 0, position 0 and slot -1 (no KV write,
+    output ignored), padding rows no queries (query_start_loc repeats the total) and lengths 0,
+    padding finishing slots index token 0; block tables are zero-filled to the layout's width."""
+    n_tok, n_rows = qsl[-1], len(seq_lens)
+    pad_t, pad_r = layout.tokens - n_tok, layout.rows - n_rows
+    pad_f = layout.finishing - len(last_idx)
+    if pad_t < 0 or pad_r < 0 or pad_f < 0:
+        raise ValueError(f"a step of {n_tok} tokens, {n_rows} rows does not fit {layout}")
+    bt = np.zeros((layout.rows, layout.width), dtype=np.int64)
+    k = min(layout.width, tables.shape[1])
+    bt[:n_rows, :k] = tables[:, :k]
+    ids, pos, slots = tokens
+    return np.concatenate(
+        [
+            ids, np.zeros(pad_t, np.int64),
+            pos, np.zeros(pad_t, np.int64),
+            slots, np.full(pad_t, -1, np.int64),
+            np.asarray(qsl + [n_tok] * pad_r + seq_lens + [0] * pad_r + ctx_lens + [0] * pad_r
+                       + last_idx + [0] * pad_f, np.int64),
+            bt.reshape(-1),
+        ]
+    )
+
+
+def synthetic_prefill(
+    key: PrefillKey, layout: PrefillLayout | None = None, bucketed: bool = False
+) -> PrefillStep:
+    """A step of shape `key` (in `layout`, default its own sizes) that touches no KV: token ids 0,
+    slots -1, block tables 0 (warm-up)."""
     rows, width, finishing = key
     qsl, seq_lens, ctx_lens = [0], [], []
     for start, n in rows:
@@ -106,18 +177,13 @@ def synthetic_prefill(key: PrefillKey) -> PrefillStep:
         ctx_lens.append(start)
     last_idx = [qsl[r + 1] - 1 for r in finishing]
     n_tok = qsl[-1]
+    layout = layout or PrefillLayout(n_tok, len(rows), len(last_idx), width)
     pos = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in rows])
-    meta = np.asarray(qsl + seq_lens + ctx_lens + last_idx, np.int64)
-    packed = np.concatenate(
-        [
-            np.zeros(n_tok, np.int64),
-            pos,
-            np.full(n_tok, -1, np.int64),
-            meta,
-            np.zeros(len(rows) * width, np.int64),
-        ]
-    )
-    return PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed)
+    tokens = (np.zeros(n_tok, np.int64), pos, np.full(n_tok, -1, np.int64))
+    tables = np.zeros((len(rows), width), np.int64)
+    packed = pack_prefill(tokens, qsl, seq_lens, ctx_lens, last_idx, tables, layout)
+    step_key: PrefillKey | BucketKey = ("bucket", layout.tokens) if bucketed else key
+    return PrefillStep(step_key, qsl, seq_lens, ctx_lens, last_idx, packed, layout, bucketed)
 
 
 class ModelRunner:
@@ -171,6 +237,13 @@ class ModelRunner:
         self._bench_active = False
         # ---- prefill graphs: one static int64 metadata buffer, graphs per arm keyed by step shape ---
         self.use_prefill_graphs = self.use_graphs and config.prefill_graphs and prefill_replay_safe(model)
+        # bucketed prefill graphs: the token counts and the fixed row count of their layouts
+        self.prefill_rows = max(1, min(config.max_num_seqs, config.max_num_batched_tokens))
+        self.prefill_buckets: list[int] | None = (
+            prefill_buckets(config.max_num_batched_tokens)
+            if self.use_prefill_graphs and config.prefill_buckets
+            else None
+        )
         self._pf_dev = torch.zeros(self._prefill_buffer_elems(), dtype=torch.int64, device=self.device)
         self._pf_warned = False
         # frozen: no graph is captured (a missing decode bucket or prefill shape runs eagerly and is
@@ -183,9 +256,9 @@ class ModelRunner:
         """Int64 elements of the largest prefill step's packed metadata (ids, positions, slots per
         token; qsl, seq_lens, ctx_lens, last_idx per row; block tables), allocated once: growing the
         buffer later drops every captured prefill graph, which a measured window must never pay."""
-        cfg = self.config
-        rows = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
-        need = 3 * cfg.max_num_batched_tokens + 4 * rows + 1 + rows * self.max_blocks_per_seq
+        rows = self.prefill_rows
+        tokens = self.prefill_buckets[-1] if self.prefill_buckets else self.config.max_num_batched_tokens
+        need = 3 * tokens + 4 * rows + 1 + rows * self.max_blocks_per_seq
         return max(MIN_PREFILL_BUFFER, 1 << (need - 1).bit_length())
 
     def require_idle(self, what: str, hint: str = "") -> None:
@@ -252,8 +325,10 @@ class ModelRunner:
 
     # ---- prefill ----------------------------------------------------------------------------------
     def prefill_layout(self, batch: PrefillBatch) -> tuple[PrefillStep, list[Sequence]]:
-        """Host work of a prefill step: its shape key and packed int64 metadata (no device work), plus
-        the sequences whose prompt completes (they get a token)."""
+        """Host work of a prefill step: its key and packed int64 metadata (no device work), plus the
+        sequences whose prompt completes (they get a token). Bucketed (`self.prefill_buckets`): the
+        key is the token-count bucket and the metadata is padded to its layout; otherwise the key is
+        the step's exact shape."""
         bs = self.config.block_size
         ids, pos, slots, qsl, seq_lens, ctx_lens, last_idx, done = [], [], [], [0], [], [], [], []
         rows, finishing = [], []
@@ -274,21 +349,36 @@ class ModelRunner:
                 last_idx.append(qsl[-1] - 1)
                 finishing.append(r)
                 done.append(seq)
-        bt = np.zeros((len(batch.chunks), width), dtype=np.int64)
+        layout = self.bucket_layout(qsl[-1]) if self.prefill_buckets else None
+        if layout is not None and len(rows) > layout.rows:
+            layout = None  # more rows than the bucket layout holds (max_num_seqs changed): exact shape
+        bucketed = layout is not None
+        if layout is None:
+            layout = PrefillLayout(qsl[-1], len(rows), len(last_idx), width)
+        bt = np.zeros((len(batch.chunks), layout.width), dtype=np.int64)
         for i, (seq, _) in enumerate(batch.chunks):
             assert seq.block_arr is not None
-            k = min(width, len(seq.block_arr))
+            k = min(layout.width, len(seq.block_arr))
             bt[i, :k] = seq.block_arr[:k]
-        packed = np.concatenate(
-            [*ids, *pos, *slots, np.asarray(qsl + seq_lens + ctx_lens + last_idx, np.int64), bt.reshape(-1)]
+        tokens = (np.concatenate(ids), np.concatenate(pos), np.concatenate(slots))
+        packed = pack_prefill(tokens, qsl, seq_lens, ctx_lens, last_idx, bt, layout)
+        key: PrefillKey | BucketKey = (
+            ("bucket", layout.tokens) if bucketed else prefill_key(rows, width, finishing)
         )
-        key = prefill_key(rows, width, finishing)
-        return PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed), done
+        return PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed, layout, bucketed), done
+
+    def bucket_layout(self, n_tok: int) -> PrefillLayout | None:
+        """The layout of the smallest bucket that holds `n_tok` tokens (None: no bucket does)."""
+        assert self.prefill_buckets is not None
+        for b in self.prefill_buckets:
+            if b >= n_tok:
+                return PrefillLayout(b, self.prefill_rows, min(self.prefill_rows, b), self.max_blocks_per_seq)
+        return None
 
     def run_prefill(self, step: PrefillStep) -> tuple[list[int], list[int] | None]:
-        """Upload the step's metadata into the static buffer, then replay its graph, capture it (second
-        sighting of the shape) or run eagerly; returns the sampled ids of the finishing rows (and their
-        exit depths, see `_to_host`)."""
+        """Upload the step's metadata into the static buffer, then replay its graph, capture it (a
+        bucket at its first sighting, an exact shape at its second) or run eagerly; returns the sampled
+        ids of the finishing rows (and their exit depths, see `_to_host`)."""
         arm = self.arm
         c = arm.counters
         if self.row_tile is not None:
@@ -297,7 +387,9 @@ class ModelRunner:
         entry = None
         if self.use_prefill_graphs:
             entry = arm.prefill.get(step.key)
-            if entry is None and not self.frozen and arm.prefill.should_capture(step.key):
+            if entry is None and not self.frozen and (
+                arm.prefill.should_capture(step.key) or (step.bucketed and step.key not in arm.prefill.bad)
+            ):
                 entry = self.capture_prefill(step)
         if entry is None:
             c["prefill_eager"] += 1
@@ -306,7 +398,7 @@ class ModelRunner:
             graph, out = entry
             graph.replay()
             c["prefill_graph_replays"] += 1
-        return self._to_host(out)
+        return self._to_host(out, len(step.last_idx))
 
     def upload_prefill(self, packed: np.ndarray) -> None:
         """Copy the packed metadata into the static device buffer (pinned, non-blocking on CUDA: the
@@ -331,25 +423,31 @@ class ModelRunner:
         """The device work of a prefill step, reading only the static buffer and host values fixed by
         the step's key (captured as-is into the prefill graphs); returns the argmax ids of the
         finishing rows (int64), None when no row finishes."""
-        n, nb = step.n_tok, step.nb
-        parts = self._pf_dev[: step.packed.size].split(
-            [n, n, n, nb + 1, nb, nb, len(step.last_idx), nb * step.width]
-        )
+        lay = step.layout
+        parts = self._pf_dev[: step.packed.size].split(lay.splits())
         t_ids, t_pos, t_slots, qsl, seq, ctx_lens, t_last, bt = parts
-        t_bt = bt.view(nb, step.width).to(torch.int32)
-        plan = prefill_plan_from_host(t_bt, step.qsl, step.ctx_lens, step.seq_lens, self.config.block_size, n)
-        ctx = PagedAttentionContext(
-            self.kv,
-            t_slots,
-            t_bt,
-            seq.to(torch.int32),
-            qsl.to(torch.int32),
-            ctx_lens.to(torch.int32),
-            max(step.seq_lens),
-            _prefill_plan=plan,
-        )
+        t_bt = bt.view(lay.rows, lay.width).to(torch.int32)
+        if step.bucketed:  # attention reads the rows on the device: nothing here depends on the shape
+            ctx = PagedAttentionContext(
+                self.kv, t_slots, t_bt, seq.to(torch.int32), qsl.to(torch.int32), ctx_lens.to(torch.int32),
+                varlen=True,
+            )
+        else:
+            plan = prefill_plan_from_host(
+                t_bt, step.qsl, step.ctx_lens, step.seq_lens, self.config.block_size, step.n_tok
+            )
+            ctx = PagedAttentionContext(
+                self.kv,
+                t_slots,
+                t_bt,
+                seq.to(torch.int32),
+                qsl.to(torch.int32),
+                ctx_lens.to(torch.int32),
+                max(step.seq_lens),
+                _prefill_plan=plan,
+            )
         hidden = self.model.forward(t_ids, t_pos, ctx, ops, **self._mode_kwargs())
-        if not step.last_idx:
+        if not lay.finishing:
             return None
         return self._with_depths(self.model.compute_logits(hidden[t_last]).argmax(-1), t_last)
 
@@ -357,10 +455,12 @@ class ModelRunner:
         """The row-invariant prefill step (`rltbench.engine.replay.row_invariant`): forwards of `tile`
         one-query rows with the full block-table width and attention length, so every kernel sees one
         shape; the head runs on whole tiles too. Returns what `prefill_forward` returns."""
-        n, nb, w, p = step.n_tok, step.nb, step.width, step.packed
+        n, nb, w, p = step.n_tok, step.nb, step.layout.width, step.packed
         width, bs = self.max_blocks_per_seq, self.config.block_size
         rows_of = np.repeat(np.arange(nb), np.diff(step.qsl))
-        ids, pos, slots, tables = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[p.size - nb * w :].reshape(nb, w)
+        t = step.layout.tokens  # a bucketed step's tokens are padded to its bucket
+        ids, pos, slots = p[:n], p[t : t + n], p[2 * t : 2 * t + n]
+        tables = p[p.size - step.layout.rows * w :].reshape(step.layout.rows, w)[:nb]
         outs = []
         for t in token_tiles(ids, pos, slots, rows_of, tables, step.last_idx, tile, width):
             self.arm.counters["row_invariant_tiles"] += 1
@@ -572,9 +672,9 @@ class ModelRunner:
     def warmup_prefill(self, prompt_len: int, max_rows: int | None = None) -> int:
         """Capture the current arm's prefill graphs for steps of 1..max_rows whole prompts of
         `prompt_len` tokens (default: as many as one step's token budget and max_num_seqs admit): the
-        steps of a burst of equal-length prompts, so a measured burst never pays a capture. Synthetic
-        metadata (slots -1: no KV is written; block tables 0), like the decode warm-up. Returns the
-        number of graphs captured."""
+        steps of a burst of equal-length prompts, so a measured burst never pays a capture. Bucketed,
+        these are the buckets such steps fall in. Synthetic metadata (slots -1: no KV is written;
+        block tables 0), like the decode warm-up. Returns the number of graphs captured."""
         if not self.use_prefill_graphs or prompt_len < 1:
             return 0
         self.require_idle("warmup_prefill")
@@ -582,16 +682,42 @@ class ModelRunner:
         fit = min(cfg.max_num_seqs, cfg.max_num_batched_tokens // prompt_len)
         rows = fit if max_rows is None else min(max_rows, fit)
         width = -(-prompt_len // cfg.block_size)
-        pg, captured = self.arm.prefill, 0
-        for r in range(1, rows + 1):
-            key = prefill_key([(0, prompt_len)] * r, width, range(r))
-            if key in pg.graphs or key in pg.bad:
-                continue
-            step = synthetic_prefill(key)
-            self.upload_prefill(step.packed)
-            pg.should_capture(key)  # counts as seen: an evicted warm shape recaptures on its next step
-            captured += self.capture_prefill(step) is not None
-        return captured
+        keys = [prefill_key([(0, prompt_len)] * r, width, range(r)) for r in range(1, rows + 1)]
+        return sum(self._warm_prefill_key(k) for k in keys)
+
+    def warmup_prefill_buckets(self) -> int:
+        """Capture the current arm's graph of every prefill bucket (largest first, so the shared pool
+        grows once), so no measured step pays a capture whatever its shape. Returns the number
+        captured (0 when prefill is not bucketed)."""
+        if not self.prefill_buckets:
+            return 0
+        self.require_idle("warmup_prefill_buckets")
+        bs = self.config.block_size
+        keys = [prefill_key([(0, b)], -(-b // bs), [0]) for b in reversed(self.prefill_buckets)]
+        return sum(self._warm_prefill_key(k) for k in keys)
+
+    def _warm_prefill_key(self, key: PrefillKey) -> int:
+        """Capture the graph a step of shape `key` replays (its bucket's, or its own) unless held or
+        known bad; 1 if a graph was captured."""
+        n_tok = sum(n for _, n in key[0])
+        layout = self.bucket_layout(n_tok) if self.prefill_buckets else None
+        if layout is not None and len(key[0]) > layout.rows:
+            layout = None
+        step = synthetic_prefill(key, layout, bucketed=layout is not None)
+        pg = self.arm.prefill
+        if step.key in pg.graphs or step.key in pg.bad:
+            return 0
+        self.upload_prefill(step.packed)
+        pg.should_capture(step.key)  # counts as seen: an evicted warm shape recaptures on its next step
+        return int(self.capture_prefill(step) is not None)
+
+    def warmup_prefill_steps(self) -> None:
+        """What any later prefill step would otherwise pay: bucketed, every bucket's graph; otherwise
+        (eager steps) the largest eager step (`warmup_eager_prefill`)."""
+        if self.prefill_buckets:
+            self.warmup_prefill_buckets()
+        else:
+            self.warmup_eager_prefill()
 
     def warmup_eager_prefill(self) -> None:
         """Run one synthetic eager prefill step of the largest size a step can have (the token budget,

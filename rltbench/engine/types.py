@@ -21,11 +21,15 @@ class EngineConfig:
     `max_model_len` (default: the model's max_position_embeddings, capped by the pool) bounds prompt +
     output and sets the width of the decode graphs' block table; a benchmark may lower it.
     `graph_batch_sizes` (default 1, 2, 4, ... up to max_num_seqs) are the decode-graph buckets.
-    `prefill_graphs` (CUDA and `use_cuda_graph` only): a prefill step whose exact shape (rows' context
-    start and chunk length, block-table width, finishing rows) was seen before is captured the second
-    time and replayed after that, so a burst of equal-length prompts stops paying ~6000 launches per
-    step; unique shapes stay eager. `prefill_graph_cap` graphs per arm are kept (LRU): each holds
-    only its output ids, activations come from the engine's shared graph pool (docs/engine.md).
+    `prefill_graphs` (CUDA and `use_cuda_graph` only): prefill steps replay CUDA graphs instead of
+    launching ~6000 kernels each from the host. With `prefill_buckets` (the default) a step's tokens
+    are padded to the next of a few token-count buckets and its rows to a fixed count, attention reads
+    its row metadata on the device, and one graph per bucket (captured at warm-up) serves every step
+    of any shape: session prefill runs in graphs with the arm's fused kernels. Without it, a step
+    whose exact shape (rows' context start and chunk length, block-table width, finishing rows) was
+    seen before is captured the second time and replayed after that; unique shapes stay eager.
+    `prefill_graph_cap` exact-shape graphs per arm are kept (LRU); bucket graphs are all kept. Each
+    holds only its output ids, activations come from the engine's shared graph pool (docs/engine.md).
     `max_prefill_seqs` caps the requests one prefill step packs (1: one request per step, the unpacked
     baseline of the long-prompt benchmark); None packs as many as the token budget takes.
     """
@@ -43,6 +47,7 @@ class EngineConfig:
     max_model_len: int | None = None
     graph_batch_sizes: tuple[int, ...] | None = None
     prefill_graphs: bool = True
+    prefill_buckets: bool = True
     prefill_graph_cap: int = 16
     max_prefill_seqs: int | None = None  # None: a prefill step packs any number of requests
 

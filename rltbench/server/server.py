@@ -141,8 +141,9 @@ def build(opts: ServeOptions) -> Built:
     app = ServerApp(EngineLoop(engine), served, SamplingParams, opts.max_num_seqs + opts.max_queue, info)
 
     def warmup(eng: Any) -> None:
-        """Decode graphs for every bucket and context class, the asked prefill shapes, then one tiny
-        request through prefill and decode (first-use allocations), all before listening. Runs on the
+        """Decode graphs for every bucket and context class, the prefill graphs (every token-count
+        bucket; without buckets the asked prefill shapes), then one tiny request through prefill and
+        decode (first-use allocations), all before listening. Runs on the
         engine thread: a CUDA engine makes its device current there first (captures and replays use
         the thread's current device and stream)."""
         if eng.device.type == "cuda":
@@ -150,6 +151,7 @@ def build(opts: ServeOptions) -> Built:
         eng.runner.warmup()
         for n in opts.warmup_prefill_lens:
             eng.runner.warmup_prefill(n)
+        eng.runner.warmup_prefill_buckets()
         prompt = [1 + i % (served.vocab_size - 1) for i in range(min(WARMUP_PROMPT_LEN, max_len - 2))]
         eng.add_request("warmup", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
         while eng.has_unfinished():

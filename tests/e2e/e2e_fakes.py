@@ -25,7 +25,7 @@ class FakeRunner:
     def warmup_prefill(self, prompt_len: int) -> int:
         return 0
 
-    def warmup_eager_prefill(self) -> None:
+    def warmup_prefill_steps(self) -> None:
         pass
 
 

@@ -96,7 +96,7 @@ def test_prefill_graphs_equal_eager_prefill(arm):
     model = _model(torch.bfloat16)
     bursts = [prompts(2, [32] * 16), prompts(3, [96] * 8)]
     off = Engine(model, ["torch"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
-    on = Engine(model, [arm], _cfg(enable_prefix_caching=False))
+    on = Engine(model, [arm], _cfg(enable_prefix_caching=False, prefill_buckets=False))
     assert on.runner.use_prefill_graphs and not off.runner.use_prefill_graphs
     ref = _prefill_burst(off, bursts)
     assert off.stats()["prefill_graph_replays"] == 0
@@ -114,7 +114,7 @@ def test_warmup_prefill_then_burst_is_all_replays():
     model = _model(torch.bfloat16)
     ps = prompts(4, [32] * 10)  # 64-token budget: steps of 2, 2, 2, 2, 2 rows
     off = Engine(model, ["exact"], _cfg(prefill_graphs=False, enable_prefix_caching=False))
-    on = Engine(model, ["exact"], _cfg(enable_prefix_caching=False))
+    on = Engine(model, ["exact"], _cfg(enable_prefix_caching=False, prefill_buckets=False))
     assert on.runner.warmup_prefill(32) == 2
     assert _run(on, ps, n=4) == _run(off, ps, n=4)
     s = on.stats()
