@@ -86,7 +86,7 @@ def gpu_test_workers(per_worker_gib: float = 15.5, most: int = 8) -> int:
     the GPU's memory, and the Huginn-0125 and Ouro-1.4B tests in CUDA graphs need more than 14 GiB
     with what a worker's allocator keeps, so the count follows the card: 8 on a 141 GiB H200 (15.8
     GiB each, the suite's long-standing setting), 4 on an 80 GiB H100, where 8 workers ran out of
-    memory and 5 lost three captures (results/gpu/tests; the three pass alone: tests-rerun)."""
+    memory and 5 lost three captures (at 5c8fe9a; 4 workers: results/gpu/tests, all passed)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
@@ -136,6 +136,11 @@ STAGES: dict[str, tuple[int, list[str]]] = rltbench_stages({
     "attention": (150, "tune attention --write-tuned"),
     # eager vs graph prefill step per arm, arms and modes ABBA with the A/A arm torch#2
     "prefill": (180, "profile --bench prefill --rounds 8 --iters 3"),
+    # per arm, one prefill step per prompt length (one prompt: the step is the prompt) in the engine's
+    # default token-bucket graphs, the same step launched eagerly beside it, every plane's K/V of each
+    # arm against torch's; ~2 minutes
+    "prefill-arms": (300, "profile --bench prefill --batch 1 --lengths 512,2048,4096,8192 --rounds 4 "
+                          "--iters 3"),
     "memcheck": (300, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", PY,
                        str(ROOT / "scripts" / "memcheck_kernels.py")]),
     # model and engine decode steps ABBA with torch#2; --attribute: batch 1 in four engines (context

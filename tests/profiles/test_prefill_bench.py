@@ -93,13 +93,19 @@ def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
     res = ps["summarize_units"](timed, ARMS)
     cold = [(c["unit"], c["rep"], c["cold_work"]["graph_captures"]) for c in res["cold_cells"]]
     assert cold == [("exact/graph", 0, 1)]
-    summary = {"model": "m", "rows": 4, "length": 512, "reps": 2, "iters": 1, "aa": res["aa"],
-               "result": res, "warm": timed["warm"], "ids_equal_torch": {a: True for a in ARMS},
-               "warmup": [{"arm": a, "pool_growth_mib": 0.0, "graph_ids_equal_eager": True} for a in ARMS]}
+    length = {"rows": 4, "length": 512, "step_tokens": 2048, "bucketed": True, "result": res,
+              "warm": timed["warm"], "ids_equal_torch": {a: True for a in ARMS},
+              "kv_equal_torch": {a: a != "exact" for a in ARMS},
+              "warmup": [{"arm": a, "pool_growth_mib": 0.0, "graph_ids_equal_eager": True} for a in ARMS]}
+    summary = {"model": "m", "rows": 4, "lengths": [512, 4096], "reps": 2, "iters": 1, "aa": res["aa"],
+               "per_length": [length]}
     text = ps["table"](summary)
     assert "**1 timed cells were not warm**: exact/graph rep 0" in text
     assert "| eager: arm vs torch |" in text and "| graph: arm vs torch |" in text
     assert "| torch#2 | " in text and "A/A" in text
+    exact = next(line for line in text.splitlines() if line.startswith("| 2048 | 2048 | exact |"))
+    assert "| False | True |" in exact  # KV identity is reported apart from the sampled ids
+    assert "Not measured (the run ended first): 4096 tokens." in text
 
 
 @pytest.mark.parametrize("args, message", [
@@ -107,6 +113,8 @@ def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
     (["--bench", "exit", "--batches", "0"], "--batches: 0 must be >= 1"),
     (["--bench", "exit", "--threshold", "1"], "--threshold"),
     (["--bench", "prefill", "--warmup", "-1"], "--warmup"),
+    (["--bench", "prefill", "--lengths", "512,,2048"], "--lengths"),
+    (["--bench", "prefill", "--lengths", "0"], "--lengths: 0 must be >= 1"),
 ])
 def test_bad_bench_input_exits_2_before_any_work(tmp_path, monkeypatch, args, message) -> None:
     from typer.testing import CliRunner

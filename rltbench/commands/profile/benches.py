@@ -39,6 +39,7 @@ class StepBench:
     warmup: int
     threshold: float
     batches: str
+    lengths: str | None = None
 
     def value(self, option: str) -> int:
         given = getattr(self, option)
@@ -57,7 +58,9 @@ def run_bench(b: StepBench, result_dir: Path | None) -> str:
     if b.name == "prefill":
         from rltbench.commands.profile.prefill_steps import run_prefill_steps
 
-        return run_prefill_steps(b.model, b.arms, b.no_aa, b.value("batch"), b.value("context"),
+        lengths = (options.int_list(b.lengths, "--lengths", "512,2048,4096") if b.lengths is not None
+                   else [b.value("context")])
+        return run_prefill_steps(b.model, b.arms, b.no_aa, b.value("batch"), lengths,
                                  b.value("rounds"), b.value("iters"), b.warmup, result_dir)
     from rltbench.commands.profile.exit_steps import run_exit_steps
 

@@ -96,13 +96,16 @@ def profile_command(
     warmup: Annotated[int, options.number("--bench prefill: untimed runs per arm.", ge=0)] = 2,
     threshold: Annotated[float, options.number("--bench exit: exit threshold Q.", gt=0, lt=1)] = 0.7,
     batches: Annotated[str, typer.Option(help="--bench exit: comma-separated batch sizes.")] = "1,8",
+    lengths: Annotated[str | None, typer.Option(help="--bench prefill: prompt lengths, comma list, one "
+                                                "step of --batch prompts each, measured one after "
+                                                "another (default: --context).")] = None,
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
     if bench is not None:
         from rltbench.commands.profile.benches import StepBench, run_bench
 
         print(run_bench(StepBench(bench, model, arms, batch, context, iters, rounds, attribute, skip_burst,
-                                  no_aa, warmup, threshold, batches), result_dir))
+                                  no_aa, warmup, threshold, batches, lengths), result_dir))
         return
     batch = 1 if batch is None else batch
     iters = 200 if iters is None else iters

@@ -1,6 +1,10 @@
-"""GPU evidence for prefill CUDA graphs: one engine prefill step of ROWS x LEN tokens (default 4 x 512 =
-2048, the step of a 512-token burst under the default 2048-token budget) per arm, eager vs graph replay,
-arms and modes interleaved ABBA over repetitions, with an A/A arm (torch#2: torch measured twice).
+"""Prefill steps per arm: one engine prefill step of ROWS x LEN tokens per prompt length (`--lengths`,
+default one length: 4 x 512 = 2048, the step of a 512-token burst under the default 2048-token budget),
+eager vs graph replay, arms and modes interleaved ABBA over repetitions, with an A/A arm (torch#2:
+torch measured twice). The graph is the engine's default prefill path (a token-count bucket's graph);
+eager shows the same step launched from the host, so eager wall against graph GPU time says how much of
+a step is host launch time. After the timing each arm's graph is replayed once more and the K and V it
+wrote in every plane are compared with the torch arm's (identity of the whole step).
 
 Warm-up (untimed), per arm: the step is scheduled and captured once (as the engine does on a shape's
 second sighting), then run eagerly and replayed `--warmup` times, so every shape a timed sample runs has
@@ -19,6 +23,7 @@ pool grew for the capture (the memory that must fit in kv_headroom_gib). Random-
 about a minute on an H200.
 
     rltbench profile --bench prefill --result-dir results/gpu/prefill
+    rltbench profile --bench prefill --batch 1 --lengths 512,2048,4096,8192
 """
 
 from __future__ import annotations
@@ -188,39 +193,136 @@ def warm_arm(engine: Engine, arm: str, prompts: list[list[int]], warmup: int) ->
             "pool_growth_mib": pool_mib, "graph_ids_equal_eager": graph_ids == eager_ids}  # fmt: skip
 
 
+def kv_of_step(engine: Engine, step: Any) -> torch.Tensor:
+    """Every plane's K and V at the step's real tokens (a copy): what each layer of each loop computed
+    for every token, so arms whose copies are equal computed the whole step to the same bits."""
+    kv = engine.runner.kv
+    planes, two, nb, bs = kv.shape[:4]
+    t = step.layout.tokens
+    slots = torch.as_tensor(step.packed[2 * t : 2 * t + step.n_tok], device=kv.device)
+    return kv.view(planes, two, nb * bs, *kv.shape[4:]).index_select(2, slots)
+
+
+def kv_identity(engine: Engine, arms: list[str], step: Any) -> dict[str, bool]:
+    """Replay each arm's graph of the timed step once and compare the K/V it wrote, plane by plane,
+    with the torch arm's (torch.equal): identity of the whole step, not only of its sampled ids."""
+    out: dict[str, bool] = {}
+    ref = None
+    for arm in [REF] + [a for a in arms if a != REF]:
+        replay = step_units(engine, arm, step)[unit_name(arm, "graph")]
+        replay()
+        got = kv_of_step(engine, step)
+        if ref is None:
+            ref = got
+        out[arm] = bool(all(torch.equal(got[p], ref[p]) for p in range(got.shape[0])))
+        del got
+    return out
+
+
+def measure_length(model: Any, arms: list[str], rows: int, length: int, reps: int, iters: int,
+                   warmup: int) -> dict[str, Any]:
+    """One prompt length: an engine sized for one step of `rows` x `length` tokens, every arm's graph
+    captured and warmed, the units timed ABBA; the per-length part of summary.json."""
+    tokens = rows * length
+    bs = 16
+    cfg = EngineConfig(
+        block_size=bs,
+        num_blocks=rows * -(-length // bs) + 16,
+        max_num_seqs=max(8, rows),
+        max_num_batched_tokens=tokens,
+        max_model_len=length + 16,
+        enable_prefix_caching=False,
+    )
+    g = torch.Generator().manual_seed(1234 + length)
+    prompts = torch.randint(3, model.config.vocab_size, (rows, length), generator=g).tolist()
+    out: dict[str, Any] = {"rows": rows, "length": length}
+    engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
+    out["warmup"] = [warm_arm(engine, a, prompts, warmup) for a in arms]
+    step, ids = schedule_step(engine, "timed", prompts)
+    out["step_tokens"], out["bucketed"] = step.layout.tokens, step.bucketed
+    units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
+    timed = interleaved_samples(units, reps, iters, True, engine, torch.device("cuda"))
+    out["kv_equal_torch"] = kv_identity(engine, arms, step)
+    for rid in ids:
+        engine.abort_request(rid)
+    out["order"], out["warm"] = timed["order"], timed["warm"]
+    out["samples_ms"] = timed["gpu_ms"]
+    out["result"] = summarize_units(timed, arms)
+    ref_ids = timed["ids"][unit_name(REF, "graph")]
+    out["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
+    out["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
+    del engine, units
+    torch.cuda.empty_cache()
+    return out
+
+
 def table(summary: dict[str, Any]) -> str:
-    """table.md from summary.json."""
-    s, res = summary, summary["result"]
+    """table.md from summary.json: the arms at every prompt length, then each length's detail."""
+    s = summary
+    done = s.get("per_length", [])
     lines = [
-        f"# Prefill step, {s['rows']} x {s['length']} tokens (random-weight {s['model']})",
+        f"# Prefill step per arm, {s['rows']} prompt(s) of {', '.join(map(str, s['lengths']))} tokens "
+        f"(random-weight {s['model']})",
         "",
-        f"Units (arm/mode) ABBA over {s['reps']} repetitions x {s['iters']} samples, every kernel and graph "
-        "warmed first. ms = CUDA-event span of upload + step + argmax + D2H ids (median, p10-p90 over all "
-        "samples); wall = perf_counter. Speedups are medians of per-repetition ratios with their "
-        "order-statistic interval; within noise = the interval reaches into the A/A spread "
-        f"({s['aa'] or 'no A/A arm'}).",
+        f"Per length one prefill step (rows x length tokens; a bucketed step's graph holds its token-count "
+        f"bucket, `step tokens`). Units (arm/mode) ABBA over {s['reps']} repetitions x {s['iters']} samples, "
+        "every kernel and graph warmed first. ms = CUDA-event span of upload + step + argmax + D2H ids "
+        "(median, p10-p90 over all samples); wall = perf_counter. eager = the step launched from the host "
+        "(the arm's eager ops: torch ops for scope-graph arms), graph = its CUDA graph replayed (what the "
+        "engine runs by default). Speedups are medians of per-repetition ratios with their order-statistic "
+        "interval; within noise = the interval reaches into the A/A spread "
+        f"({s['aa'] or 'no A/A arm'}). KV = torch: every plane's K and V of the step equal to the torch "
+        "arm's bit for bit (each arm's graph replayed once after the timing).",
         "",
+        "| prompt tokens | step tokens | arm | graph ms (p10-p90) | graph vs torch (interval) | A/A spread "
+        "| label | eager wall ms | graph/eager | KV = torch | ids = torch |",
+        "|" + "---|" * 11,
     ]
+    for d in done:
+        res = d["result"]
+        vs = {r["arm"]: r for r in res["vs_torch"]["graph"]}
+        goe = {r["arm"]: r for r in res["graph_over_eager"]}
+        for w in d["warmup"]:
+            a = w["arm"]
+            g, e = res["units"][unit_name(a, "graph")], res["units"][unit_name(a, "eager")]
+            cmp = _speedup(vs[a]) if a in vs else "ref | - | -"
+            lines.append(
+                f"| {d['rows'] * d['length']} | {d['step_tokens']} | {a} | {_ms(g)} | {cmp} | "
+                f"{e['wall_median_ms']:.2f} | {format_interval(goe[a]['speedup'], 2)} | "
+                f"{d['kv_equal_torch'].get(a, '-')} | {d['ids_equal_torch'].get(a, '-')} |"
+            )
+    for d in done:
+        lines += ["", *length_detail(d, s)]
+    missing = [n for n in s["lengths"] if n not in {d["length"] for d in done}]
+    if missing:
+        lines += ["", f"Not measured (the run ended first): {', '.join(map(str, missing))} tokens."]
+    return "\n".join(lines)
+
+
+def length_detail(d: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    """One length's warm-cell line, eager vs graph per arm and the arm comparisons per mode."""
+    res = d["result"]
+    lines = [f"## {d['rows']} x {d['length']} tokens", ""]
     cold = res["cold_cells"]
     lines += [f"**{len(cold)} timed cells were not warm**: " + ", ".join(
         f"{c['unit']} rep {c['rep']}" for c in cold), ""] if cold else [
-        f"All {len(summary['warm'])} timed cells warm (no capture, compile or device malloc inside any).",
+        f"All {len(d['warm'])} timed cells warm (no capture, compile or device malloc inside any).",
         ""]
     lines += ["| arm | eager ms (p10-p90) | eager wall ms | graph ms (p10-p90) | graph wall ms | graph/eager "
               "speedup | A/A | label | pool MiB | ids = eager | ids = torch |", "|" + "---|" * 11]
     goe = {r["arm"]: r for r in res["graph_over_eager"]}
-    for w in summary["warmup"]:
+    for w in d["warmup"]:
         a = w["arm"]
         e, g = res["units"][unit_name(a, "eager")], res["units"][unit_name(a, "graph")]
         lines.append(
             f"| {a} | {_ms(e)} | {e['wall_median_ms']:.2f} | {_ms(g)} | {g['wall_median_ms']:.2f} | "
             f"{_speedup(goe[a], 2)} | {w['pool_growth_mib']:.0f} | {w['graph_ids_equal_eager']} | "
-            f"{summary['ids_equal_torch'].get(a, '-')} |"
+            f"{d['ids_equal_torch'].get(a, '-')} |"
         )
     for mode in MODES:
         lines += ["", f"| {mode}: arm vs torch | speedup (interval) | A/A spread | label |", "|" + "---|" * 4]
         lines += [f"| {r['arm']} | {_speedup(r)} |" for r in res["vs_torch"][mode]]
-    return "\n".join(lines)
+    return lines
 
 
 def _ms(u: dict[str, Any]) -> str:
@@ -232,9 +334,11 @@ def _speedup(r: dict[str, Any], digits: int = 3) -> str:
     return f"{format_interval(r['speedup'], digits)} | {format_spread(r['aa_spread'])} | {r['label']}"
 
 
-def run_prefill_steps(model_name: str, arms_text: str, no_aa: bool, rows: int, length: int, reps: int,
+def run_prefill_steps(model_name: str, arms_text: str, no_aa: bool, rows: int, lengths: list[int], reps: int,
                       iters: int, warmup: int, result_dir: Path | None) -> str:
-    """`rltbench profile --bench prefill`: the run directory's table (UsageError before any work)."""
+    """`rltbench profile --bench prefill`: the run directory's table (UsageError before any work).
+    Lengths run one after another; summary.json is rewritten after each, so an interrupted run keeps
+    the lengths it finished."""
     if not torch.cuda.is_available():
         raise UsageError("--bench prefill needs a CUDA GPU")
     arms = [a for a in arms_text.split(",") if a]
@@ -246,44 +350,24 @@ def run_prefill_steps(model_name: str, arms_text: str, no_aa: bool, rows: int, l
         "prefill",
         result_dir,
         argv=list(sys.argv),
-        config={"model": model_name, "arms": arms, "rows": rows, "length": length,
+        config={"model": model_name, "arms": arms, "rows": rows, "lengths": lengths,
                 "reps": reps, "iters": iters, "warmup": warmup,
                 "selections": {a: ARMS[a.split("#")[0]].to_dict() for a in arms}, "random_weights": True},
     )  # fmt: skip
     model = build_model(model_name, device="cuda", dtype=torch.bfloat16, seed=0)
     norm_onelaunch.prevalidate([model.config.hidden_size], [torch.bfloat16])
-    tokens = rows * length
-    bs = 16
-    cfg = EngineConfig(
-        block_size=bs,
-        num_blocks=rows * -(-length // bs) + 16,
-        max_num_seqs=max(8, rows),
-        max_num_batched_tokens=tokens,
-        max_model_len=length + 16,
-        enable_prefix_caching=False,
-    )
-    g = torch.Generator().manual_seed(1234)
-    prompts = torch.randint(3, model.config.vocab_size, (rows, length), generator=g).tolist()
-    summary: dict[str, Any] = {"model": model_name, "rows": rows, "length": length,
-                               "reps": reps, "iters": iters, "arms": arms, "aa": None}  # fmt: skip
+    summary: dict[str, Any] = {"model": model_name, "rows": rows, "lengths": lengths, "reps": reps,
+                               "iters": iters, "arms": arms, "aa": aa_name(REF) if not no_aa else None,
+                               "per_length": []}  # fmt: skip
     try:
         with torch.inference_mode():
-            engine = Engine(model, {a: ARMS[a.split("#")[0]] for a in arms}, cfg)
-            summary["warmup"] = [warm_arm(engine, a, prompts, warmup) for a in arms]
-            run.write_json("summary.json", summary)
-            step, ids = schedule_step(engine, "timed", prompts)
-            units = {n: fn for a in arms for n, fn in step_units(engine, a, step).items()}
-            timed = interleaved_samples(units, reps, iters, True, engine, torch.device("cuda"))
-            for rid in ids:
-                engine.abort_request(rid)
+            for length in lengths:
+                print(f"prefill step: {rows} x {length} tokens", flush=True)
+                summary["per_length"].append(measure_length(model, arms, rows, length, reps, iters, warmup))
+                run.write_json("summary.json", summary)
     except BaseException as exc:
+        if summary["per_length"]:
+            run.write_text("table.md", table(summary) + "\n")
         run.mark_ended(exc)
         raise
-    summary["order"], summary["warm"] = timed["order"], timed["warm"]
-    summary["samples_ms"] = timed["gpu_ms"]
-    summary["result"] = summarize_units(timed, arms)
-    summary["aa"] = summary["result"]["aa"]
-    ref_ids = timed["ids"][unit_name(REF, "graph")]
-    summary["ids_equal_torch"] = {a: timed["ids"][unit_name(a, "graph")] == ref_ids for a in arms}
-    summary["graph_ids"] = {a: timed["ids"][unit_name(a, "graph")] for a in arms}
     return run.finish(table(summary), summary=summary)
