@@ -239,10 +239,10 @@ class ModelRunner:
         self.use_prefill_graphs = self.use_graphs and config.prefill_graphs and prefill_replay_safe(model)
         # bucketed prefill graphs: the token counts and the fixed row count of their layouts
         self.prefill_rows = max(1, min(config.max_num_seqs, config.max_num_batched_tokens))
+        # a step holds at most the token budget, and at most prefill_rows prompts of max_model_len
+        max_step = min(config.max_num_batched_tokens, self.prefill_rows * max_model_len)
         self.prefill_buckets: list[int] | None = (
-            prefill_buckets(config.max_num_batched_tokens)
-            if self.use_prefill_graphs and config.prefill_buckets
-            else None
+            prefill_buckets(max_step) if self.use_prefill_graphs and config.prefill_buckets else None
         )
         self._pf_dev = torch.zeros(self._prefill_buffer_elems(), dtype=torch.int64, device=self.device)
         self._pf_warned = False
@@ -372,7 +372,7 @@ class ModelRunner:
         assert self.prefill_buckets is not None
         for b in self.prefill_buckets:
             if b >= n_tok:
-                return PrefillLayout(b, self.prefill_rows, min(self.prefill_rows, b), self.max_blocks_per_seq)
+                return self._layout_of_bucket(b)
         return None
 
     def run_prefill(self, step: PrefillStep) -> tuple[list[int], list[int] | None]:
@@ -687,14 +687,26 @@ class ModelRunner:
 
     def warmup_prefill_buckets(self) -> int:
         """Capture the current arm's graph of every prefill bucket (largest first, so the shared pool
-        grows once), so no measured step pays a capture whatever its shape. Returns the number
-        captured (0 when prefill is not bucketed)."""
+        grows once), so no measured step pays a capture whatever its shape. The synthetic step of a
+        bucket is as many rows of at most max_model_len tokens as fill it (positions stay inside the
+        model's context), padded to the bucket. Returns the number captured (0 when prefill is not
+        bucketed)."""
         if not self.prefill_buckets:
             return 0
         self.require_idle("warmup_prefill_buckets")
-        bs = self.config.block_size
-        keys = [prefill_key([(0, b)], -(-b // bs), [0]) for b in reversed(self.prefill_buckets)]
-        return sum(self._warm_prefill_key(k) for k in keys)
+        bs, most = self.config.block_size, self.max_model_len
+        captured = 0
+        for b in reversed(self.prefill_buckets):
+            layout = self._layout_of_bucket(b)
+            n = min(b, layout.rows * most)
+            rows = [(0, min(most, n - i)) for i in range(0, n, most)]
+            key = prefill_key(rows, -(-rows[0][1] // bs), range(len(rows)))
+            captured += self._warm_step(synthetic_prefill(key, layout, bucketed=True))
+        return captured
+
+    def _layout_of_bucket(self, tokens: int) -> PrefillLayout:
+        rows = self.prefill_rows
+        return PrefillLayout(tokens, rows, min(rows, tokens), self.max_blocks_per_seq)
 
     def _warm_prefill_key(self, key: PrefillKey) -> int:
         """Capture the graph a step of shape `key` replays (its bucket's, or its own) unless held or
@@ -703,7 +715,9 @@ class ModelRunner:
         layout = self.bucket_layout(n_tok) if self.prefill_buckets else None
         if layout is not None and len(key[0]) > layout.rows:
             layout = None
-        step = synthetic_prefill(key, layout, bucketed=layout is not None)
+        return self._warm_step(synthetic_prefill(key, layout, bucketed=layout is not None))
+
+    def _warm_step(self, step: PrefillStep) -> int:
         pg = self.arm.prefill
         if step.key in pg.graphs or step.key in pg.bad:
             return 0

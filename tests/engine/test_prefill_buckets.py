@@ -90,6 +90,17 @@ def test_warm_buckets_serve_every_shape_like_eager(ouro_tiny, ops):
     assert all(is_bucket(k) for k in eng.runner.arm.prefill.graphs)
 
 
+def test_bucket_warmup_keeps_positions_inside_a_short_context(ouro_tiny, ops):
+    """A context shorter than the token budget: the warm-up fills a bucket with several rows of at
+    most max_model_len tokens (a single row would index positions past the model's RoPE table), and
+    the buckets stop at what a step can hold (rows x context)."""
+    eng = bucket_engine(ouro_tiny, ops, max_model_len=12, max_num_seqs=2)
+    r = eng.runner
+    r.prefill_buckets = [16, 32]  # as the constructor picks them on CUDA: min(32, 2 x 12) -> [16, 32]
+    assert r.warmup_prefill_buckets() == 2
+    assert run(eng, prompts(8, [9, 11, 5]), max_tokens=1)
+
+
 def test_frozen_missing_bucket_runs_the_padded_step_eagerly(ouro_tiny, ops):
     """A frozen engine never captures: a bucket not warmed runs the same padded forward eagerly
     (counted) and gives the same tokens as the replay of a captured bucket."""

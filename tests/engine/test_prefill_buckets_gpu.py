@@ -27,7 +27,7 @@ def _model(dtype: torch.dtype):
 
 def _cfg(**kw) -> EngineConfig:
     base = dict(block_size=16, num_blocks=512, max_num_seqs=16, max_num_batched_tokens=256,
-                max_model_len=1024,
+                max_model_len=512,
                 enable_prefix_caching=False)
     return EngineConfig(**{**base, **kw})
 
