@@ -167,12 +167,14 @@ bool vector_ok(const SiluMulArgs& a, int64_t elem) {
 // Few rows: the 256-thread body gives a row of 5632 three blocks, so three SMs run every exp and
 // IEEE division of the call, which is latency the exact Triton arm spreads over more, smaller
 // programs (its tuned column tiles: 128 columns of one warp up to kFewRows rows, 512 of two warps
-// above). Where the 256-thread grid has fewer than kMinBlocksPerSm blocks per SM the body takes the
-// Triton arm's shapes: 32 threads x 8 bytes up to kFewRows rows, else 64 threads x 16 bytes. On an
-// H200 the 256-thread body was 1.23x / 1.16x / 1.10x the exact arm's time at 1 / 8 / 128 rows of
-// 5632 (results/gpu/kernels-verdicts) and faster at 4096, which keeps it.
+// above). Where the 256-thread grid has fewer blocks than SMs the body takes the Triton arm's
+// shapes: 32 threads x 8 bytes up to kFewRows rows, else 64 threads x 16 bytes. On an H100 the
+// 256-thread body was 1.16x / 1.04x / 1.08x the exact arm's time at 1 / 8 / 128 rows of 5632
+// (results/gpu/kernels-verdicts-h100); the small tiles gave 1.05x / 0.94x at 1 / 8 rows but 1.43x at
+// 128 rows, where the 256-thread grid has 384 blocks (results/gpu/kernels-verdicts at 54fc274, whose
+// threshold was 4 blocks per SM), so 128 rows keep the 256-thread body.
 constexpr int64_t kFewRows = 4;          // the exact arm's FEW_ROWS (rltbench/kernels/act/config.py)
-constexpr int64_t kMinBlocksPerSm = 4;
+constexpr int64_t kMinBlocksPerSm = 1;
 
 template <typename T>
 cudaError_t launch_typed(const SiluMulArgs& a, bool vec, cudaStream_t stream) {
