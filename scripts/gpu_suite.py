@@ -342,12 +342,14 @@ BASE_ARCHIVE = ROOT / ".base.tgz"
 BASE_ROOT = Path(tempfile.gettempdir()) / "rltbench-base"
 
 
-def base_stage(name: str) -> tuple[str, int, list[str], Path, dict[str, str]]:
-    """`STAGE@base`: STAGE's command run from the baseline tree (`.base.tgz`, unpacked once into
-    BASE_ROOT) with its result directory renamed STAGE-base and the baseline's commit in its
-    provenance. Returns (directory name, time limit, command, working tree, extra environment)."""
+def stage_run(name: str) -> tuple[str, int, list[str], Path, dict[str, str]]:
+    """(directory name, time limit, command, working tree, extra environment) of a stage. `STAGE@base`:
+    STAGE's command run from the baseline tree (`.base.tgz`, unpacked once into BASE_ROOT) with its
+    result directory renamed STAGE-base and the baseline's commit in its provenance."""
     stage = name.removesuffix("@base")
     limit, cmd = STAGES[stage]
+    if stage == name:
+        return name, limit, cmd, ROOT, {}
     if not BASE_ROOT.is_dir():
         BASE_ROOT.mkdir(parents=True)
         subprocess.run(["tar", "xzf", str(BASE_ARCHIVE), "-C", str(BASE_ROOT)], check=True)
@@ -366,29 +368,14 @@ def install_carried_wheels() -> None:
         import lm_eval  # noqa: F401
     except ImportError:
         if wheels:
-            subprocess.run(
-                [
-                    PY,
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-index",
-                    "--no-deps",
-                    "--no-compile",
-                    "--target",
-                    str(SITE),
-                    *map(str, wheels),
-                ],
-                check=False,
-            )
+            subprocess.run([PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--target", str(SITE), *map(str, wheels)], check=False)
             os.environ["PYTHONPATH"] = f"{SITE}:{os.environ.get('PYTHONPATH', '')}"
 
 
 def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS, cwd: Path = ROOT,
               extra_env: dict[str, str] | None = None) -> dict:
-    """Run one stage into results/<name> (emptied first) from the tree `cwd` and return its
-    suite.json entry."""
+    """Run one stage into results/<name> (emptied first) from the tree `cwd`: its suite.json entry."""
     out_dir = results / name
     if out_dir.exists():  # a stage's directory holds one run: never mix rows of two runs
         shutil.rmtree(out_dir)
@@ -400,15 +387,14 @@ def run_stage(name: str, limit: int, cmd: list[str], results: Path = RESULTS, cw
                **(extra_env or {}))
     with open(log, "w") as fh:
         try:
-            proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, timeout=limit, env=env)
-            rc = proc.returncode
+            rc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, timeout=limit,
+                                env=env).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     secs = round(time.time() - t0, 1)
     finalize_manifest(out_dir, name, limit, cmd, rc)
     make_portable(out_dir, PORTABLE)
-    tail = log.read_text(errors="replace")[-1500:]
-    print(tail, flush=True)
+    print(log.read_text(errors="replace")[-1500:], flush=True)
     print(f"=== {name}: rc={rc} in {secs}s", flush=True)
     return {"stage": name, "rc": rc, "seconds": secs, "command": [portable_text(c, PORTABLE) for c in cmd]}
 
@@ -455,20 +441,15 @@ def main() -> int:
         print(f"unknown stage(s): {', '.join(unknown)}; see --list", file=sys.stderr)
         return 2
     if any(n.endswith("@base") for n in names) and not BASE_ARCHIVE.is_file():
-        print("a STAGE@base stage needs .base.tgz (git archive --format=tar.gz -o .base.tgz REV)",
-              file=sys.stderr)
+        print("a STAGE@base stage needs .base.tgz (git archive -o .base.tgz REV ...)", file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     install_carried_wheels()
     summary_path = RESULTS / "suite.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"runs": []}
     for name in names:
-        if name.endswith("@base"):
-            out, limit, cmd, cwd, extra = base_stage(name)
-            summary["runs"].append(run_stage(out, limit, cmd, cwd=cwd, extra_env=extra))
-        else:
-            limit, cmd = STAGES[name]
-            summary["runs"].append(run_stage(name, limit, cmd))
+        out, limit, cmd, cwd, extra = stage_run(name)
+        summary["runs"].append(run_stage(out, limit, cmd, cwd=cwd, extra_env=extra))
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

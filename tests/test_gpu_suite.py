@@ -67,3 +67,24 @@ def test_serve_rate_stage_runs_the_cross_check_alone_within_its_limit(suite) -> 
     limit, cmd = suite["STAGES"]["serve-rate"]
     assert limit <= 480 and cmd[-2].endswith("scripts/serve_bench.sh") and cmd[-1].endswith("serve-rate")
     assert {"STEPS=rate", "RATES=2,4,8", "RATE_REQUESTS=80", "RATE_ARRIVALS=constant"} <= set(cmd)
+
+
+def test_a_base_stage_runs_the_baseline_tree(suite, tmp_path: Path, monkeypatch) -> None:
+    """`STAGE@base`: the stage's command from the unpacked baseline archive, its result directory
+    renamed STAGE-base, the archive's commit (git get-tar-commit-id) in the provenance."""
+    import subprocess
+
+    root = SCRIPT.parent.parent
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    archive = tmp_path / "base.tgz"
+    subprocess.run([*git, "archive", "--format=tar.gz", "-o", str(archive), head, "pyproject.toml"],
+                   check=True)
+    run = suite["stage_run"]
+    monkeypatch.setitem(run.__globals__, "BASE_ARCHIVE", archive)
+    monkeypatch.setitem(run.__globals__, "BASE_ROOT", tmp_path / "tree")
+    out, limit, cmd, cwd, env = run("profile@base")
+    assert out == "profile-base" and cwd == tmp_path / "tree" and (cwd / "pyproject.toml").is_file()
+    assert cmd[-2:] == ["--result-dir", str(suite["RESULTS"] / "profile-base")]
+    assert env == {"RLTBENCH_GIT_SHA": head} and limit == suite["STAGES"]["profile"][0]
+    assert run("profile")[0] == "profile" and run("profile")[3] == root

@@ -223,14 +223,8 @@ def _prefill_attention_kernel(
     tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=mvalid[:, None] & dmask[None, :])
 
 
-def _check_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> None:
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                query_start_loc: torch.Tensor, context_lens: torch.Tensor) -> None:
     """Shape, dtype and layout checks on host attributes only (no device reads)."""
     _, _, hkv, d = _check_cache(k_cache, v_cache)
     if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
