@@ -115,6 +115,9 @@ def test_a_capture_inside_a_timed_cell_is_flagged(ps, monkeypatch) -> None:
     (["--bench", "prefill", "--warmup", "-1"], "--warmup"),
     (["--bench", "prefill", "--lengths", "512,,2048"], "--lengths"),
     (["--bench", "prefill", "--lengths", "0"], "--lengths: 0 must be >= 1"),
+    (["--lengths", "512"], "--lengths is read by --bench prefill only, not by the profile"),
+    (["--bench", "decode", "--no-aa"], "--no-aa is read by --bench prefill only, not by --bench decode"),
+    (["--bench", "prefill", "--attribute"], "--attribute is read by --bench decode only"),
 ])
 def test_bad_bench_input_exits_2_before_any_work(tmp_path, monkeypatch, args, message) -> None:
     from typer.testing import CliRunner

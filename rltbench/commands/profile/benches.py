@@ -22,6 +22,21 @@ DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
+# the options only one benchmark reads: given with another (or with the profile) they would be ignored
+BENCH_ONLY = {"--lengths": "prefill", "--no-aa": "prefill", "--attribute": "decode", "--skip-burst": "decode"}
+
+
+def check_bench_only(bench: str | None, given: dict[str, bool]) -> None:
+    """A UsageError (exit 2) for an option the run would silently ignore: one that only another
+    `--bench` reads (an unknown `--bench` is reported by `run_bench`)."""
+    if bench is not None and bench not in BENCHES:
+        return
+    for flag, is_given in given.items():
+        if is_given and bench != BENCH_ONLY[flag]:
+            where = f"--bench {bench}" if bench else "the profile (no --bench)"
+            raise UsageError(f"{flag} is read by --bench {BENCH_ONLY[flag]} only, not by {where}")
+
+
 @dataclass(frozen=True)
 class StepBench:
     """The options of one `--bench` run as the command line gave them (None: the benchmark's default)."""

@@ -101,6 +101,10 @@ def profile_command(
                                                 "another (default: --context).")] = None,
 ) -> None:
     """Kernels per token, GPU time per token and its breakdown per arm for one decode step."""
+    from rltbench.commands.profile.benches import check_bench_only
+
+    check_bench_only(bench, {"--lengths": lengths is not None, "--attribute": attribute,
+                             "--skip-burst": skip_burst, "--no-aa": no_aa})
     if bench is not None:
         from rltbench.commands.profile.benches import StepBench, run_bench
 
