@@ -129,9 +129,10 @@ class EngineBackend:
 
     def warmup(self, arm: str, requests: Sequence[Request], timeouts: Timeouts) -> None:
         """Everything a timed cell of `arm` could otherwise pay for, done untimed: decode graphs for
-        every bucket and context class, the burst's prefill graphs (1..k whole prompts of one length;
-        session shapes vary and run eagerly), the largest eager prefill step (allocator and cuBLAS),
-        then a small burst through the real step loop. Timed cells then run frozen (no capture)."""
+        every bucket and context class, the prefill graphs (every token-count bucket, which serves
+        any step shape; with exact-shape prefill the burst's shapes and the largest eager prefill
+        step, for the allocator and cuBLAS), then a small burst through the real step loop. Timed
+        cells then run frozen (no capture)."""
         eng = self.engine
         self._select(arm)
         eng.runner.warmup()

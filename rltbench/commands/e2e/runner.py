@@ -41,7 +41,7 @@ from rltbench.results.serving_stats import (
 SCHEDULE_NOTE = (
     "arms alternate A B C, C B A per (repetition, cell) block; each cell's order flips between "
     "repetitions; warm-up per arm before any measured cell (decode graphs for every batch bucket and "
-    "context class, the burst's prefill graphs, the largest eager prefill step, a small burst; sessions: "
+    "context class, every prefill bucket's graph, a small burst; sessions: "
     "one untimed pass over the trace by the first arm and by every arm whose eager steps run other "
     "kernels); timed cells run frozen (no graph capture) and record their cold work"
 )
