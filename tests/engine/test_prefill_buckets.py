@@ -9,6 +9,8 @@ capture once the buckets are warm."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -97,7 +99,15 @@ def test_bucket_warmup_keeps_positions_inside_a_short_context(ouro_tiny, ops):
     eng = bucket_engine(ouro_tiny, ops, max_model_len=12, max_num_seqs=2)
     r = eng.runner
     r.prefill_buckets = [16, 32]  # as the constructor picks them on CUDA: min(32, 2 x 12) -> [16, 32]
+    seen = []
+    capture = r.capture_prefill
+    r.capture_prefill = lambda step: seen.append(step) or capture(step)
     assert r.warmup_prefill_buckets() == 2
+    for step in seen:  # every row inside the context and its block table (the attention's reads)
+        assert step.bucketed and step.layout.width == r.max_blocks_per_seq
+        assert all(b - a <= r.max_model_len for a, b in itertools.pairwise(step.qsl))
+        assert all(s <= r.max_model_len for s in step.seq_lens)
+    assert [s.layout.tokens for s in seen] == [32, 16] and [s.n_tok for s in seen] == [24, 16]
     assert run(eng, prompts(8, [9, 11, 5]), max_tokens=1)
 
 
