@@ -349,16 +349,14 @@ class ModelRunner:
                 last_idx.append(qsl[-1] - 1)
                 finishing.append(r)
                 done.append(seq)
-        layout = self.bucket_layout(qsl[-1]) if self.prefill_buckets else None
-        if layout is not None and len(rows) > layout.rows:
-            layout = None  # more rows than the bucket layout holds (max_num_seqs changed): exact shape
+        layout = self.bucket_layout(qsl[-1], len(rows))
         bucketed = layout is not None
         if layout is None:
             layout = PrefillLayout(qsl[-1], len(rows), len(last_idx), width)
-        bt = np.zeros((len(batch.chunks), layout.width), dtype=np.int64)
+        bt = np.zeros((len(batch.chunks), width), dtype=np.int64)  # pack_prefill pads it to the layout
         for i, (seq, _) in enumerate(batch.chunks):
             assert seq.block_arr is not None
-            k = min(layout.width, len(seq.block_arr))
+            k = min(width, len(seq.block_arr))
             bt[i, :k] = seq.block_arr[:k]
         tokens = (np.concatenate(ids), np.concatenate(pos), np.concatenate(slots))
         packed = pack_prefill(tokens, qsl, seq_lens, ctx_lens, last_idx, bt, layout)
@@ -367,13 +365,13 @@ class ModelRunner:
         )
         return PrefillStep(key, qsl, seq_lens, ctx_lens, last_idx, packed, layout, bucketed), done
 
-    def bucket_layout(self, n_tok: int) -> PrefillLayout | None:
-        """The layout of the smallest bucket that holds `n_tok` tokens (None: no bucket does)."""
-        assert self.prefill_buckets is not None
-        for b in self.prefill_buckets:
-            if b >= n_tok:
-                return self._layout_of_bucket(b)
-        return None
+    def bucket_layout(self, n_tok: int, n_rows: int) -> PrefillLayout | None:
+        """The layout of the smallest bucket that holds a step of `n_tok` tokens in `n_rows` rows
+        (None: prefill is not bucketed, or no bucket holds the step: it keeps its exact shape)."""
+        if not self.prefill_buckets or n_rows > self.prefill_rows:
+            return None
+        b = next((b for b in self.prefill_buckets if b >= n_tok), None)
+        return None if b is None else self._layout_of_bucket(b)
 
     def run_prefill(self, step: PrefillStep) -> tuple[list[int], list[int] | None]:
         """Upload the step's metadata into the static buffer, then replay its graph, capture it (a
@@ -387,10 +385,10 @@ class ModelRunner:
         entry = None
         if self.use_prefill_graphs:
             entry = arm.prefill.get(step.key)
-            if entry is None and not self.frozen and (
-                arm.prefill.should_capture(step.key) or (step.bucketed and step.key not in arm.prefill.bad)
-            ):
-                entry = self.capture_prefill(step)
+            if entry is None and not self.frozen:
+                pg = arm.prefill  # a bucket is captured at its first sighting, an exact shape at its second
+                wanted = step.key not in pg.bad if step.bucketed else pg.should_capture(step.key)
+                entry = self.capture_prefill(step) if wanted else None
         if entry is None:
             c["prefill_eager"] += 1
             out = self.prefill_forward(step, self.eager_ops or arm.ops)
@@ -711,10 +709,7 @@ class ModelRunner:
     def _warm_prefill_key(self, key: PrefillKey) -> int:
         """Capture the graph a step of shape `key` replays (its bucket's, or its own) unless held or
         known bad; 1 if a graph was captured."""
-        n_tok = sum(n for _, n in key[0])
-        layout = self.bucket_layout(n_tok) if self.prefill_buckets else None
-        if layout is not None and len(key[0]) > layout.rows:
-            layout = None
+        layout = self.bucket_layout(sum(n for _, n in key[0]), len(key[0]))
         return self._warm_step(synthetic_prefill(key, layout, bucketed=layout is not None))
 
     def _warm_step(self, step: PrefillStep) -> int:
