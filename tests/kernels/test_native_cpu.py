@@ -502,15 +502,29 @@ def test_norm_kernels_issue_their_loads_ahead_of_the_sum(tmp_path: Path) -> None
         slots = 16 if "ELi16ELb1" in name else 8
         assert len(loads) == slots * (3 if "Lb1ELi0" in name else 2), name
         assert max(loads) < first_mul, (name, [body[i] for i in loads if i > first_mul][:3])
-    for form in ("Li0ELb0", "Li0ELb1", "Li1ELb0"):   # plain, residual, add
-        body = functions[f"_ZN4rltb4norm16norm_rows_kernelI13__nv_bfloat16{form}ELi1EEEvNS_8NormArgsE"]
+    # two passes: bf16's add form, fp16's plain, residual and add forms
+    two_pass = [("13__nv_bfloat16", "Li1ELb0"), *(("6__half", f) for f in ("Li0ELb0", "Li0ELb1", "Li1ELb0"))]
+    for dtype, form in two_pass:
+        body = functions[f"_ZN4rltb4norm16norm_rows_kernelI{dtype}{form}ELi1EEEvNS_8NormArgsE"]
         ops = [_opcode(line) for line in body]
         first_mul = next(i for i, line in enumerate(body) if "FMUL" in line)
         assert ops[:first_mul].count("LDG.E.EF.64") == 16, form
         assert ops.count("SHFL.BFLY") == 5 and ops.count("STG.E.EF.128") >= 1, form
-    for dtype in ("13__nv_bfloat16", "6__half", "f"):
+    for dtype in ("6__half", "f"):
         body = functions[f"_ZN4rltb4norm16norm_rows_kernelI{dtype}Li0ELb0ELi1EEEvNS_8NormArgsE"]
         assert not any(_opcode(line) in ("STL", "LDL") for line in body), dtype
+    # the held form (bf16 plain and residual): x loaded once, 16 loads before the first square, the
+    # residual's 8 cp.async copies ahead of them, 8-byte streaming stores, no spill
+    for residual in (0, 1):
+        body = functions[f"_ZN4rltb4norm21norm_rows_held_kernelILb{residual}EEEvNS_8NormArgsE"]
+        ops = [_opcode(line) for line in body if "@!PT" not in line]
+        first_mul = ops.index("FMUL")
+        assert ops.count("LDG.E.EF.64") == 16 and ops[:first_mul].count("LDG.E.EF.64") == 16, residual
+        copies = [i for i, op in enumerate(ops) if op.startswith("LDGSTS")]
+        assert len(copies) == 8 * residual, copies
+        assert all(i < ops.index("LDG.E.EF.64") for i in copies[:1]), residual
+        assert ops.count("SHFL.BFLY") == 5 and ops.count("STG.E.EF.64") >= 16, residual
+        assert not any(op in ("STL", "LDL") for op in ops), residual
 
 
 def test_build_key_follows_sources_and_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

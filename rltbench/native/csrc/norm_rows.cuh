@@ -604,6 +604,141 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The rows kernel's held form: bf16 rows of the plain and residual forms, whose whole row (at
+// most kRowsKernelMaxWidth values: sum_batch vectors per lane) the first pass already holds in
+// registers. Warp j sums row j as norm_rows_kernel does and writes it from those registers, each
+// lane its own vectors (8-byte stores, a warp's 256 bytes contiguous), the weights streamed from
+// L1 kHeldOutBatch vectors at a time. The residual row travels into shared memory by cp.async,
+// issued before the first x load, so it is in flight while the row is summed instead of waiting for
+// the sum (each warp reads back only its own row).
+//
+// Why: the two-pass form reads x twice (the second time from L2), issues its residual loads only
+// after the sum, and its residual form needed 64 registers and 20 bytes of spills; it ran at 1.14x
+// (plain) and 1.20x (residual) of the exact Triton kernel's time at 4096 x 2048, cold L2
+// (results/gpu/kernels-native-rows, H100).
+// ---------------------------------------------------------------------------------------------
+constexpr int kHeldOutBatch = 4;   // weight vectors per lane in flight in the output loop
+
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The held form works on the raw 32-bit words of its bf16 vectors (uint2: four values): loaded,
+// selected and zero-filled as 16-bit elements (Vec4<T>), a row was split into 16-bit registers, and
+// spilled at 64 registers.
+__device__ __forceinline__ uint2 load_words_evict_first(const uint2* p) {
+  uint2 u;
+  asm("ld.global.L1::evict_first.v2.b32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+  return u;
+}
+
+// Value i (0..3) of four bf16 values as fp32, exact. AGAIN (the output's): a shift and a mask
+// against the sum's byte permute, which ptxas does not merge: merged, the row stayed in registers
+// as 64 fp32 values from the sum to the output, and spilled. (fp16's converts were merged whatever
+// their form, so fp16 rows keep the two-pass kernel.)
+template <bool AGAIN>
+__device__ __forceinline__ float bf16_word_float(const uint2& v, int i) {
+  const uint32_t word = (i >> 1) ? v.y : v.x;
+  uint32_t bits;
+  if constexpr (AGAIN) {
+    if (i & 1) {
+      asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(bits) : "r"(word));
+    } else {
+      asm volatile("shl.b32 %0, %1, 16;" : "=r"(bits) : "r"(word));
+    }
+  } else {
+    bits = __byte_perm(word, 0u, (i & 1) ? 0x3244 : 0x1044);   // the high or low half, then 16 zero bits
+  }
+  return __uint_as_float(bits);
+}
+
+template <bool HAS_R>
+__global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_held_kernel(const NormArgs a) {
+  using T = __nv_bfloat16;
+  using T2 = __nv_bfloat162;
+  constexpr int kSlots = sum_batch<T>();                 // vectors per lane: a whole row
+  constexpr int kRowVecs = 32 * kSlots;                  // kRowsKernelMaxWidth / 4
+  const int h = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  const bool active = first < a.rows;
+  const int64_t row = active ? first : a.rows - 1;       // a row past the end sums row rows - 1
+  const int nvec = static_cast<int>(a.n >> 2);
+  // the block's residual rows (16 KB): cp.async writes 16-byte aligned groups
+  __shared__ __align__(16) uint2 r_rows[HAS_R ? kRowsPerBlock : 1][HAS_R ? kRowVecs : 1];
+  if constexpr (HAS_R) {
+    // 16-byte groups of the row, lane h copying groups h + 32 k; read back below as 8-byte vectors
+    // by other lanes of this warp, hence the warp barrier after the wait
+    const char* src = reinterpret_cast<const char*>(row_ptr<T>(a.r, row, a.sr));
+    char* dst = reinterpret_cast<char*>(r_rows[warp]);
+    const int ngroups = nvec >> 1;
+#pragma unroll
+    for (int k = 0; k < kSlots / 2; ++k) {
+      const int g = h + 32 * k;
+      if (g < ngroups) copy_async_16(dst + 16 * g, src + 16 * g);
+    }
+  }
+  const int lane = torch_lane(h, 0, 5, 0, a.warp_down != 0);
+  const uint2* __restrict__ xr = reinterpret_cast<const uint2*>(row_ptr<T>(a.x, row, a.sx)) + lane;
+  const int slots = lane < nvec ? (nvec - 1 - lane) / 32 + 1 : 0;
+  uint2 v[kSlots];
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) v[j] = j < slots ? load_words_evict_first(xr + j * 32) : make_uint2(0u, 0u);
+  float acc[1][4] = {};
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) add_square(acc[0][i], bf16_word_float<false>(v[j], i));   // +0 past the row
+  }
+  float var;
+  const float rstd = inv_rms(lanes_total<0, 0>(acc, nullptr, warp, h), a.factor, a.eps, &var);
+  if (h == 0 && active && a.var != nullptr) a.var[row] = var;
+  if constexpr (HAS_R) {
+    copy_async_wait_all();
+    __syncwarp();
+  }
+  if (!active) return;
+  const uint2* __restrict__ w = static_cast<const uint2*>(a.w1) + lane;
+  uint2* out = reinterpret_cast<uint2*>(static_cast<T*>(a.out) + row * a.n) + lane;
+#pragma unroll
+  for (int j0 = 0; j0 < kSlots; j0 += kHeldOutBatch) {
+    uint2 wv[kHeldOutBatch];
+#pragma unroll
+    for (int b = 0; b < kHeldOutBatch; ++b) wv[b] = j0 + b < slots ? w[(j0 + b) * 32] : make_uint2(0u, 0u);
+#pragma unroll
+    for (int b = 0; b < kHeldOutBatch; ++b) {
+      const int j = j0 + b;
+      if (j < slots) {
+        // single_out_vec's 16-bit epilogue: round(w * round(x * rstd)) (+ the residual), pairwise
+        const uint2 o = HAS_R ? r_rows[HAS_R ? warp : 0][HAS_R ? j * 32 + lane : 0] : wv[b];
+        const T2* w2 = reinterpret_cast<const T2*>(&wv[b]);
+        const T2* r2 = reinterpret_cast<const T2*>(&o);
+        uint2 y;
+        T2* y2 = reinterpret_cast<T2*>(&y);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float v0 = bf16_word_float<true>(v[j], 2 * q), v1 = bf16_word_float<true>(v[j], 2 * q + 1);
+          T2 yy = __hmul2_rn(w2[q], Traits<T>::pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd)));
+          if constexpr (HAS_R) yy = __hadd2_rn(r2[q], yy);
+          y2[q] = yy;
+        }
+        __stcs(out + j * 32, y);
+      }
+    }
+  }
+}
+
 // Whether the rows kernel takes the call: torch's 32-lane plan, many rows of at most
 // kRowsKernelMaxWidth, the plain, residual and add forms (not norm-add-norm), and every row, the
 // weights and the output 16-byte aligned in whole 16-byte groups.
@@ -624,6 +759,11 @@ inline bool rows_kernel_takes(const NormArgs& a, int mode, int64_t elem) {
 template <typename T, int MODE, bool HAS_R>
 cudaError_t launch_rows(const NormArgs& a, cudaStream_t stream) {
   const int64_t grid = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && MODE == kNormX) {
+    // a bf16 row of at most kRowsKernelMaxWidth is one first-pass batch: the held form
+    norm_rows_held_kernel<HAS_R><<<static_cast<unsigned>(grid), 32 * kRowsPerBlock, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   // one group of every row per batch: two (the Triton kernel's whole width-2048 row ahead of its
   // first store) need more than 64 registers for 16-bit rows and spilled in the sm_90 SASS
   norm_rows_kernel<T, MODE, HAS_R, 1><<<static_cast<unsigned>(grid), 32 * kRowsPerBlock, 0, stream>>>(a);
