@@ -83,4 +83,8 @@ int sm_count();
 // (cached: the occupancy query is a host call, too slow for every launch).
 int blocks_per_sm(const void* kernel, int threads);
 
+// Ask for the largest shared-memory carveout for `kernel` (once per kernel and device): a kernel
+// whose blocks hold shared buffers should not lose resident blocks to a default L1 split.
+void prefer_shared_memory(const void* kernel);
+
 }  // namespace rltb

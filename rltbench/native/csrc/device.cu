@@ -35,4 +35,16 @@ int blocks_per_sm(const void* kernel, int threads) {
   return n;
 }
 
+void prefer_shared_memory(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> done;
+  int device = 0;
+  cudaGetDevice(&device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device})) return;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  cudaGetLastError();   // a hint: a device that refuses it runs the kernel all the same
+  done[{kernel, device}] = true;
+}
+
 }  // namespace rltb

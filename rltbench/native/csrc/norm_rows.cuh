@@ -760,7 +760,9 @@ template <typename T, int MODE, bool HAS_R>
 cudaError_t launch_rows(const NormArgs& a, cudaStream_t stream) {
   const int64_t grid = (a.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if constexpr (std::is_same_v<T, __nv_bfloat16> && MODE == kNormX) {
-    // a bf16 row of at most kRowsKernelMaxWidth is one first-pass batch: the held form
+    // a bf16 row of at most kRowsKernelMaxWidth is one first-pass batch: the held form (its
+    // residual form holds 16 KB of shared memory a block: 8 resident blocks need 128 KB of it)
+    if constexpr (HAS_R) prefer_shared_memory(reinterpret_cast<const void*>(norm_rows_held_kernel<HAS_R>));
     norm_rows_held_kernel<HAS_R><<<static_cast<unsigned>(grid), 32 * kRowsPerBlock, 0, stream>>>(a);
     return cudaGetLastError();
   }
