@@ -151,6 +151,14 @@ constexpr int64_t kPinnedMaxRows = 128;
 // adds, each the exact result rounded once, which is torch's fp32 op rounded to the dtype (the
 // product of two 16-bit values is exact in fp32; for the add fp32 has >= 2p + 2 bits, so rounding
 // twice gives the same value): half the epilogue's instructions.
+template <typename T, bool HAS_R>
+__device__ __forceinline__ typename Traits<T>::Pair pair_out(typename Traits<T>::Pair w, typename Traits<T>::Pair r,
+                                                            float v0, float v1, float rstd) {
+  typename Traits<T>::Pair y = __hmul2_rn(w, Traits<T>::pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd)));
+  if constexpr (HAS_R) y = __hadd2_rn(r, y);
+  return y;
+}
+
 template <typename T, int MODE, bool HAS_R>
 __device__ __forceinline__ Vec4<T> single_out_vec(const Vec4<T>& x, const Vec4<T>& o, const Vec4<T>& w, float rstd) {
   Vec4<T> y;
@@ -166,9 +174,7 @@ __device__ __forceinline__ Vec4<T> single_out_vec(const Vec4<T>& x, const Vec4<T
     for (int j = 0; j < 2; ++j) {
       const float v0 = first_value<T, MODE>(x.v[2 * j], o.v[2 * j]);
       const float v1 = first_value<T, MODE>(x.v[2 * j + 1], o.v[2 * j + 1]);
-      T2 yy = __hmul2_rn(w2[j], Traits<T>::pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd)));
-      if constexpr (HAS_R) yy = __hadd2_rn(r2[j], yy);
-      y2[j] = yy;
+      y2[j] = pair_out<T, HAS_R>(w2[j], r2[j], v0, v1, rstd);
     }
   }
   return y;
@@ -720,7 +726,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_
     for (int b = 0; b < kHeldOutBatch; ++b) {
       const int j = j0 + b;
       if (j < slots) {
-        // single_out_vec's 16-bit epilogue: round(w * round(x * rstd)) (+ the residual), pairwise
+        // single_out_vec's 16-bit epilogue (pair_out) on x's words
         const uint2 o = HAS_R ? r_rows[HAS_R ? warp : 0][HAS_R ? j * 32 + lane : 0] : wv[b];
         const T2* w2 = reinterpret_cast<const T2*>(&wv[b]);
         const T2* r2 = reinterpret_cast<const T2*>(&o);
@@ -729,9 +735,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, kRowsMinBlocks) norm_rows_
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const float v0 = bf16_word_float<true>(v[j], 2 * q), v1 = bf16_word_float<true>(v[j], 2 * q + 1);
-          T2 yy = __hmul2_rn(w2[q], Traits<T>::pack_rn(__fmul_rn(v0, rstd), __fmul_rn(v1, rstd)));
-          if constexpr (HAS_R) yy = __hadd2_rn(r2[q], yy);
-          y2[q] = yy;
+          y2[q] = pair_out<T, HAS_R>(w2[q], r2[q], v0, v1, rstd);
         }
         __stcs(out + j * 32, y);
       }
