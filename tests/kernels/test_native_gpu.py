@@ -241,9 +241,10 @@ def test_norm_launch_shapes_bitwise_at_every_row_count(ext, dtype: torch.dtype) 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_launch_shapes_bitwise_at_every_row_count(ext, dtype: torch.dtype) -> None:
-    """SiLU*up at 1, 8, 128 and 4096 rows (32 threads x 8 bytes up to 4 rows on a small grid, 64 x
-    16 bytes above, 256 x 16 bytes once the grid fills the GPU, the scalar kernel for unaligned
-    rows) at model and odd widths, aligned, offset and strided: torch.equal to torch."""
+    """SiLU*up at 1, 8, 128 and 4096 rows (the few-blocks kernel, 128 threads x 8 bytes with the
+    tail in the same launch, below one 256-thread block per SM; the 256 x 16-byte body once the grid
+    fills the GPU; the scalar kernel for unaligned rows) at model and odd widths, aligned, offset and
+    strided: torch.equal to torch."""
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(6)
     ops = make_ops(OpSelection.cuda(scope="all"))

@@ -164,17 +164,56 @@ bool vector_ok(const SiluMulArgs& a, int64_t elem) {
   return a.rows == 1 || (a.n % e == 0 && a.sg % e == 0 && a.su % e == 0);
 }
 
-// Few rows: the 256-thread body gives a row of 5632 three blocks, so three SMs run every exp and
-// IEEE division of the call, which is latency the exact Triton arm spreads over more, smaller
-// programs (its tuned column tiles: 128 columns of one warp up to kFewRows rows, 512 of two warps
-// above). Where the 256-thread grid has fewer blocks than SMs the body takes the Triton arm's
-// shapes: 32 threads x 8 bytes up to kFewRows rows, else 64 threads x 16 bytes. On an H100 the
-// 256-thread body was 1.16x / 1.04x / 1.08x the exact arm's time at 1 / 8 / 128 rows of 5632
-// (results/gpu/kernels-verdicts-h100); the small tiles gave 1.05x / 0.94x at 1 / 8 rows but 1.43x at
-// 128 rows, where the 256-thread grid has 384 blocks (results/gpu/kernels-verdicts at 54fc274, whose
-// threshold was 4 blocks per SM), so 128 rows keep the 256-thread body.
-constexpr int64_t kFewRows = 4;          // the exact arm's FEW_ROWS (rltbench/kernels/act/config.py)
-constexpr int64_t kMinBlocksPerSm = 1;
+// Few blocks: where the 256-thread body would have fewer blocks than SMs (a row of 5632 is three
+// blocks, so three SMs would run every exp and IEEE division of the call) the call is latency: a
+// few loads, the exp and division chains, a store. So the grid takes 128-thread blocks of 8-byte
+// vectors (four 16-bit elements a thread: more threads share the chains than with 16-byte ones)
+// and a leaner kernel: one vector of one row per thread, 32-bit indices, no loops (the body's row
+// and tail loops put about 50 instructions ahead of its first load; here about 15), the threads
+// past a row's last whole vector taking its tail elements. In an H100 side sweep (not a committed
+// run) of 32 / 64 / 128 threads x 8 / 16 bytes, in this kernel and in the body kernel, at 1, 2, 4
+// and 8 rows of 5632 and 17920, this shape was the fastest in 15 of the 16 cells L2-hot (0.7% off
+// in the other) and in all 16 cold, and the only one at or under the exact arm's time in every
+// cell; results/gpu/kernels-verdicts-few has it against exact. The grid is (column blocks, rows):
+// fewer body blocks than SMs bound the rows below the SM count and a row below SMs x 2048
+// elements, so every index fits 32 bits.
+template <typename T, int THREADS, int VEC_BYTES>
+__global__ void __launch_bounds__(THREADS) silu_mul_few_kernel(const SiluMulArgs a) {
+  using W = Words<VEC_BYTES>;
+  constexpr int kElems = VEC_BYTES / sizeof(T);
+  const int64_t row = blockIdx.y;
+  const T* g = static_cast<const T*>(a.g) + row * a.sg;
+  const T* u = static_cast<const T*>(a.u) + row * a.su;
+  T* out = static_cast<T*>(a.out) + row * a.n;
+  const int i = static_cast<int>(blockIdx.x) * THREADS + static_cast<int>(threadIdx.x);
+  const int n = static_cast<int>(a.n);
+  const int nv = n / kElems;
+  if (i < nv) {
+    const W gv = load_vec<false, VEC_BYTES>(reinterpret_cast<const W*>(g) + i);
+    const W uv = load_vec<false, VEC_BYTES>(reinterpret_cast<const W*>(u) + i);
+    W y;
+    silu_mul_words<T, W::kCount>(gv.w, uv.w, y.w);
+    store_vec<false, VEC_BYTES>(reinterpret_cast<W*>(out) + i, y);
+  } else {
+    const int c = nv * kElems + (i - nv);
+    if (c < n) out[c] = silu_mul_one<T>(g[c], u[c]);
+  }
+}
+
+template <typename T, int THREADS, int VEC_BYTES>
+cudaError_t launch_few(const SiluMulArgs& a, cudaStream_t stream) {
+  constexpr int64_t kElems = VEC_BYTES / sizeof(T);
+  const int64_t nv = a.n / kElems;
+  const int64_t items = nv + (a.n - nv * kElems);   // whole vectors, then the tail's elements
+  const int64_t grid_x = (items + THREADS - 1) / THREADS;
+  silu_mul_few_kernel<T, THREADS, VEC_BYTES>
+      <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(a.rows)), THREADS, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+constexpr int64_t kMinBlocksPerSm = 1;   // below this many body blocks per SM: the few-blocks kernel
+constexpr int kFewThreads = 128;
+constexpr int kFewVecBytes = 8;
 
 template <typename T>
 cudaError_t launch_typed(const SiluMulArgs& a, bool vec, cudaStream_t stream) {
@@ -184,8 +223,7 @@ cudaError_t launch_typed(const SiluMulArgs& a, bool vec, cudaStream_t stream) {
   if (blocks >= kMinBlocksPerSm * sm_count()) {
     return launch_shape<T, true, kThreads, kUnroll, 16, kStreamLoads, kStreamStores>(a, stream);
   }
-  if (a.rows <= kFewRows) return launch_shape<T, true, 32, 1, 8, kStreamLoads, kStreamStores>(a, stream);
-  return launch_shape<T, true, 64, 1, 16, kStreamLoads, kStreamStores>(a, stream);
+  return launch_few<T, kFewThreads, kFewVecBytes>(a, stream);
 }
 
 }  // namespace
