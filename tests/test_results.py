@@ -202,3 +202,19 @@ def test_read_jsonl_reads_a_packed_raw_file(tmp_path: Path) -> None:
     assert compact(tmp_path, 0) and not (tmp_path / "requests.jsonl").exists()
     assert read_jsonl(tmp_path / "requests.jsonl") == rows
     assert read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_read_json_reads_a_packed_table(tmp_path: Path) -> None:
+    """compact packs a table's JSON records (beside its CSV), not other JSON files; RunDir.read_json
+    and read_table read the packed records as they read the plain ones."""
+    import pandas as pd
+
+    from rltbench.results.compact import compact
+
+    run = RunDir.create("kernels", tmp_path / "r")
+    df = pd.DataFrame([{"op": "silu_mul", "us": 1.5}, {"op": "rmsnorm", "us": 2.0}])
+    run.write_table("cases", df)
+    run.write_json("summary.json", {"status": "complete"})
+    packed = {p.name for p, _, _ in compact(run.path, 0)}
+    assert packed == {"cases.json"} and (run.path / "summary.json").is_file()
+    assert run.read_table("cases").equals(df) and run.read_json("summary.json") == {"status": "complete"}

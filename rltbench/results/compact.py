@@ -1,11 +1,13 @@
-"""Gzip the bulky JSONL raw files of stored run directories (per-request records, timing samples),
-so committed GPU results stay small; `rltbench report` and every reader go through
-rltbench.results.rundir.read_jsonl, which reads `<name>.gz` where `<name>` is gone.
+"""Gzip the bulky files of stored run directories, so committed GPU results stay small: the JSONL
+raw files (per-request records, timing samples) and a table's JSON records (`<stem>.json` beside
+its `<stem>.csv`: the same rows, which `report` re-renders from the raw files). Every reader goes
+through rltbench.results.rundir (read_jsonl, RunDir.read_json), which reads `<name>.gz` where
+`<name>` is gone.
 
     python -m rltbench.results.compact results/gpu [--min-kib 150]
 
-Only `*.jsonl` files of at least --min-kib are packed (gzip level 9, mtime 0: the same bytes on
-every run); tables, manifests and plots are left alone.
+Only files of at least --min-kib are packed (gzip level 9, mtime 0: the same bytes on every run);
+manifests, summaries, markdown tables, CSVs and plots are left alone.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ import gzip
 from pathlib import Path
 
 
+def packable(root: Path) -> list[Path]:
+    """The JSONL files under `root` and the JSON records of its CSV tables."""
+    tables = [p for p in root.rglob("*.json") if p.with_suffix(".csv").is_file()]
+    return sorted([*root.rglob("*.jsonl"), *tables])
+
+
 def compact(root: Path, min_bytes: int) -> list[tuple[Path, int, int]]:
-    """Pack every large JSONL file under `root`; (path, bytes before, bytes after) per file."""
+    """Pack every large packable file under `root`; (path, bytes before, bytes after) per file."""
     done = []
-    for path in sorted(root.rglob("*.jsonl")):
+    for path in packable(root):
         size = path.stat().st_size
         if size < min_bytes:
             continue

@@ -330,9 +330,13 @@ class RunDir:
         return self.path / name
 
     def read_json(self, name: str) -> Any:
-        """A stored JSON file; a missing or corrupt one is a UsageError naming it (for `report`)."""
+        """A stored JSON file, or `name`.gz where a committed run keeps a table's records packed
+        (python -m rltbench.results.compact); a missing or corrupt one is a UsageError naming it."""
         path = self.path / name
+        packed = path.with_name(path.name + ".gz")
         try:
+            if not path.exists() and packed.exists():
+                return json.loads(gzip.decompress(packed.read_bytes()))
             return json.loads(path.read_text())
         except FileNotFoundError:
             raise UsageError(f"{path}: file missing from the run directory") from None
