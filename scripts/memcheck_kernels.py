@@ -221,7 +221,7 @@ def check_native(device: torch.device) -> int:
                     same(y, ry, f"norm-add-norm y {dtype} {t}x{width}")
                     n += 4
         ops = make_ops(OpSelection(act="cuda", rope="cuda", scope="all"))
-        for t, width in ((3, 517), (5, 5632), (200, 5632)):   # 32 x 8 B, 64 x 16 B, 256 x 16 B blocks
+        for t, width in ((3, 517), (5, 5632), (200, 5632)):   # few-blocks kernel (+ tail), 256 x 16 B body
             big = rnd(t, 2 * width, dtype=dtype)
             pairs = ((rnd(t, width, dtype=dtype), rnd(t, width, dtype=dtype)),   # contiguous: one row + tail
                      (big[:, :width], big[:, width:]),                              # strided rows
