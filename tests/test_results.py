@@ -207,8 +207,6 @@ def test_read_jsonl_reads_a_packed_raw_file(tmp_path: Path) -> None:
 def test_read_json_reads_a_packed_table(tmp_path: Path) -> None:
     """compact packs a table's JSON records (beside its CSV), not other JSON files; RunDir.read_json
     and read_table read the packed records as they read the plain ones."""
-    import pandas as pd
-
     from rltbench.results.compact import compact
 
     run = RunDir.create("kernels", tmp_path / "r")

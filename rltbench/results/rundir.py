@@ -146,16 +146,21 @@ def end_unfinished_runs(exc: BaseException) -> None:
             run.mark_ended(exc)
 
 
-def read_jsonl(path: Path) -> list[Any]:
-    """The records of a JSONL file, or of `path`.gz where a stored run keeps a bulky raw file
-    compressed (python -m rltbench.results.compact); [] when neither exists. A line torn by a hard kill is
-    skipped, the rest kept."""
+def stored_text(path: Path) -> str:
+    """The text of a stored file, or of `path`.gz where a committed run keeps it packed
+    (python -m rltbench.results.compact); FileNotFoundError when neither exists."""
     packed = path.with_name(path.name + ".gz")
-    if path.exists():
-        text = path.read_text()
-    elif packed.exists():
-        text = gzip.decompress(packed.read_bytes()).decode()
-    else:
+    if not path.exists() and packed.exists():
+        return gzip.decompress(packed.read_bytes()).decode()
+    return path.read_text()
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSONL file, packed or not (stored_text); [] when neither exists. A line torn
+    by a hard kill is skipped, the rest kept."""
+    try:
+        text = stored_text(path)
+    except FileNotFoundError:
         return []
     rows = []
     for line in text.splitlines():
@@ -333,11 +338,8 @@ class RunDir:
         """A stored JSON file, or `name`.gz where a committed run keeps a table's records packed
         (python -m rltbench.results.compact); a missing or corrupt one is a UsageError naming it."""
         path = self.path / name
-        packed = path.with_name(path.name + ".gz")
         try:
-            if not path.exists() and packed.exists():
-                return json.loads(gzip.decompress(packed.read_bytes()))
-            return json.loads(path.read_text())
+            return json.loads(stored_text(path))
         except FileNotFoundError:
             raise UsageError(f"{path}: file missing from the run directory") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

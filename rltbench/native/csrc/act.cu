@@ -10,7 +10,8 @@
 // Body: 16-byte vectors; a block covers kThreads * kUnroll consecutive vectors of a row (thread t
 // takes vectors t, t + kThreads, ...: every access instruction is coalesced) and the grid covers
 // every row once (one row of rows * n elements when the inputs are contiguous). The few elements
-// past the last whole vector of a row (the tail) go in the same launch, scalar.
+// past the last whole vector of a row (the tail) go in the same launch, scalar. A call that would
+// give the body fewer blocks than SMs takes the few-blocks kernel instead (silu_mul_few_kernel).
 #include "common.cuh"
 #include "native.h"
 
